@@ -1,0 +1,262 @@
+"""A batch of sparse vectors in memory: CSR arrays, string ids and a vocabulary."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+from .errors import InputError
+from .vocab import Vocabulary
+
+
+@dataclass(frozen=True)
+class CollectionStats:
+    """Shape of a collection: what ``gpusparse info`` and the readers report."""
+
+    n_vectors: int
+    n_terms: int
+    nnz: int
+    n_empty: int
+    mean_nnz: float
+    max_nnz: int
+
+
+class SparseCollection:
+    """Sparse vectors (documents or queries) as CSR arrays plus ids and a vocabulary.
+
+    Row ``i`` holds the vector with string id ``ids[i]``; its terms are
+    ``indices[indptr[i]:indptr[i+1]]`` (term ids of ``vocab``) with weights ``values[...]``.
+
+    The constructor puts the arrays in canonical form: duplicate terms inside one vector
+    are **summed**, terms are sorted inside each vector, and explicit zero weights are
+    dropped (they contribute nothing to any score). Weights must be finite and ≥ 0 —
+    learned sparse models produce ``log(1 + relu(x))`` — and ids must be unique,
+    non-empty and free of whitespace (a TREC run could not hold them otherwise).
+
+    Args:
+        indptr: int64 ``[n + 1]`` row pointers.
+        indices: int32 ``[nnz]`` term ids, each ``< len(vocab)``.
+        values: float32 ``[nnz]`` weights.
+        ids: string ids, one per row; default ``"0"``, ``"1"``, ...
+        vocab: the vocabulary term ids refer to; default BERT's WordPiece vocabulary.
+    """
+
+    def __init__(
+        self,
+        indptr: np.ndarray | Sequence[int],
+        indices: np.ndarray | Sequence[int],
+        values: np.ndarray | Sequence[float],
+        ids: Sequence[str] | None = None,
+        vocab: Vocabulary | None = None,
+        *,
+        check_ids: bool = True,
+    ) -> None:
+        vocab = Vocabulary.bert() if vocab is None else vocab
+        indptr = np.asarray(indptr)
+        indices = np.asarray(indices)
+        values = np.asarray(values)
+        if indptr.ndim != 1 or indptr.size == 0:
+            raise ValueError("indptr must be a non-empty 1-D array")
+        if indices.ndim != 1 or values.ndim != 1 or indices.shape != values.shape:
+            raise ValueError("indices and values must be 1-D arrays of the same length")
+        if not np.issubdtype(indptr.dtype, np.integer) or not np.issubdtype(indices.dtype, np.integer):
+            raise TypeError("indptr and indices must be integer arrays")
+        n = indptr.size - 1
+        if indptr[0] != 0 or indptr[-1] != indices.size or np.any(np.diff(indptr) < 0):
+            raise ValueError("indptr must start at 0, be non-decreasing and end at len(indices)")
+        if indices.size and (indices.min() < 0 or indices.max() >= len(vocab)):
+            bad = int(indices.max() if indices.max() >= len(vocab) else indices.min())
+            raise InputError(f"term id {bad} is outside the vocabulary of {len(vocab)} terms", field="vector")
+        _check_weights(values)
+
+        csr = sp.csr_matrix((values.astype(np.float32, copy=False), indices, indptr), shape=(n, len(vocab)))
+        # Canonical form: sorted, duplicates summed (in float32, as they will be scored),
+        # explicit zeros dropped. scipy does all three in place on the arrays it owns.
+        if not csr.has_canonical_format:
+            csr.sum_duplicates()
+        csr.eliminate_zeros()
+        self.indptr = csr.indptr.astype(np.int64, copy=False)
+        self.indices = csr.indices.astype(np.int32, copy=False)
+        self.values = csr.data.astype(np.float32, copy=False)
+        if not np.all(np.isfinite(self.values)):
+            raise InputError("summing duplicate terms overflowed float32", field="vector")
+        self.vocab = vocab
+        ids = [str(i) for i in range(n)] if ids is None else list(ids)
+        if len(ids) != n:
+            raise ValueError(f"{len(ids)} ids for {n} vectors")
+        # Readers check ids as they go, with file and line; they skip this second pass.
+        self.ids = _check_ids(ids) if check_ids else ids
+
+    # -- constructors -------------------------------------------------------------------
+
+    @classmethod
+    def from_scipy(
+        cls,
+        matrix: sp.spmatrix | sp.sparray,
+        ids: Sequence[str] | None = None,
+        vocab: Vocabulary | None = None,
+    ) -> SparseCollection:
+        """From a scipy sparse matrix with one vector per row.
+
+        Without ``vocab`` the columns are anonymous term ids: an integer vocabulary of
+        ``matrix.shape[1]`` terms, which can query any index with at least that many.
+        """
+        csr = sp.csr_matrix(matrix)
+        vocab = Vocabulary.integer(csr.shape[1]) if vocab is None else vocab
+        if csr.shape[1] > len(vocab):
+            raise ValueError(f"matrix has {csr.shape[1]} columns but the vocabulary {len(vocab)} terms")
+        return cls(csr.indptr, csr.indices, csr.data, ids=ids, vocab=vocab)
+
+    @classmethod
+    def from_dense(
+        cls, array: np.ndarray, ids: Sequence[str] | None = None, vocab: Vocabulary | None = None
+    ) -> SparseCollection:
+        """From a dense ``[n, V]`` array (zeros are absent terms)."""
+        array = np.asarray(array)
+        if array.ndim != 2:
+            raise ValueError("expected a 2-D array")
+        return cls.from_scipy(sp.csr_matrix(array), ids=ids, vocab=vocab)
+
+    @classmethod
+    def from_dicts(
+        cls,
+        vectors: Iterable[Mapping[str, float]],
+        ids: Sequence[str] | None = None,
+        vocab: Vocabulary | None = None,
+        *,
+        unknown: str = "error",
+    ) -> SparseCollection:
+        """From ``{"token": weight}`` mappings, e.g. ``[{"capital": 2.79, "france": 2.36}]``.
+
+        ``unknown="error"`` refuses tokens missing from the vocabulary; ``"skip"`` drops them.
+        """
+        if unknown not in ("error", "skip"):
+            raise ValueError(f"unknown must be 'error' or 'skip', not {unknown!r}")
+        vocab = Vocabulary.bert() if vocab is None else vocab
+        indptr = [0]
+        indices: list[int] = []
+        values: list[float] = []
+        for row, vec in enumerate(vectors):
+            for tok, w in vec.items():
+                tid = vocab.get(tok)
+                if tid is None:
+                    if unknown == "skip":
+                        continue
+                    raise InputError(f"unknown token {tok!r}", line=row + 1, field="vector", record=True)
+                indices.append(tid)
+                values.append(w)
+            indptr.append(len(indices))
+        return cls(
+            np.asarray(indptr, dtype=np.int64),
+            np.asarray(indices, dtype=np.int32),
+            np.asarray(values, dtype=np.float64),
+            ids=ids,
+            vocab=vocab,
+        )
+
+    @classmethod
+    def concat(cls, parts: Sequence[SparseCollection]) -> SparseCollection:
+        """Rows of ``parts`` one after the other (all must share one vocabulary)."""
+        if not parts:
+            raise ValueError("nothing to concatenate")
+        vocab = parts[0].vocab
+        for p in parts[1:]:
+            if p.vocab != vocab:
+                raise ValueError("cannot concatenate collections with different vocabularies")
+        offsets = np.cumsum([0] + [p.nnz for p in parts[:-1]])
+        indptr = np.concatenate([parts[0].indptr[:1]] + [p.indptr[1:] + o for p, o in zip(parts, offsets, strict=True)])
+        ids = [i for p in parts for i in p.ids]
+        return cls(
+            indptr,
+            np.concatenate([p.indices for p in parts]),
+            np.concatenate([p.values for p in parts]),
+            ids=ids,
+            vocab=vocab,
+        )
+
+    # -- access -------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self.indptr.size - 1
+
+    @property
+    def nnz(self) -> int:
+        """Number of stored (term, weight) entries."""
+        return int(self.indices.size)
+
+    @property
+    def row_lengths(self) -> np.ndarray:
+        """Non-zeros of each vector."""
+        return np.diff(self.indptr)
+
+    def __getitem__(self, key: slice) -> SparseCollection:
+        if not isinstance(key, slice):
+            raise TypeError("index a collection with a slice; use row() for one vector")
+        start, stop, step = key.indices(len(self))
+        if step != 1:
+            raise ValueError("only contiguous slices are supported")
+        a, b = int(self.indptr[start]), int(self.indptr[max(start, stop)])
+        return SparseCollection(
+            self.indptr[start : max(start, stop) + 1] - a,
+            self.indices[a:b],
+            self.values[a:b],
+            ids=self.ids[start:stop],
+            vocab=self.vocab,
+            check_ids=False,
+        )
+
+    def row(self, i: int) -> dict[str, float]:
+        """Vector ``i`` as a ``{token: weight}`` dict."""
+        a, b = int(self.indptr[i]), int(self.indptr[i + 1])
+        return {self.vocab.token(int(t)): float(w) for t, w in zip(self.indices[a:b], self.values[a:b], strict=True)}
+
+    def to_scipy(self) -> sp.csr_matrix:
+        """A ``[n, len(vocab)]`` scipy CSR matrix (arrays shared, not copied)."""
+        return sp.csr_matrix((self.values, self.indices, self.indptr), shape=(len(self), len(self.vocab)))
+
+    def stats(self) -> CollectionStats:
+        """Counts: vectors, nnz, empty vectors, mean and max nnz per vector."""
+        lengths = self.row_lengths
+        return CollectionStats(
+            n_vectors=len(self),
+            n_terms=len(self.vocab),
+            nnz=self.nnz,
+            n_empty=int(np.count_nonzero(lengths == 0)),
+            mean_nnz=float(lengths.mean()) if lengths.size else 0.0,
+            max_nnz=int(lengths.max()) if lengths.size else 0,
+        )
+
+    def __repr__(self) -> str:
+        return f"SparseCollection(n={len(self)}, nnz={self.nnz}, vocab={self.vocab!r})"
+
+
+def _check_weights(values: np.ndarray) -> None:
+    if values.size == 0:
+        return
+    if not (np.issubdtype(values.dtype, np.floating) or np.issubdtype(values.dtype, np.integer)):
+        raise TypeError(f"weights must be numeric, not {values.dtype}")
+    if np.issubdtype(values.dtype, np.floating):
+        bad = ~np.isfinite(values)
+        if bad.any():
+            raise InputError(f"weight {values[np.argmax(bad)]} is not finite", field="vector")
+    if (values < 0).any():
+        raise InputError(f"negative weight {values[np.argmax(values < 0)]}", field="vector")
+    big = np.abs(values.astype(np.float64, copy=False)) > np.finfo(np.float32).max
+    if big.any():
+        raise InputError(f"weight {values[np.argmax(big)]} overflows float32", field="vector")
+
+
+def _check_ids(ids: list[str]) -> list[str]:
+    seen: dict[str, int] = {}
+    for i, s in enumerate(ids):
+        if not isinstance(s, str):
+            raise TypeError(f"id at row {i} is {type(s).__name__}, not str")
+        if s.split() != [s]:
+            raise InputError(f"id {s!r} is empty or contains whitespace", line=i + 1, field="id", record=True)
+        j = seen.setdefault(s, i)
+        if j != i:
+            raise InputError(f"duplicate id {s!r} (first at record {j + 1})", line=i + 1, field="id", record=True)
+    return ids

@@ -1,0 +1,474 @@
+"""Readers and writers for the formats users already have.
+
+Sparse vectors:
+    * Anserini/Pyserini JsonVectorCollection JSONL: ``{"id", "contents", "vector": {token: w}}``;
+    * Seismic JSONL: ``{"id", "content", "vector"}`` (read by the same reader);
+    * Seismic binary: u32 count, then per vector u32 length, int32 term ids, float32 weights
+      (little-endian; vectors get ids ``"0"``, ``"1"``, ... in file order).
+
+Runs and judgments: TREC run files (``qid Q0 docid rank score tag``) and TREC or BEIR qrels.
+
+Files ending in ``.gz`` are (de)compressed transparently. Readers stream: a file is read
+line by line (or mapped, for binary files) straight into growing arrays, and is never
+held in memory as text. Every problem raises :class:`~gpusparse.errors.InputError` naming
+the file, the line (or record) and the field.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import zlib
+from array import array
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Literal
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from .collection import SparseCollection
+from .errors import InputError
+from .vocab import Vocabulary
+
+Unknown = Literal["error", "skip"]
+VECTOR_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".bin")
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+@dataclass
+class ReadStats:
+    """What a read saw, for reports: counts that would otherwise be silent."""
+
+    files: list[str] = field(default_factory=list)
+    records: int = 0
+    empty_vectors: int = 0
+    unknown_tokens_skipped: int = 0
+    zero_weights_dropped: int = 0
+
+    def summary(self) -> str:
+        """One line for the CLI."""
+        parts = [f"{self.records:,} vectors from {len(self.files)} file(s)"]
+        if self.empty_vectors:
+            parts.append(f"{self.empty_vectors:,} empty")
+        if self.unknown_tokens_skipped:
+            parts.append(f"{self.unknown_tokens_skipped:,} unknown tokens skipped")
+        if self.zero_weights_dropped:
+            parts.append(f"{self.zero_weights_dropped:,} zero weights dropped")
+        return ", ".join(parts)
+
+
+class _Builder:
+    """Growing CSR arrays shared by all files of one read, with the source of every record."""
+
+    def __init__(self) -> None:
+        self.indptr = array("q", [0])
+        self.terms = array("i")
+        self.weights = array("d")
+        self.ids: list[str] = []
+        self.seen: dict[str, tuple[str, int]] = {}
+        self.rec_file: list[str] = []
+        self.rec_line = array("q")
+
+    def add_id(self, doc_id: str, path: str, line: int, record: bool = False) -> None:
+        prev = self.seen.setdefault(doc_id, (path, line))
+        if prev != (path, line):
+            where = f"{prev[0]}{' record ' if record else ':'}{prev[1]}"
+            raise InputError(
+                f"duplicate id {doc_id!r} (first seen at {where})", path=path, line=line, field="id", record=record
+            )
+        self.ids.append(doc_id)
+        self.rec_file.append(path)
+        self.rec_line.append(line)
+
+    def locate(self, entry: int) -> tuple[str, int]:
+        """File and line of the record holding flat entry ``entry``."""
+        row = int(np.searchsorted(np.frombuffer(self.indptr, dtype=np.int64), entry, side="right")) - 1
+        return self.rec_file[row], self.rec_line[row]
+
+    def finish(self, vocab: Vocabulary, stats: ReadStats, binary: bool) -> SparseCollection:
+        values = np.frombuffer(self.weights, dtype=np.float64) if len(self.weights) else np.zeros(0)
+        _check_values(values, self, binary)
+        stats.zero_weights_dropped += int(np.count_nonzero(values == 0))
+        indptr = np.frombuffer(self.indptr, dtype=np.int64)
+        terms = np.frombuffer(self.terms, dtype=np.int32) if len(self.terms) else np.zeros(0, np.int32)
+        values32 = values.astype(np.float32)
+        self.weights = array("d")  # free the float64 copy before canonicalisation copies
+        coll = SparseCollection(indptr, terms, values32, ids=self.ids, vocab=vocab, check_ids=False)
+        stats.records += len(coll)
+        stats.empty_vectors += int(np.count_nonzero(coll.row_lengths == 0))
+        return coll
+
+
+def _check_values(values: np.ndarray, b: _Builder, binary: bool) -> None:
+    checks = (
+        (~np.isfinite(values), "is not finite"),
+        (values < 0, "is negative"),
+        (np.abs(values) > _F32_MAX, "overflows float32"),
+    )
+    for bad, what in checks:
+        if bad.any():
+            i = int(np.argmax(bad))
+            path, line = b.locate(i)
+            raise InputError(f"weight {values[i]!r} {what}", path=path, line=line, field="vector", record=binary)
+
+
+# -- opening files ------------------------------------------------------------------------
+
+
+@contextmanager
+def _open_binary(path: Path, progress: bool, unit_desc: str) -> Iterator[tuple[IO[bytes], tqdm]]:
+    try:
+        raw = path.open("rb")
+    except OSError as exc:
+        raise InputError(f"cannot open: {exc.strerror}", path=path) from None
+    size = os.fstat(raw.fileno()).st_size
+    bar = tqdm(total=size, unit="B", unit_scale=True, desc=unit_desc, disable=not progress or None, leave=False)
+    try:
+        if path.name.endswith(".gz"):
+            with gzip.GzipFile(fileobj=raw, mode="rb") as gz:
+                yield gz, _RawProgress(raw, bar)
+        else:
+            yield raw, _RawProgress(raw, bar)
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        raise InputError(f"truncated or corrupt gzip data ({exc})", path=path) from None
+    finally:
+        bar.close()
+        raw.close()
+
+
+class _RawProgress:
+    """Progress in bytes of the underlying (compressed) file, updated cheaply."""
+
+    def __init__(self, raw: IO[bytes], bar: tqdm) -> None:
+        self.raw, self.bar = raw, bar
+
+    def update(self) -> None:
+        self.bar.update(self.raw.tell() - self.bar.n)
+
+
+# -- JSONL vectors ------------------------------------------------------------------------
+
+
+def _read_jsonl_into(
+    path: Path, b: _Builder, vocab: Vocabulary, unknown: Unknown, stats: ReadStats, progress: bool
+) -> None:
+    spath = str(path)
+    get = vocab.get
+    terms, weights, indptr = b.terms, b.weights, b.indptr
+    with _open_binary(path, progress, path.name) as (f, prog):
+        for lineno, line in enumerate(f, 1):
+            if lineno % 4096 == 0:
+                prog.update()
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except UnicodeDecodeError:
+                raise InputError("not UTF-8 text", path=spath, line=lineno) from None
+            except json.JSONDecodeError as exc:
+                raise InputError(f"malformed JSON: {exc.msg} at column {exc.colno}", path=spath, line=lineno) from None
+            if not isinstance(obj, dict):
+                raise InputError(f"expected a JSON object, got {type(obj).__name__}", path=spath, line=lineno)
+            doc_id = obj.get("id", obj.get("_id"))
+            if doc_id is None:
+                raise InputError("missing", path=spath, line=lineno, field="id")
+            if isinstance(doc_id, bool) or not isinstance(doc_id, str | int):
+                raise InputError(
+                    f"expected a string or integer, got {type(doc_id).__name__}", path=spath, line=lineno, field="id"
+                )
+            doc_id = str(doc_id)
+            if doc_id.split() != [doc_id]:
+                raise InputError(f"id {doc_id!r} is empty or contains whitespace", path=spath, line=lineno, field="id")
+            vec = obj.get("vector")
+            if vec is None:
+                raise InputError("missing", path=spath, line=lineno, field="vector")
+            if not isinstance(vec, dict):
+                raise InputError(
+                    f"expected a {{token: weight}} object, got {type(vec).__name__}",
+                    path=spath,
+                    line=lineno,
+                    field="vector",
+                )
+            b.add_id(doc_id, spath, lineno)
+            tids = [get(t) for t in vec]
+            vals = vec.values()
+            if None in tids:
+                if unknown == "error":
+                    tok = next(t for t, i in zip(vec, tids, strict=True) if i is None)
+                    raise InputError(
+                        f"unknown token {tok!r} (use --unknown-tokens skip to drop such tokens)",
+                        path=spath,
+                        line=lineno,
+                        field="vector",
+                    )
+                keep = [i is not None for i in tids]
+                stats.unknown_tokens_skipped += keep.count(False)
+                tids = [i for i, k in zip(tids, keep, strict=True) if k]
+                vals = [w for w, k in zip(vals, keep, strict=True) if k]
+            try:
+                weights.extend(vals)
+            except TypeError:
+                bad = next(w for w in vals if not isinstance(w, int | float))
+                raise InputError(f"weight {bad!r} is not a number", path=spath, line=lineno, field="vector") from None
+            terms.extend(tids)
+            indptr.append(len(terms))
+        prog.update()
+
+
+def read_vectors(
+    paths: str | Path | Sequence[str | Path],
+    vocab: Vocabulary | None = None,
+    *,
+    unknown: Unknown = "error",
+    progress: bool = True,
+    stats: ReadStats | None = None,
+) -> SparseCollection:
+    """Read sparse vectors from JSONL(.gz) and Seismic ``.bin`` files, or folders of them.
+
+    Args:
+        paths: one path or several; a folder stands for the vector files inside it
+            (``*.jsonl``, ``*.jsonl.gz``, ``*.json``, ``*.json.gz``, ``*.bin``), in name order.
+        vocab: the vocabulary tokens are looked up in (default: BERT WordPiece).
+        unknown: ``"error"`` (default) refuses a token missing from ``vocab``; ``"skip"``
+            drops it and counts it in ``stats.unknown_tokens_skipped``.
+        progress: show a progress bar on a terminal.
+        stats: filled with counts (records, empty vectors, skipped tokens ...).
+
+    Returns:
+        One collection with the vectors of all files in order. Ids must be unique across
+        all files.
+    """
+    if unknown not in ("error", "skip"):
+        raise ValueError(f"unknown must be 'error' or 'skip', not {unknown!r}")
+    vocab = Vocabulary.bert() if vocab is None else vocab
+    stats = ReadStats() if stats is None else stats
+    files = expand_vector_paths(paths)
+    b = _Builder()
+    binary = False
+    for path in files:
+        stats.files.append(str(path))
+        if path.name.endswith(".bin"):
+            binary = True
+            _read_seismic_bin_into(path, b, vocab, progress)
+        else:
+            _read_jsonl_into(path, b, vocab, unknown, stats, progress)
+    return b.finish(vocab, stats, binary)
+
+
+def expand_vector_paths(paths: str | Path | Sequence[str | Path]) -> list[Path]:
+    """Files named by ``paths``, folders expanded to the vector files inside them."""
+    if isinstance(paths, str | Path):
+        paths = [paths]
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(q for q in p.iterdir() if q.is_file() and q.name.endswith(VECTOR_SUFFIXES))
+            if not found:
+                raise InputError(f"no vector files ({', '.join(VECTOR_SUFFIXES)}) in this folder", path=p)
+            out.extend(found)
+        elif p.is_file():
+            if not p.name.endswith(VECTOR_SUFFIXES):
+                raise InputError(f"unknown file type: expected one of {', '.join(VECTOR_SUFFIXES)}", path=p)
+            out.append(p)
+        else:
+            raise InputError("no such file or folder", path=p)
+    if not out:
+        raise InputError("no input files given")
+    return out
+
+
+def write_jsonl(
+    collection: SparseCollection,
+    path: str | Path,
+    *,
+    flavor: Literal["anserini", "seismic"] = "anserini",
+    contents: Sequence[str] | None = None,
+) -> None:
+    """Write a collection as JsonVectorCollection JSONL (``.gz`` compresses).
+
+    ``flavor="seismic"`` names the text field ``content`` instead of ``contents``.
+    Weights are written as the exact decimal of their float32 value, so reading back
+    gives identical arrays.
+    """
+    path = Path(path)
+    text_field = "contents" if flavor == "anserini" else "content"
+    opener = gzip.open if path.name.endswith(".gz") else open
+    tokens = collection.vocab.tokens()
+    with opener(path, "wt", encoding="utf-8") as f:
+        for i, doc_id in enumerate(collection.ids):
+            a, b = int(collection.indptr[i]), int(collection.indptr[i + 1])
+            vec = {
+                tokens[t]: w
+                for t, w in zip(collection.indices[a:b].tolist(), collection.values[a:b].tolist(), strict=True)
+            }
+            rec = {"id": doc_id, text_field: "" if contents is None else contents[i], "vector": vec}
+            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+
+
+# -- Seismic binary -----------------------------------------------------------------------
+
+
+def _read_seismic_bin_into(path: Path, b: _Builder, vocab: Vocabulary, progress: bool) -> None:
+    spath = str(path)
+    if path.name.endswith(".gz"):
+        raise InputError("compressed Seismic binary files are not supported; gunzip it first", path=spath)
+    try:
+        data = np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else np.zeros(0, np.uint8)
+    except OSError as exc:
+        raise InputError(f"cannot open: {exc.strerror}", path=spath) from None
+    if data.size < 4:
+        raise InputError("too short for a Seismic binary file (no vector count)", path=spath)
+    words = data[: data.size // 4 * 4].view("<u4")
+    n = int(words[0])
+    lengths = np.empty(n, dtype=np.int64)
+    starts = np.empty(n, dtype=np.int64)
+    pos = 1  # in 4-byte words
+    n_words = words.size
+    for rec in tqdm(range(n), desc=path.name, unit="vec", disable=not progress or None, leave=False):
+        if pos >= n_words:
+            raise InputError(
+                f"file ends inside record {rec + 1} of {n} (truncated?)", path=spath, line=rec + 1, record=True
+            )
+        ln = int(words[pos])
+        if pos + 1 + 2 * ln > n_words:
+            raise InputError(
+                f"record {rec + 1} of {n} claims {ln} entries past the end of the file (truncated?)",
+                path=spath,
+                line=rec + 1,
+                record=True,
+            )
+        lengths[rec], starts[rec] = ln, pos + 1
+        pos += 1 + 2 * ln
+    if pos * 4 != data.size:
+        raise InputError(f"{data.size - pos * 4} bytes after the last of {n} records", path=spath)
+    first = len(b.ids)
+    for rec in range(n):
+        b.add_id(str(first + rec), spath, rec + 1, record=True)
+    nnz = int(lengths.sum())
+    if nnz:
+        local = np.arange(nnz, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        tpos = np.repeat(starts, lengths) + local
+        term_ids = words[tpos].view("<i4").astype(np.int64)
+        weights = words[tpos + np.repeat(lengths, lengths)].view("<f4")
+        bad = (term_ids < 0) | (term_ids >= len(vocab))
+        if bad.any():
+            i = int(np.argmax(bad))
+            rec = int(np.searchsorted(np.cumsum(lengths), i, side="right"))
+            raise InputError(
+                f"term id {term_ids[i]} is outside the vocabulary of {len(vocab)} terms",
+                path=spath,
+                line=rec + 1,
+                field="components",
+                record=True,
+            )
+        b.terms.frombytes(term_ids.astype(np.int32).tobytes())
+        b.weights.frombytes(weights.astype(np.float64).tobytes())
+    base = b.indptr[-1]
+    b.indptr.frombytes((base + np.cumsum(lengths)).astype(np.int64).tobytes())
+
+
+def write_seismic_bin(collection: SparseCollection, path: str | Path) -> None:
+    """Write a collection in Seismic's binary format (ids are not stored: record order is)."""
+    with Path(path).open("wb") as f:
+        f.write(np.uint32(len(collection)).tobytes())
+        for i in range(len(collection)):
+            a, b = int(collection.indptr[i]), int(collection.indptr[i + 1])
+            f.write(np.uint32(b - a).tobytes())
+            f.write(collection.indices[a:b].astype("<i4").tobytes())
+            f.write(collection.values[a:b].astype("<f4").tobytes())
+
+
+# -- TREC runs and qrels ------------------------------------------------------------------
+
+
+def write_trec_run(
+    path: str | Path,
+    qids: Sequence[str],
+    doc_ids: Sequence[str],
+    scores: np.ndarray,
+    ranked: np.ndarray,
+    *,
+    tag: str = "gpusparse",
+) -> int:
+    """Write search results as a TREC run: ``qid Q0 docid rank score tag``.
+
+    ``ranked`` holds internal document numbers ``[n_queries, k]`` (``-1`` = no result,
+    skipped), ``scores`` their scores. Ranks start at 1. Returns the number of lines.
+    """
+    if tag.split() != [tag]:
+        raise ValueError(f"run tag {tag!r} must be one word")
+    scores = np.asarray(scores, dtype=np.float32)
+    ranked = np.asarray(ranked)
+    n = 0
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "wt", encoding="utf-8") as f:
+        for qi, qid in enumerate(qids):
+            lines = []
+            for r, (d, s) in enumerate(zip(ranked[qi].tolist(), scores[qi], strict=True)):
+                if d < 0:
+                    break
+                lines.append(f"{qid} Q0 {doc_ids[d]} {r + 1} {s} {tag}\n")
+            f.writelines(lines)
+            n += len(lines)
+    return n
+
+
+def read_trec_run(path: str | Path) -> dict[str, list[tuple[str, float]]]:
+    """Read a TREC run into ``{qid: [(docid, score), ...]}`` in file order."""
+    path = Path(path)
+    run: dict[str, list[tuple[str, float]]] = {}
+    for lineno, parts in _columns(path):
+        if len(parts) != 6:
+            raise InputError(
+                f"expected 6 columns (qid Q0 docid rank score tag), got {len(parts)}", path=path, line=lineno
+            )
+        try:
+            int(parts[3])
+            score = float(parts[4])
+        except ValueError:
+            raise InputError(f"bad rank {parts[3]!r} or score {parts[4]!r}", path=path, line=lineno) from None
+        run.setdefault(parts[0], []).append((parts[2], score))
+    return run
+
+
+def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
+    """Read relevance judgments into ``{qid: {docid: grade}}``.
+
+    Accepts TREC qrels (``qid iter docid grade``, whitespace-separated) and BEIR TSV
+    (``query-id<TAB>corpus-id<TAB>score`` with that header line).
+    """
+    path = Path(path)
+    qrels: dict[str, dict[str, int]] = {}
+    for lineno, parts in _columns(path):
+        if lineno == 1 and parts[:2] == ["query-id", "corpus-id"]:
+            continue
+        if len(parts) == 4:
+            qid, doc, grade = parts[0], parts[2], parts[3]
+        elif len(parts) == 3:
+            qid, doc, grade = parts
+        else:
+            raise InputError(f"expected 3 (BEIR) or 4 (TREC) columns, got {len(parts)}", path=path, line=lineno)
+        try:
+            g = int(grade) if grade.lstrip("-").isdigit() else int(float(grade))
+        except ValueError:
+            raise InputError(f"relevance grade {grade!r} is not an integer", path=path, line=lineno) from None
+        qrels.setdefault(qid, {})[doc] = g
+    return qrels
+
+
+def _columns(path: Path) -> Iterator[tuple[int, list[str]]]:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                parts = line.split()
+                if parts:
+                    yield lineno, parts
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror or exc}", path=path) from None
+    except UnicodeDecodeError:
+        raise InputError("not UTF-8 text", path=path) from None

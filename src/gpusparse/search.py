@@ -1,0 +1,243 @@
+"""Exact batched search: the one place that chooses a kernel, and the reference path.
+
+Contract of every search path (kernels included):
+
+* ``score(q, d) = Σ_t w_q[t] · w_d[t]``, computed in float64 and rounded once to float32,
+  so that every path returns the same scores bit for bit;
+* results are ranked by that float32 score, descending, ties broken by the lower
+  internal document number;
+* only documents sharing a term with the query (score > 0) are results; empty slots
+  hold id ``-1`` and score ``0``;
+* temporaries stay under a memory budget: queries and documents are processed in
+  chunks, and the result does not depend on the chunking.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, NamedTuple
+
+import scipy.sparse as sp
+import torch
+from tqdm.auto import tqdm
+
+from .collection import SparseCollection
+from .errors import InputError
+from .topk import merge_topk, topk_with_ties
+
+if TYPE_CHECKING:
+    from .index import Index
+    from .vocab import Vocabulary
+
+DEFAULT_MEMORY_BUDGET = 1 << 30
+KERNELS = ("reference",)
+# Bytes of temporaries per (query, document) cell of one chunk: float64 accumulator,
+# its float32 rounding and the int64 ranking key.
+_CELL_BYTES = 8 + 4 + 8
+# Bytes of temporaries per expanded posting (pair, position, document, target, value).
+_POSTING_BYTES = 48
+
+
+class SearchResults(NamedTuple):
+    """Top-k results: ``scores`` float32 and ``ids`` int64, both ``[n_queries, k]``."""
+
+    scores: torch.Tensor
+    ids: torch.Tensor
+
+
+def available_kernels() -> tuple[str, ...]:
+    """Kernel names accepted by ``kernel=`` (besides ``"auto"``)."""
+    return KERNELS
+
+
+def choose_kernel(kernel: str, device: torch.device) -> str:
+    """Resolve ``kernel="auto"`` for ``device``; validate an explicit choice."""
+    if kernel == "auto":
+        return "reference"
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown kernel {kernel!r}; choose one of: auto, {', '.join(KERNELS)}")
+    return kernel
+
+
+def as_queries(queries: object, vocab: Vocabulary) -> SparseCollection:
+    """Turn what :meth:`Index.search` accepts into a collection checked against ``vocab``."""
+    if isinstance(queries, SparseCollection):
+        q = queries
+    elif sp.issparse(queries):
+        q = SparseCollection.from_scipy(queries)
+    elif isinstance(queries, Sequence) and all(isinstance(v, Mapping) for v in queries):
+        q = SparseCollection.from_dicts(queries, vocab=vocab)
+    else:
+        raise TypeError("queries must be a SparseCollection, a scipy sparse matrix or a list of {token: weight} dicts")
+    check_vocab(q.vocab, vocab)
+    return q
+
+
+def check_vocab(query_vocab: Vocabulary, index_vocab: Vocabulary) -> None:
+    """Refuse queries whose term ids would mean other tokens than the index's.
+
+    An integer (anonymous) query vocabulary is compatible with any index vocabulary at
+    least as large; two token vocabularies must be identical.
+    """
+    if query_vocab.is_integer or index_vocab.is_integer:
+        if len(query_vocab) > len(index_vocab):
+            raise InputError(
+                f"queries use a vocabulary of {len(query_vocab)} terms but the index has {len(index_vocab)}",
+                field="vocabulary",
+            )
+        if not (query_vocab.is_integer or len(query_vocab) == len(index_vocab)):
+            raise InputError("queries use a token vocabulary of another size than the index's", field="vocabulary")
+        return
+    if query_vocab != index_vocab:
+        raise InputError(
+            f"the queries' vocabulary ({query_vocab.fingerprint[:12]}, {len(query_vocab)} tokens) is not the "
+            f"index's ({index_vocab.fingerprint[:12]}, {len(index_vocab)} tokens)",
+            field="vocabulary",
+        )
+
+
+def search(
+    index: Index,
+    queries: object,
+    k: int = 1000,
+    *,
+    batch_size: int | None = None,
+    device: str | torch.device | None = None,
+    kernel: str = "auto",
+    memory_budget: int | None = None,
+    progress: bool = False,
+) -> SearchResults:
+    """Exact top-``k`` search; see :meth:`gpusparse.Index.search`."""
+    if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
+        raise ValueError(f"k must be a positive integer, not {k!r}")
+    if batch_size is not None and batch_size <= 0:
+        raise ValueError("batch_size must be positive")
+    budget = DEFAULT_MEMORY_BUDGET if memory_budget is None else int(memory_budget)
+    if budget < 1 << 16:
+        raise ValueError("memory_budget must be at least 64 KiB")
+    dev = index.device if device is None else torch.device(device)
+    q = as_queries(queries, index.vocab)
+    name = choose_kernel(kernel, dev)
+    if name != "reference":  # pragma: no cover - later kernels plug in here
+        raise AssertionError(name)
+    idx = index.to(dev)
+    n_q = len(q)
+    out_scores = torch.zeros((n_q, k), dtype=torch.float32)
+    out_ids = torch.full((n_q, k), -1, dtype=torch.int64)
+    bq, dc = plan_chunks(n_q, idx.n_docs, budget, batch_size)
+    bar = tqdm(total=n_q, unit="q", desc="searching", disable=not progress or None, leave=False)
+    for a in range(0, n_q, bq):
+        b = min(n_q, a + bq)
+        s, i = reference_search(idx, q[a:b], k, doc_chunk=dc, max_postings=budget // _POSTING_BYTES)
+        out_scores[a:b], out_ids[a:b] = s.cpu(), i.cpu()
+        bar.update(b - a)
+    bar.close()
+    return SearchResults(out_scores, out_ids)
+
+
+def plan_chunks(n_queries: int, n_docs: int, budget: int, batch_size: int | None) -> tuple[int, int]:
+    """Queries per batch and documents per chunk so one chunk's cells fit ``budget``."""
+    bq = max(1, min(n_queries, batch_size or 256))
+    n_docs = max(1, n_docs)
+    dc = budget // (bq * _CELL_BYTES)
+    floor = min(n_docs, 4096)
+    if dc < floor and batch_size is None:
+        bq = max(1, budget // (floor * _CELL_BYTES))
+        dc = budget // (bq * _CELL_BYTES)
+    if dc < 1:
+        raise ValueError(f"memory_budget {budget} is too small for a batch of {bq} queries")
+    return bq, int(min(n_docs, dc))
+
+
+def query_pairs(queries: SparseCollection, index: Index) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The (query row, term, weight) pairs of a query batch, on the index's device."""
+    dev = index.device
+    rows = torch.repeat_interleave(
+        torch.arange(len(queries), device=dev), torch.from_numpy(queries.row_lengths).to(dev)
+    )
+    terms = torch.from_numpy(queries.indices).to(dev, torch.int64)
+    weights = torch.from_numpy(queries.values).to(dev)
+    return rows, terms, weights
+
+
+def reference_search(
+    index: Index, queries: SparseCollection, k: int, *, doc_chunk: int, max_postings: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scatter-add in PyTorch over documents in chunks of ``doc_chunk``, then exact top-k.
+
+    Every (query, query-term) pair adds ``w_q · w_d`` for each posting of its term into a
+    float64 ``[batch, doc_chunk]`` accumulator; the chunk's top-k is merged into the
+    running top-k. Returns ``(scores, ids)`` ``[batch, k]`` on the index's device.
+    """
+    dev = index.device
+    bq, n = len(queries), index.n_docs
+    rows, terms, weights = query_pairs(queries, index)
+    starts = index.offsets[terms]
+    ends = starts + index.lengths[terms].to(torch.int64)
+    weights64 = weights.to(torch.float64)
+    best = None
+    for d0 in range(0, max(n, 1), doc_chunk):
+        d1 = min(n, d0 + doc_chunk)
+        width = d1 - d0
+        if d0 == 0 and d1 == n:
+            lo, hi = starts, ends
+        else:
+            lo = lower_bound(index.doc_ids, starts, ends, d0)
+            hi = lower_bound(index.doc_ids, lo, ends, d1)
+        acc = torch.zeros(bq * width, dtype=torch.float64, device=dev)
+        for pair, pos in expand_ranges(lo, hi, max_postings):
+            target = rows[pair] * width + (index.doc_ids[pos].to(torch.int64) - d0)
+            acc.index_add_(0, target, weights64[pair] * index.scores[pos].to(torch.float64))
+        chunk_scores = acc.to(torch.float32).view(bq, width)
+        del acc
+        top = topk_with_ties(chunk_scores, k, base=d0)
+        best = top if best is None else merge_topk(best, top, k)
+    return finalize(best, k, bq, dev)
+
+
+def finalize(
+    best: tuple[torch.Tensor, torch.Tensor] | None, k: int, bq: int, dev: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pad to ``k`` columns and blank out non-matching documents (score 0 → id -1)."""
+    scores = torch.zeros((bq, k), dtype=torch.float32, device=dev)
+    ids = torch.full((bq, k), -1, dtype=torch.int64, device=dev)
+    if best is not None:
+        s, i = best
+        kk = s.shape[1]
+        hit = s > 0
+        scores[:, :kk] = torch.where(hit, s, torch.zeros_like(s))
+        ids[:, :kk] = torch.where(hit, i, torch.full_like(i, -1))
+    return scores, ids
+
+
+def lower_bound(doc_ids: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, value: int) -> torch.Tensor:
+    """For each list slice ``doc_ids[lo:hi]`` (ascending), the first position with id ≥ ``value``.
+
+    A vectorised binary search: all slices advance together, ~log2(longest list) steps.
+    """
+    lo, hi = lo.clone(), hi.clone()
+    while True:
+        active = lo < hi
+        if not bool(active.any()):
+            return lo
+        mid = (lo + hi) // 2
+        below = doc_ids[torch.where(active, mid, torch.zeros_like(mid))].to(torch.int64) < value
+        lo = torch.where(active & below, mid + 1, lo)
+        hi = torch.where(active & ~below, mid, hi)
+
+
+def expand_ranges(lo: torch.Tensor, hi: torch.Tensor, max_postings: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """All positions of the ranges ``[lo[p], hi[p])``, as (pair, position), in pieces.
+
+    Pieces hold at most ``max_postings`` positions (a range may span pieces), and
+    positions come in pair order, so accumulation order does not depend on the pieces.
+    """
+    counts = (hi - lo).clamp_min(0)
+    ends = torch.cumsum(counts, 0)
+    total = int(ends[-1]) if ends.numel() else 0
+    step = max(1, int(max_postings))
+    first = ends - counts
+    for a in range(0, total, step):
+        flat = torch.arange(a, min(total, a + step), device=lo.device)
+        pair = torch.searchsorted(ends, flat, right=True)
+        yield pair, lo[pair] + (flat - first[pair])

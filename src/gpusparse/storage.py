@@ -1,0 +1,202 @@
+"""Saving and loading index folders.
+
+An index folder holds plain ``.npy`` arrays (memory-mappable, no pickle), the documents'
+string ids (``ids.txt``, one per line), the vocabulary (``vocab.txt``) and a
+``manifest.json`` with the format version, the counts and every file's size and SHA-256.
+A folder is written under a temporary name and renamed into place, so a crash never
+leaves a half-written index under the real name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from . import __version__
+from .errors import IndexFormatError
+from .vocab import Vocabulary
+
+if TYPE_CHECKING:
+    from .index import Index
+
+FORMAT = "gpusparse-index"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+_DTYPES = {
+    "doc_ids": np.int32,
+    "scores": np.float32,
+    "offsets": np.int64,
+    "lengths": np.int32,
+    "padded_lengths": np.int32,
+    "max_scores": np.float32,
+}
+
+
+def save_index(index: Index, path: str | Path, *, overwrite: bool = False) -> None:
+    """Write ``index`` to folder ``path`` atomically (see the module docstring)."""
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} already exists (pass overwrite=True / --overwrite to replace it)")
+    if path.exists() and not (path / MANIFEST).is_file():
+        raise FileExistsError(f"{path} exists and is not a GPUSparse index; refusing to replace it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        files: dict[str, dict[str, Any]] = {}
+        for name, tensor in index.arrays().items():
+            fname = f"{name}.npy"
+            np.save(tmp / fname, tensor.detach().cpu().numpy().astype(_DTYPES[name], copy=False))
+            files[fname] = _describe(tmp / fname)
+        with (tmp / "ids.txt").open("w", encoding="utf-8", newline="\n") as f:
+            for doc_id in index.ids:
+                f.write(doc_id + "\n")
+        files["ids.txt"] = _describe(tmp / "ids.txt")
+        index.vocab.save(tmp / "vocab.txt")
+        files["vocab.txt"] = _describe(tmp / "vocab.txt")
+        st = index.stats()
+        manifest = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "created_by": f"gpusparse {__version__}",
+            "n_docs": st.n_docs,
+            "n_terms": st.n_terms,
+            "n_postings": st.n_postings,
+            "n_padded": st.n_padded,
+            "n_empty_docs": st.n_empty_docs,
+            "vocab_fingerprint": index.vocab.fingerprint,
+            "files": files,
+        }
+        _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=2).encode())
+        _fsync_dir(tmp)
+        if path.exists():
+            old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
+            path.rename(old)
+            tmp.rename(path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(path)
+        _fsync_dir(path.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def load_index(cls: type[Index], path: str | Path, *, device: str | torch.device, mmap: bool, verify: bool) -> Index:
+    """Read an index folder; see :meth:`gpusparse.Index.load`."""
+    path = Path(path)
+    manifest = _read_manifest(path)
+    files = manifest["files"]
+    for fname, meta in files.items():
+        f = path / fname
+        if not f.is_file():
+            raise IndexFormatError(f"{path}: {fname} is missing")
+        size = f.stat().st_size
+        if size != meta["bytes"]:
+            raise IndexFormatError(f"{path}: {fname} has {size} bytes, the manifest says {meta['bytes']} (truncated?)")
+        if verify and _sha256(f) != meta["sha256"]:
+            raise IndexFormatError(f"{path}: {fname} does not match its checksum (corrupted)")
+    device = torch.device(device)
+    arrays = {}
+    for name, dtype in _DTYPES.items():
+        fname = f"{name}.npy"
+        if fname not in files:
+            raise IndexFormatError(f"{path}: the manifest lists no {fname}")
+        try:
+            # "c" (copy-on-write) maps the file yet gives a writable array torch accepts.
+            arr = np.load(path / fname, mmap_mode="c" if mmap and device.type == "cpu" else None, allow_pickle=False)
+        except (ValueError, OSError) as exc:
+            raise IndexFormatError(f"{path}: {fname} is not a readable .npy array ({exc})") from None
+        if arr.dtype != dtype or arr.ndim != 1:
+            raise IndexFormatError(
+                f"{path}: {fname} has dtype {arr.dtype} and {arr.ndim} dims, expected 1-D {np.dtype(dtype)}"
+            )
+        arrays[name] = torch.from_numpy(arr).to(device)
+    n_docs, n_terms, n_padded = manifest["n_docs"], manifest["n_terms"], manifest["n_padded"]
+    for name in ("offsets", "lengths", "padded_lengths", "max_scores"):
+        if arrays[name].numel() != n_terms:
+            raise IndexFormatError(f"{path}: {name} has {arrays[name].numel()} entries, expected {n_terms}")
+    for name in ("doc_ids", "scores"):
+        if arrays[name].numel() != n_padded:
+            raise IndexFormatError(f"{path}: {name} has {arrays[name].numel()} entries, expected {n_padded}")
+    ids = (path / "ids.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    if len(ids) != n_docs:
+        raise IndexFormatError(f"{path}: ids.txt has {len(ids)} ids, expected {n_docs}")
+    vocab = Vocabulary.load(path / "vocab.txt")
+    if vocab.fingerprint != manifest["vocab_fingerprint"]:
+        raise IndexFormatError(f"{path}: vocab.txt does not match the manifest's fingerprint")
+    return cls(arrays, ids=ids, vocab=vocab, n_empty_docs=manifest.get("n_empty_docs"))
+
+
+def read_manifest(path: str | Path) -> dict[str, Any]:
+    """The manifest of an index folder, checked for format and version."""
+    return _read_manifest(Path(path))
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    if not path.is_dir():
+        raise IndexFormatError(f"{path}: no such index folder")
+    mpath = path / MANIFEST
+    if not mpath.is_file():
+        raise IndexFormatError(f"{path}: not a GPUSparse index (no {MANIFEST})")
+    try:
+        manifest = json.loads(mpath.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise IndexFormatError(f"{mpath}: unreadable manifest ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise IndexFormatError(f"{mpath}: not a GPUSparse index manifest")
+    version = manifest.get("format_version")
+    if not isinstance(version, int):
+        raise IndexFormatError(f"{mpath}: no format_version")
+    if version > FORMAT_VERSION:
+        raise IndexFormatError(
+            f"{path}: index format {version} was written by a newer GPUSparse "
+            f"({manifest.get('created_by', '?')}); "
+            f"this version reads format {FORMAT_VERSION} at most: upgrade gpusparse"
+        )
+    for key in ("n_docs", "n_terms", "n_postings", "n_padded", "vocab_fingerprint", "files"):
+        if key not in manifest:
+            raise IndexFormatError(f"{mpath}: manifest lacks {key!r}")
+    return manifest
+
+
+def _describe(f: Path) -> dict[str, Any]:
+    with f.open("rb+") as fh:
+        os.fsync(fh.fileno())
+    return {"bytes": f.stat().st_size, "sha256": _sha256(f)}
+
+
+def _sha256(f: Path) -> str:
+    h = hashlib.sha256()
+    with f.open("rb") as fh:
+        while chunk := fh.read(1 << 24):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_synced(f: Path, data: bytes) -> None:
+    with f.open("wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _fsync_dir(d: Path) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
