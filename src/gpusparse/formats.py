@@ -411,7 +411,7 @@ def write_trec_run(
             for r, (d, s) in enumerate(zip(ranked[qi].tolist(), scores[qi], strict=True)):
                 if d < 0:
                     break
-                lines.append(f"{qid} Q0 {doc_ids[d]} {r + 1} {s} {tag}\n")
+                lines.append(f"{qid} Q0 {doc_ids[d]} {r + 1} {s!s} {tag}\n")  # shortest float32 repr
             f.writelines(lines)
             n += len(lines)
     return n

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from .collection import SparseCollection
 from .errors import InputError
-from .topk import merge_topk, topk_with_ties
+from .topk import certified_candidates, merge_topk, topk_by_key
 
 if TYPE_CHECKING:
     from .index import Index
@@ -149,15 +149,82 @@ def plan_chunks(n_queries: int, n_docs: int, budget: int, batch_size: int | None
     return bq, int(min(n_docs, dc))
 
 
-def query_pairs(queries: SparseCollection, index: Index) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The (query row, term, weight) pairs of a query batch, on the index's device."""
-    dev = index.device
-    rows = torch.repeat_interleave(
-        torch.arange(len(queries), device=dev), torch.from_numpy(queries.row_lengths).to(dev)
-    )
-    terms = torch.from_numpy(queries.indices).to(dev, torch.int64)
-    weights = torch.from_numpy(queries.values).to(dev)
-    return rows, terms, weights
+class QueryBatch(NamedTuple):
+    """A query batch on a device, in the two shapes kernels want.
+
+    ``rows``/``terms``/``weights``: one entry per (query, term) pair, in CSR order;
+    ``padded_terms``/``padded_weights``: ``[B, T]`` with ``-1``/``0`` padding, terms
+    ascending in each row (the canonical summation order); ``n_terms``: ``[B]``.
+    """
+
+    rows: torch.Tensor
+    terms: torch.Tensor
+    weights: torch.Tensor
+    padded_terms: torch.Tensor
+    padded_weights: torch.Tensor
+    n_terms: torch.Tensor
+
+
+def query_batch(queries: SparseCollection, device: torch.device) -> QueryBatch:
+    """Move a (canonical, term-sorted) query batch to ``device``."""
+    lengths = torch.from_numpy(queries.row_lengths).to(device)
+    b = len(queries)
+    rows = torch.repeat_interleave(torch.arange(b, device=device), lengths)
+    terms = torch.from_numpy(queries.indices).to(device, torch.int64)
+    weights = torch.from_numpy(queries.values).to(device)
+    width = int(lengths.max()) if b else 0
+    starts = torch.cumsum(lengths, 0) - lengths
+    col = torch.arange(terms.numel(), device=device) - starts[rows]
+    padded_terms = torch.full((b, width), -1, dtype=torch.int64, device=device)
+    padded_weights = torch.zeros((b, width), dtype=torch.float32, device=device)
+    padded_terms[rows, col] = terms
+    padded_weights[rows, col] = weights
+    return QueryBatch(rows, terms, weights, padded_terms, padded_weights, lengths)
+
+
+def exact_scores(index: Index, batch: QueryBatch, docs: torch.Tensor, *, max_cells: int = 1 << 22) -> torch.Tensor:
+    """Canonical scores of documents ``docs`` ``[B, C]`` for the batch's queries: float32 ``[B, C]``.
+
+    Each score is the float64 sum of ``w_q[t] · w_d[t]`` over the query's terms in
+    ascending term order (each posting found by binary search in the term's list),
+    rounded once to float32. Every search path reports these scores, so all paths agree
+    bit for bit. ``docs`` entries of ``-1`` score 0.
+    """
+    b, c = docs.shape
+    out = torch.zeros((b, c), dtype=torch.float32, device=docs.device)
+    if b == 0 or c == 0:
+        return out
+    # Columns per step so that [B, C, T] temporaries stay around max_cells elements.
+    width = max(1, batch.padded_terms.shape[1])
+    step = max(1, max_cells // (b * width))
+    for c0 in range(0, c, step):
+        d = docs[:, c0 : c0 + step]
+        acc = torch.zeros(d.shape, dtype=torch.float64, device=d.device)
+        for j in range(batch.padded_terms.shape[1]):
+            t = batch.padded_terms[:, j]
+            valid = t >= 0
+            tt = torch.where(valid, t, torch.zeros_like(t))
+            lo = torch.where(valid, index.offsets[tt], torch.zeros_like(tt))[:, None].expand(d.shape)
+            hi = lo + torch.where(valid, index.lengths[tt].to(torch.int64), torch.zeros_like(tt))[:, None]
+            pos = lower_bound(index.doc_ids, lo, hi, d)
+            found = (pos < hi) & (index.doc_ids[pos.clamp_max(index.doc_ids.numel() - 1)].to(torch.int64) == d)
+            w = index.scores[pos.clamp_max(index.doc_ids.numel() - 1)].to(torch.float64)
+            acc += torch.where(found, w * batch.padded_weights[:, j : j + 1].to(torch.float64), torch.zeros_like(w))
+        out[:, c0 : c0 + step] = acc.to(torch.float32)
+    return out
+
+
+def select_exact_topk(
+    index: Index, batch: QueryBatch, approx: torch.Tensor, k: int, base: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact top-k of one document chunk from approximate scores ``approx`` ``[B, W]``.
+
+    Candidates are chosen with a proven error bound (:func:`certified_candidates`), then
+    rescored canonically (:func:`exact_scores`) and ranked with the tie-break.
+    """
+    cols = certified_candidates(approx, k, batch.n_terms)
+    docs = cols + base
+    return topk_by_key(exact_scores(index, batch, docs), docs, k)
 
 
 def reference_search(
@@ -166,15 +233,15 @@ def reference_search(
     """Scatter-add in PyTorch over documents in chunks of ``doc_chunk``, then exact top-k.
 
     Every (query, query-term) pair adds ``w_q · w_d`` for each posting of its term into a
-    float64 ``[batch, doc_chunk]`` accumulator; the chunk's top-k is merged into the
+    float64 ``[batch, doc_chunk]`` accumulator; each chunk's exact top-k is merged into the
     running top-k. Returns ``(scores, ids)`` ``[batch, k]`` on the index's device.
     """
     dev = index.device
     bq, n = len(queries), index.n_docs
-    rows, terms, weights = query_pairs(queries, index)
-    starts = index.offsets[terms]
-    ends = starts + index.lengths[terms].to(torch.int64)
-    weights64 = weights.to(torch.float64)
+    batch = query_batch(queries, dev)
+    starts = index.offsets[batch.terms]
+    ends = starts + index.lengths[batch.terms].to(torch.int64)
+    weights64 = batch.weights.to(torch.float64)
     best = None
     for d0 in range(0, max(n, 1), doc_chunk):
         d1 = min(n, d0 + doc_chunk)
@@ -186,11 +253,10 @@ def reference_search(
             hi = lower_bound(index.doc_ids, lo, ends, d1)
         acc = torch.zeros(bq * width, dtype=torch.float64, device=dev)
         for pair, pos in expand_ranges(lo, hi, max_postings):
-            target = rows[pair] * width + (index.doc_ids[pos].to(torch.int64) - d0)
+            target = batch.rows[pair] * width + (index.doc_ids[pos].to(torch.int64) - d0)
             acc.index_add_(0, target, weights64[pair] * index.scores[pos].to(torch.float64))
-        chunk_scores = acc.to(torch.float32).view(bq, width)
+        top = select_exact_topk(index, batch, acc.view(bq, width), k, d0)
         del acc
-        top = topk_with_ties(chunk_scores, k, base=d0)
         best = top if best is None else merge_topk(best, top, k)
     return finalize(best, k, bq, dev)
 
@@ -210,8 +276,10 @@ def finalize(
     return scores, ids
 
 
-def lower_bound(doc_ids: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, value: int) -> torch.Tensor:
+def lower_bound(doc_ids: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, value: int | torch.Tensor) -> torch.Tensor:
     """For each list slice ``doc_ids[lo:hi]`` (ascending), the first position with id ≥ ``value``.
+
+    ``value`` is one document number or a tensor of them, one per slice.
 
     A vectorised binary search: all slices advance together, ~log2(longest list) steps.
     """

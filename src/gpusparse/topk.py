@@ -43,6 +43,38 @@ def topk_with_ties(scores: torch.Tensor, k: int, *, base: int = 0) -> tuple[torc
     return decode_keys(top)
 
 
+def topk_by_key(scores: torch.Tensor, ids: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top ``min(k, C)`` of each row of ``scores`` ``[B, C]`` whose documents are ``ids`` ``[B, C]``."""
+    keys = encode_keys(scores, ids)
+    return decode_keys(torch.topk(keys, min(k, keys.shape[1]), dim=1, largest=True, sorted=True).values)
+
+
+def certified_candidates(approx: torch.Tensor, k: int, n_terms: torch.Tensor) -> torch.Tensor:
+    """Columns of ``approx`` ``[B, W]`` that may hold a row's exact top-k: ``[B, C]`` indices.
+
+    ``approx`` are sums of ``n_terms[b]`` non-negative products computed in float32 or
+    float64 in any order, so each is within a relative error ``γ = (n + 1)·u / (1 − (n + 1)·u)``
+    of the exact score (``u`` the unit roundoff; the ``+1`` covers rounding the products).
+    With ``T`` the k-th largest approximate score, k documents have exact score ≥ ``T/(1+γ)``,
+    hence every document of the exact top-k has approximate score ≥ ``T·(1−γ)/(1+γ)``.
+    The returned columns include all of those (and possibly a few more), ordered by
+    approximate score; rows with fewer candidates are filled with other columns.
+    """
+    b, width = approx.shape
+    kk = min(k, width)
+    if kk == 0 or b == 0:
+        return torch.zeros((b, 0), dtype=torch.int64, device=approx.device)
+    u = 2.0**-53 if approx.dtype == torch.float64 else 2.0**-24
+    g = (n_terms.to(torch.float64) + 1) * u
+    g = g / (1 - g)
+    kth = torch.topk(approx, kk, dim=1, sorted=True).values[:, -1].to(torch.float64)
+    thr = (kth * (1 - g) / (1 + g)).to(approx.dtype)
+    thr = torch.nextafter(thr, torch.zeros_like(thr))  # round the bound down, never up
+    n_cand = ((approx >= thr[:, None]) & (approx > 0)).sum(1)
+    c = max(int(n_cand.max()), kk)
+    return torch.topk(approx, c, dim=1, sorted=True).indices
+
+
 def merge_topk(
     a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor], k: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
