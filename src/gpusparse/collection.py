@@ -58,6 +58,8 @@ class SparseCollection:
         indptr = np.asarray(indptr)
         indices = np.asarray(indices)
         values = np.asarray(values)
+        if indices.size == 0:  # an empty list has no dtype to speak of
+            indices = indices.astype(np.int32)
         if indptr.ndim != 1 or indptr.size == 0:
             raise ValueError("indptr must be a non-empty 1-D array")
         if indices.ndim != 1 or values.ndim != 1 or indices.shape != values.shape:

@@ -1,0 +1,139 @@
+"""Exactness of every search path against the float64 dense brute force."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+
+from gpusparse import Index, InputError, SparseCollection, Vocabulary
+from gpusparse.search import available_kernels, plan_chunks
+
+from .reference import dense_scores, random_collection, reference_topk
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+SHAPES = [
+    # n_docs, n_queries, n_terms, doc nnz, query nnz, empty fraction
+    pytest.param(1, 3, 5, 3, 2, 0.0, id="one-doc"),
+    pytest.param(40, 4, 1, 1, 1, 0.0, id="one-term"),
+    pytest.param(200, 9, 50, 6, 4, 0.1, id="small-with-empties"),
+    pytest.param(700, 17, 300, 12, 8, 0.05, id="medium"),
+    pytest.param(1500, 5, 2000, 30, 20, 0.0, id="wide-vocab"),
+]
+
+
+def check(index: Index, docs: SparseCollection, queries: SparseCollection, k: int, exact: bool, **kw) -> None:
+    res = index.search(queries, k, **kw)
+    ref_s, ref_i = reference_topk(dense_scores(docs, queries), k)
+    assert res.scores.shape == (len(queries), k) and res.ids.shape == (len(queries), k)
+    assert res.scores.dtype == torch.float32 and res.ids.dtype == torch.int64
+    np.testing.assert_array_equal(res.ids.numpy(), ref_i)
+    if exact:
+        np.testing.assert_array_equal(res.scores.numpy(), ref_s)
+    else:
+        np.testing.assert_allclose(res.scores.numpy(), ref_s, rtol=2e-7, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kernel", ["auto", *available_kernels()])
+@pytest.mark.parametrize("quantized", [True, False], ids=["ties", "continuous"])
+@pytest.mark.parametrize(("n_docs", "n_q", "n_terms", "d_nnz", "q_nnz", "empty"), SHAPES)
+def test_search_matches_brute_force(n_docs, n_q, n_terms, d_nnz, q_nnz, empty, quantized, kernel, device):
+    rng = np.random.default_rng()  # fresh inputs every run: the path must be exact on any data
+    docs = random_collection(rng, n_docs, n_terms, d_nnz, quantized=quantized, empty_fraction=empty)
+    queries = random_collection(rng, n_q, n_terms, q_nnz, quantized=quantized, empty_fraction=empty)
+    index = Index.build(docs, device=device)
+    for k in sorted({1, 3, 10, n_docs, n_docs + 7}):
+        check(index, docs, queries, k, exact=quantized, kernel=kernel)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_chunking_does_not_change_results(device):
+    rng = np.random.default_rng()
+    docs = random_collection(rng, 3000, 400, 20, quantized=True)
+    queries = random_collection(rng, 23, 400, 10, quantized=True, empty_fraction=0.1)
+    index = Index.build(docs, device=device)
+    full = index.search(queries, 50)
+    for batch_size, budget in [(1, None), (5, 1 << 16), (None, 1 << 16), (23, 200_000), (7, 1 << 17)]:
+        part = index.search(queries, 50, batch_size=batch_size, memory_budget=budget)
+        assert torch.equal(part.ids, full.ids) and torch.equal(part.scores, full.scores)
+    check(index, docs, queries, 50, exact=True, memory_budget=1 << 16, batch_size=3)
+
+
+def test_plan_chunks_respects_budget():
+    for n_q, n_d, budget, bs in [(256, 10**6, 1 << 30, None), (1000, 8_841_823, 1 << 30, 256), (3, 10, 1 << 16, None)]:
+        bq, dc = plan_chunks(n_q, n_d, budget, bs)
+        assert 1 <= bq <= max(1, n_q) and 1 <= dc <= n_d
+        assert bq * dc * 20 <= budget
+
+
+def test_tie_break_is_lower_doc_id_first():
+    # Ten identical documents: every query ties on all of them.
+    docs = SparseCollection.from_dicts([{"capital": 1.0, "france": 2.0}] * 10)
+    index = Index.build(docs)
+    res = index.search([{"france": 1.5}], k=4)
+    assert res.ids.tolist() == [[0, 1, 2, 3]]
+    assert res.scores.tolist() == [[3.0] * 4]
+
+
+def test_padding_when_fewer_matches_than_k():
+    docs = SparseCollection.from_dicts([{"capital": 1.0}, {"paris": 2.0}, {}, {"capital": 0.5, "paris": 1.0}])
+    index = Index.build(docs)
+    res = index.search([{"capital": 1.0}, {}, {"zebra": 1.0}], k=6)
+    assert res.ids.tolist() == [[0, 3, -1, -1, -1, -1], [-1] * 6, [-1] * 6]
+    assert res.scores[0, :2].tolist() == [1.0, 0.5]
+    assert res.scores[0, 2:].eq(0).all() and res.scores[1:].eq(0).all()
+
+
+def test_retrieve_returns_string_ids():
+    docs = SparseCollection.from_dicts([{"capital": 1.0}, {"capital": 2.0, "paris": 1.0}], ids=["d1", "d2"])
+    queries = SparseCollection.from_dicts([{"capital": 1.0, "paris": 1.0}], ids=["q1"])
+    assert Index.build(docs).retrieve(queries, k=5) == {"q1": [("d2", 3.0), ("d1", 1.0)]}
+
+
+def test_scipy_queries_against_token_index():
+    rng = np.random.default_rng()
+    docs = random_collection(rng, 100, 50, 5)
+    index = Index.build(docs)
+    q = sp.random(4, 50, density=0.2, format="csr", dtype=np.float32, random_state=int(rng.integers(1 << 31)))
+    check(index, docs, SparseCollection.from_scipy(q), 10, exact=False)
+    res = index.search(q, 10)  # a bare scipy matrix works too
+    assert res.ids.shape == (4, 10)
+
+
+def test_vocabulary_mismatch_is_refused():
+    docs = SparseCollection.from_dicts([{"capital": 1.0}])
+    index = Index.build(docs)
+    other = Vocabulary(["capital", "france"])
+    queries = SparseCollection.from_dicts([{"capital": 1.0}], vocab=other)
+    with pytest.raises(InputError, match="vocabulary"):
+        index.search(queries, 1)
+    too_wide = sp.csr_matrix(np.ones((1, len(Vocabulary.bert()) + 1), np.float32))
+    with pytest.raises(InputError, match="vocabulary"):
+        index.search(too_wide, 1)
+
+
+@pytest.mark.parametrize("bad", [0, -3, 1.5, True])
+def test_bad_k_is_refused(bad):
+    index = Index.build(SparseCollection.from_dicts([{"capital": 1.0}]))
+    with pytest.raises(ValueError, match="k must be"):
+        index.search([{"capital": 1.0}], bad)
+
+
+def test_unknown_kernel_is_refused():
+    index = Index.build(SparseCollection.from_dicts([{"capital": 1.0}]))
+    with pytest.raises(ValueError, match="unknown kernel"):
+        index.search([{"capital": 1.0}], 1, kernel="magic")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_matches_cpu_at_scale():
+    rng = np.random.default_rng()
+    docs = random_collection(rng, 50_000, 3000, 40)
+    queries = random_collection(rng, 64, 3000, 20)
+    cpu = Index.build(docs).search(queries, 100)
+    gpu = Index.build(docs, device="cuda").search(queries, 100, memory_budget=1 << 24)
+    assert torch.equal(cpu.ids, gpu.ids) and torch.equal(cpu.scores, gpu.scores)
