@@ -58,7 +58,8 @@ class IndexStats:
 
 
 def build_inverted_index(
-    collection: SparseCollection,
+    collection: SparseCollection
+    | tuple[torch.Tensor | np.ndarray, torch.Tensor | np.ndarray, torch.Tensor | np.ndarray, int],
     *,
     device: str | torch.device = "cpu",
     chunk_postings: int = DEFAULT_BUILD_CHUNK,
@@ -72,7 +73,9 @@ def build_inverted_index(
     the collection's size, so a collection that fits in memory once can be indexed.
 
     Args:
-        collection: documents; row ``i`` becomes internal document ``i``.
+        collection: documents (row ``i`` becomes internal document ``i``), or canonical CSR
+            arrays ``(indptr, indices, values, n_terms)`` as numpy arrays or tensors on any
+            device (terms sorted and unique inside each row, weights > 0).
         device: where to build (and leave) the arrays: ``"cpu"`` or a CUDA device.
         chunk_postings: postings sorted per step; bounds the temporaries.
         progress: show a progress bar.
@@ -80,19 +83,26 @@ def build_inverted_index(
     Returns:
         The arrays named in this module's docstring, on ``device``.
     """
-    n_docs, n_terms = len(collection), len(collection.vocab)
+    if isinstance(collection, SparseCollection):
+        indptr_any, terms_any, weights_any = collection.indptr, collection.indices, collection.values
+        n_terms = len(collection.vocab)
+    else:
+        indptr_any, terms_any, weights_any, n_terms = collection
+    indptr = np.asarray(indptr_any.cpu() if isinstance(indptr_any, torch.Tensor) else indptr_any, dtype=np.int64)
+    terms_all = torch.as_tensor(terms_any)
+    weights_all = torch.as_tensor(weights_any)
+    n_docs = indptr.size - 1
     if n_docs > MAX_DOCS:
         raise ValueError(f"{n_docs} documents exceed the int32 doc-id limit of {MAX_DOCS}")
     if chunk_postings <= 0:
         raise ValueError("chunk_postings must be positive")
     device = torch.device(device)
-    indptr = collection.indptr
-    terms_np, weights_np = collection.indices, collection.values
+    spans = _spans(n_docs, indptr, chunk_postings)
 
     # Pass 1: list lengths, in chunks so no temporary is as large as the collection.
     lengths = torch.zeros(n_terms, dtype=torch.int64, device=device)
-    for a, b in _spans(indptr.size - 1, indptr, chunk_postings):
-        t = torch.from_numpy(terms_np[indptr[a] : indptr[b]]).to(device, torch.int64)
+    for a, b in spans:
+        t = terms_all[indptr[a] : indptr[b]].to(device, torch.int64)
         lengths += torch.bincount(t, minlength=n_terms)
     padded = (lengths + (PAD - 1)) // PAD * PAD
     offsets = torch.cumsum(padded, 0) - padded
@@ -105,14 +115,14 @@ def build_inverted_index(
 
     # Pass 2: place postings.
     bar = tqdm(
-        total=collection.nnz, unit="post", unit_scale=True, desc="indexing", disable=not progress or None, leave=False
+        total=int(indptr[-1]), unit="post", unit_scale=True, desc="indexing", disable=not progress or None, leave=False
     )
-    for a, b in _spans(indptr.size - 1, indptr, chunk_postings):
+    for a, b in spans:
         lo, hi = int(indptr[a]), int(indptr[b])
         if hi == lo:
             continue
-        t = torch.from_numpy(terms_np[lo:hi]).to(device, torch.int64)
-        w = torch.from_numpy(weights_np[lo:hi]).to(device)
+        t = terms_all[lo:hi].to(device, torch.int64)
+        w = weights_all[lo:hi].to(device, torch.float32)
         row_len = torch.from_numpy(np.diff(indptr[a : b + 1])).to(device)
         d = torch.repeat_interleave(torch.arange(a, b, device=device, dtype=torch.int32), row_len)
         order = torch.sort(t, stable=True).indices
@@ -156,8 +166,9 @@ class Index:
         self,
         arrays: dict[str, torch.Tensor],
         *,
-        ids: list[str],
+        ids: list[str] | None,
         vocab: Vocabulary,
+        n_docs: int | None = None,
         n_empty_docs: int | None = None,
     ) -> None:
         missing = [k for k in _ARRAYS if k not in arrays]
@@ -169,7 +180,10 @@ class Index:
         self.lengths: torch.Tensor = arrays["lengths"]
         self.padded_lengths: torch.Tensor = arrays["padded_lengths"]
         self.max_scores: torch.Tensor = arrays["max_scores"]
-        self.ids = ids
+        if ids is None and n_docs is None:
+            raise ValueError("give the documents' ids or their number")
+        self._ids = ids
+        self._n_docs = len(ids) if ids is not None else int(n_docs)  # type: ignore[arg-type]
         self.vocab = vocab
         if len(self.offsets) != len(vocab):
             raise ValueError(f"index has {len(self.offsets)} terms but the vocabulary {len(vocab)}")
@@ -195,6 +209,30 @@ class Index:
         arrays = build_inverted_index(collection, device=device, progress=progress, chunk_postings=chunk_postings)
         n_empty = int(np.count_nonzero(collection.row_lengths == 0))
         return cls(arrays, ids=list(collection.ids), vocab=collection.vocab, n_empty_docs=n_empty)
+
+    @classmethod
+    def from_csr(
+        cls,
+        indptr: torch.Tensor | np.ndarray,
+        indices: torch.Tensor | np.ndarray,
+        values: torch.Tensor | np.ndarray,
+        vocab: Vocabulary,
+        *,
+        ids: list[str] | None = None,
+        device: str | torch.device = "cpu",
+        chunk_postings: int = DEFAULT_BUILD_CHUNK,
+    ) -> Index:
+        """Index canonical CSR arrays directly (e.g. a collection generated on the GPU).
+
+        Rows must have sorted, unique term ids ``< len(vocab)`` and positive weights; they
+        are not copied into a :class:`SparseCollection` first. Without ``ids`` documents are
+        named ``"0"``, ``"1"``, ...
+        """
+        n = int(indptr.shape[0]) - 1
+        arrays = build_inverted_index(
+            (indptr, indices, values, len(vocab)), device=device, chunk_postings=chunk_postings
+        )
+        return cls(arrays, ids=ids, vocab=vocab, n_docs=n)
 
     @classmethod
     def load(
@@ -237,14 +275,21 @@ class Index:
         if self.doc_ids.device == device:
             return self
         arrays = {k: getattr(self, k).to(device) for k in _ARRAYS}
-        return Index(arrays, ids=self.ids, vocab=self.vocab, n_empty_docs=self._n_empty_docs)
+        return Index(arrays, ids=self._ids, vocab=self.vocab, n_docs=self._n_docs, n_empty_docs=self._n_empty_docs)
 
     # -- queries ------------------------------------------------------------------------
 
     @property
     def n_docs(self) -> int:
         """Number of documents (internal ids ``0 .. n_docs - 1``)."""
-        return len(self.ids)
+        return self._n_docs
+
+    @property
+    def ids(self) -> list[str]:
+        """The documents' string ids, by internal document number."""
+        if self._ids is None:
+            self._ids = [str(i) for i in range(self._n_docs)]
+        return self._ids
 
     @property
     def device(self) -> torch.device:

@@ -192,24 +192,26 @@ def exact_scores(index: Index, batch: QueryBatch, docs: torch.Tensor, *, max_cel
     """
     b, c = docs.shape
     out = torch.zeros((b, c), dtype=torch.float32, device=docs.device)
-    if b == 0 or c == 0:
+    width = batch.padded_terms.shape[1]
+    if b == 0 or c == 0 or width == 0:
         return out
-    # Columns per step so that [B, C, T] temporaries stay around max_cells elements.
-    width = max(1, batch.padded_terms.shape[1])
+    valid = batch.padded_terms >= 0
+    terms = torch.where(valid, batch.padded_terms, torch.zeros_like(batch.padded_terms))
+    lo = torch.where(valid, index.offsets[terms], torch.zeros_like(terms))[:, None, :]  # [B, 1, T]
+    hi = lo + torch.where(valid, index.lengths[terms].to(torch.int64), torch.zeros_like(terms))[:, None, :]
+    qw = batch.padded_weights.to(torch.float64)
+    last = index.doc_ids.numel() - 1
+    # Columns per step so that the [B, step, T] temporaries stay near max_cells elements.
     step = max(1, max_cells // (b * width))
     for c0 in range(0, c, step):
-        d = docs[:, c0 : c0 + step]
-        acc = torch.zeros(d.shape, dtype=torch.float64, device=d.device)
-        for j in range(batch.padded_terms.shape[1]):
-            t = batch.padded_terms[:, j]
-            valid = t >= 0
-            tt = torch.where(valid, t, torch.zeros_like(t))
-            lo = torch.where(valid, index.offsets[tt], torch.zeros_like(tt))[:, None].expand(d.shape)
-            hi = lo + torch.where(valid, index.lengths[tt].to(torch.int64), torch.zeros_like(tt))[:, None]
-            pos = lower_bound(index.doc_ids, lo, hi, d)
-            found = (pos < hi) & (index.doc_ids[pos.clamp_max(index.doc_ids.numel() - 1)].to(torch.int64) == d)
-            w = index.scores[pos.clamp_max(index.doc_ids.numel() - 1)].to(torch.float64)
-            acc += torch.where(found, w * batch.padded_weights[:, j : j + 1].to(torch.float64), torch.zeros_like(w))
+        d = docs[:, c0 : c0 + step, None]  # [B, step, 1]
+        shape = (b, d.shape[1], width)
+        pos = lower_bound(index.doc_ids, lo.expand(shape), hi.expand(shape), d).clamp_max(max(last, 0))
+        found = (pos < hi) & (index.doc_ids[pos].to(torch.int64) == d)
+        prod = torch.where(found, index.scores[pos].to(torch.float64), 0.0) * qw[:, None, :]
+        acc = torch.zeros(shape[:2], dtype=torch.float64, device=docs.device)
+        for j in range(width):  # sequential: the canonical summation order
+            acc += prod[:, :, j]
         out[:, c0 : c0 + step] = acc.to(torch.float32)
     return out
 
