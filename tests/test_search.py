@@ -137,3 +137,41 @@ def test_gpu_matches_cpu_at_scale():
     cpu = Index.build(docs).search(queries, 100)
     gpu = Index.build(docs, device="cuda").search(queries, 100, memory_budget=1 << 24)
     assert torch.equal(cpu.ids, gpu.ids) and torch.equal(cpu.scores, gpu.scores)
+
+
+def test_exact_scores_are_canonical():
+    from gpusparse.search import exact_scores, query_batch
+
+    rng = np.random.default_rng()
+    docs = random_collection(rng, 400, 120, 15, empty_fraction=0.05)
+    queries = random_collection(rng, 9, 120, 12, empty_fraction=0.1)
+    index = Index.build(docs)
+    batch = query_batch(queries, index.device)
+    rows = torch.from_numpy(rng.integers(0, 9, 500))
+    cand = torch.from_numpy(rng.integers(0, 400, 500))
+    got = exact_scores(index, batch, rows, cand, max_cells=64)  # tiny steps: many pieces
+    ref = dense_scores(docs, queries)[rows.numpy(), cand.numpy()].astype(np.float32)
+    np.testing.assert_array_equal(got.numpy(), ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_select_exact_topk_from_perturbed_scores(dtype):
+    """Any approximation within the float32/float64 error bound yields the exact top-k."""
+    from gpusparse.search import query_batch, select_exact_topk
+
+    rng = np.random.default_rng()
+    docs = random_collection(rng, 600, 60, 10)
+    queries = random_collection(rng, 7, 60, 8)
+    index = Index.build(docs)
+    batch = query_batch(queries, index.device)
+    exact = dense_scores(docs, queries)
+    u = 2.0**-24 if dtype == torch.float32 else 2.0**-53
+    n = batch.n_terms.numpy()[:, None].astype(np.float64)
+    # Worst-case-like perturbation: each score moved by up to (n)·u relative, randomly.
+    noisy = exact * (1 + rng.uniform(-1, 1, exact.shape) * n * u)
+    approx = torch.from_numpy(noisy).to(dtype)
+    for k in (1, 5, 40, 600):
+        s, i = select_exact_topk(index, batch, approx, k, 0)
+        ref_s, ref_i = reference_topk(exact, min(k, 600))
+        np.testing.assert_array_equal(np.where(s.numpy() > 0, i.numpy(), -1), ref_i)
+        np.testing.assert_array_equal(np.where(s.numpy() > 0, s.numpy(), 0), ref_s)

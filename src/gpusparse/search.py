@@ -182,37 +182,38 @@ def query_batch(queries: SparseCollection, device: torch.device) -> QueryBatch:
     return QueryBatch(rows, terms, weights, padded_terms, padded_weights, lengths)
 
 
-def exact_scores(index: Index, batch: QueryBatch, docs: torch.Tensor, *, max_cells: int = 1 << 22) -> torch.Tensor:
-    """Canonical scores of documents ``docs`` ``[B, C]`` for the batch's queries: float32 ``[B, C]``.
+def exact_scores(
+    index: Index, batch: QueryBatch, rows: torch.Tensor, docs: torch.Tensor, *, max_cells: int = 1 << 22
+) -> torch.Tensor:
+    """Canonical scores of the pairs (query ``rows[i]``, document ``docs[i]``): float32 ``[M]``.
 
     Each score is the float64 sum of ``w_q[t] · w_d[t]`` over the query's terms in
     ascending term order (each posting found by binary search in the term's list),
     rounded once to float32. Every search path reports these scores, so all paths agree
-    bit for bit. ``docs`` entries of ``-1`` score 0.
+    bit for bit.
     """
-    b, c = docs.shape
-    out = torch.zeros((b, c), dtype=torch.float32, device=docs.device)
+    m = docs.numel()
+    out = torch.zeros(m, dtype=torch.float32, device=docs.device)
     width = batch.padded_terms.shape[1]
-    if b == 0 or c == 0 or width == 0:
+    if m == 0 or width == 0:
         return out
     valid = batch.padded_terms >= 0
     terms = torch.where(valid, batch.padded_terms, torch.zeros_like(batch.padded_terms))
-    lo = torch.where(valid, index.offsets[terms], torch.zeros_like(terms))[:, None, :]  # [B, 1, T]
-    hi = lo + torch.where(valid, index.lengths[terms].to(torch.int64), torch.zeros_like(terms))[:, None, :]
+    lo_q = torch.where(valid, index.offsets[terms], torch.zeros_like(terms))  # [B, T]
+    hi_q = lo_q + torch.where(valid, index.lengths[terms].to(torch.int64), torch.zeros_like(terms))
     qw = batch.padded_weights.to(torch.float64)
-    last = index.doc_ids.numel() - 1
-    # Columns per step so that the [B, step, T] temporaries stay near max_cells elements.
-    step = max(1, max_cells // (b * width))
-    for c0 in range(0, c, step):
-        d = docs[:, c0 : c0 + step, None]  # [B, step, 1]
-        shape = (b, d.shape[1], width)
-        pos = lower_bound(index.doc_ids, lo.expand(shape), hi.expand(shape), d).clamp_max(max(last, 0))
+    last = max(index.doc_ids.numel() - 1, 0)
+    step = max(1, max_cells // width)  # pairs per step: [step, T] temporaries
+    for a in range(0, m, step):
+        r, d = rows[a : a + step], docs[a : a + step, None]
+        lo, hi = lo_q[r], hi_q[r]
+        pos = lower_bound(index.doc_ids, lo, hi, d).clamp_max(last)
         found = (pos < hi) & (index.doc_ids[pos].to(torch.int64) == d)
-        prod = torch.where(found, index.scores[pos].to(torch.float64), 0.0) * qw[:, None, :]
-        acc = torch.zeros(shape[:2], dtype=torch.float64, device=docs.device)
+        prod = torch.where(found, index.scores[pos].to(torch.float64), 0.0) * qw[r]
+        acc = torch.zeros(r.numel(), dtype=torch.float64, device=docs.device)
         for j in range(width):  # sequential: the canonical summation order
-            acc += prod[:, :, j]
-        out[:, c0 : c0 + step] = acc.to(torch.float32)
+            acc += prod[:, j]
+        out[a : a + step] = acc.to(torch.float32)
     return out
 
 
@@ -221,12 +222,24 @@ def select_exact_topk(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact top-k of one document chunk from approximate scores ``approx`` ``[B, W]``.
 
-    Candidates are chosen with a proven error bound (:func:`certified_candidates`), then
-    rescored canonically (:func:`exact_scores`) and ranked with the tie-break.
+    Candidates are chosen with a proven error bound (:func:`certified_candidates`). A
+    candidate's canonical float32 score is known without rescoring when both ends of its
+    error interval round to the same float32 (the common case for float64 sums); the
+    others are rescored canonically (:func:`exact_scores`). Then rank with the tie-break.
     """
     cols = certified_candidates(approx, k, batch.n_terms)
     docs = cols + base
-    return topk_by_key(exact_scores(index, batch, docs), docs, k)
+    approx_c = approx.gather(1, cols).to(torch.float64)
+    u = 2.0**-53 if approx.dtype == torch.float64 else 2.0**-24
+    # Both the approximate and the canonical sum are within γ of the exact one: 2γ apart.
+    g = 2 * (batch.n_terms.to(torch.float64)[:, None] + 1) * u / (1 - (batch.n_terms[:, None] + 1) * u)
+    low, high = (approx_c * (1 - g)).to(torch.float32), (approx_c * (1 + g)).to(torch.float32)
+    scores = low.clone()
+    unsure = low != high
+    if bool(unsure.any()):
+        r, c = unsure.nonzero(as_tuple=True)
+        scores[r, c] = exact_scores(index, batch, r, docs[r, c])
+    return topk_by_key(scores, docs, k)
 
 
 def reference_search(
