@@ -156,7 +156,7 @@ def index_cmd(
 @click.option("--device", help="cpu or cuda[:N] [default: cuda if available, else cpu].")
 @click.option(
     "--kernel",
-    type=click.Choice(["auto", "reference"]),
+    type=click.Choice(["auto", "reference", "scatter", "docpar"]),
     default="auto",
     show_default=True,
     help="Scoring kernel; auto picks the fastest exact one for the device.",
@@ -192,6 +192,10 @@ def search_cmd(
     from .index import Index
 
     budget = parse_size(memory_budget)
+    if budget < 1 << 16:
+        raise click.BadParameter("must be at least 64KiB", param_hint="--memory-budget")
+    if not output.parent.is_dir():
+        raise click.BadParameter(f"folder {output.parent} does not exist", param_hint="--output")
     dev = _device(device) or ("cuda" if torch.cuda.is_available() else "cpu")
     if tag.split() != [tag]:
         raise click.BadParameter("must be one word", param_hint="--tag")

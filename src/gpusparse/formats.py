@@ -69,41 +69,66 @@ class _Builder:
         self.terms = array("i")
         self.weights = array("d")
         self.ids: list[str] = []
-        self.seen: dict[str, tuple[str, int]] = {}
+        self.seen: dict[str, int] = {}  # id -> row
         self.rec_file: list[str] = []
         self.rec_line = array("q")
+        self.rec_binary = array("b")
 
     def add_id(self, doc_id: str, path: str, line: int, record: bool = False) -> None:
-        prev = self.seen.setdefault(doc_id, (path, line))
-        if prev != (path, line):
-            where = f"{prev[0]}{' record ' if record else ':'}{prev[1]}"
+        row = self.seen.setdefault(doc_id, len(self.ids))
+        if row != len(self.ids):
+            where = _where(self.rec_file[row], self.rec_line[row], bool(self.rec_binary[row]))
             raise InputError(
                 f"duplicate id {doc_id!r} (first seen at {where})", path=path, line=line, field="id", record=record
             )
         self.ids.append(doc_id)
         self.rec_file.append(path)
         self.rec_line.append(line)
+        self.rec_binary.append(record)
 
-    def locate(self, entry: int) -> tuple[str, int]:
-        """File and line of the record holding flat entry ``entry``."""
-        row = int(np.searchsorted(np.frombuffer(self.indptr, dtype=np.int64), entry, side="right")) - 1
-        return self.rec_file[row], self.rec_line[row]
+    def row_of(self, entry: int) -> int:
+        """The record holding flat entry ``entry``."""
+        return int(np.searchsorted(np.frombuffer(self.indptr, dtype=np.int64), entry, side="right")) - 1
 
-    def finish(self, vocab: Vocabulary, stats: ReadStats, binary: bool) -> SparseCollection:
+    def error(self, row: int, reason: str, field: str | None = "vector") -> InputError:
+        """An error located at record ``row``."""
+        return InputError(
+            reason, path=self.rec_file[row], line=self.rec_line[row], field=field, record=bool(self.rec_binary[row])
+        )
+
+    def finish(self, vocab: Vocabulary, stats: ReadStats) -> SparseCollection:
         values = np.frombuffer(self.weights, dtype=np.float64) if len(self.weights) else np.zeros(0)
-        _check_values(values, self, binary)
+        _check_values(values, self)
         stats.zero_weights_dropped += int(np.count_nonzero(values == 0))
         indptr = np.frombuffer(self.indptr, dtype=np.int64)
         terms = np.frombuffer(self.terms, dtype=np.int32) if len(self.terms) else np.zeros(0, np.int32)
         values32 = values.astype(np.float32)
         self.weights = array("d")  # free the float64 copy before canonicalisation copies
-        coll = SparseCollection(indptr, terms, values32, ids=self.ids, vocab=vocab, check_ids=False)
+        try:
+            coll = SparseCollection(indptr, terms, values32, ids=self.ids, vocab=vocab, check_ids=False)
+        except InputError:
+            # Summing a vector's duplicate terms overflowed: find the vector.
+            rows = np.repeat(np.arange(len(self.ids), dtype=np.int64), np.diff(indptr))
+            keys, inverse = np.unique(rows * len(vocab) + terms, return_inverse=True)
+            sums = np.zeros(keys.size)
+            np.add.at(sums, inverse, values32.astype(np.float64))
+            row = int(keys[np.argmax(sums)] // len(vocab))
+            raise self.error(row, "duplicate terms sum to a weight that overflows float32") from None
         stats.records += len(coll)
         stats.empty_vectors += int(np.count_nonzero(coll.row_lengths == 0))
         return coll
 
 
-def _check_values(values: np.ndarray, b: _Builder, binary: bool) -> None:
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _where(path: str, line: int, record: bool) -> str:
+    return f"{path} record {line}" if record else f"{path}:{line}"
+
+
+def _check_values(values: np.ndarray, b: _Builder) -> None:
     checks = (
         (~np.isfinite(values), "is not finite"),
         (values < 0, "is negative"),
@@ -112,8 +137,7 @@ def _check_values(values: np.ndarray, b: _Builder, binary: bool) -> None:
     for bad, what in checks:
         if bad.any():
             i = int(np.argmax(bad))
-            path, line = b.locate(i)
-            raise InputError(f"weight {values[i]!r} {what}", path=path, line=line, field="vector", record=binary)
+            raise b.error(b.row_of(i), f"weight {float(values[i])!r} {what}")
 
 
 # -- opening files ------------------------------------------------------------------------
@@ -159,8 +183,16 @@ def _read_jsonl_into(
     spath = str(path)
     get = vocab.get
     terms, weights, indptr = b.terms, b.weights, b.indptr
+    lineno = 0
     with _open_binary(path, progress, path.name) as (f, prog):
-        for lineno, line in enumerate(f, 1):
+        lines = enumerate(f, 1)
+        while True:
+            try:
+                lineno, line = next(lines)
+            except StopIteration:
+                break
+            except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+                raise InputError(f"truncated or corrupt gzip data ({exc})", path=spath, line=lineno + 1) from None
             if lineno % 4096 == 0:
                 prog.update()
             if not line.strip():
@@ -209,11 +241,16 @@ def _read_jsonl_into(
                 stats.unknown_tokens_skipped += keep.count(False)
                 tids = [i for i, k in zip(tids, keep, strict=True) if k]
                 vals = [w for w, k in zip(vals, keep, strict=True) if k]
+            # JSON true/false would pass as 1.0/0.0: look for them only when the line could hold one.
+            bad_bool = (b"true" in line or b"false" in line) and any(type(w) is bool for w in vals)
             try:
+                if bad_bool:
+                    raise TypeError
                 weights.extend(vals)
-            except TypeError:
-                bad = next(w for w in vals if not isinstance(w, int | float))
-                raise InputError(f"weight {bad!r} is not a number", path=spath, line=lineno, field="vector") from None
+            except (TypeError, OverflowError):
+                bad = next(w for w in vals if type(w) not in (int, float) or abs(w) > _F32_MAX)
+                what = "is not a number" if type(bad) not in (int, float) else "overflows float32"
+                raise InputError(f"weight {_short(bad)} {what}", path=spath, line=lineno, field="vector") from None
             terms.extend(tids)
             indptr.append(len(terms))
         prog.update()
@@ -248,15 +285,13 @@ def read_vectors(
     stats = ReadStats() if stats is None else stats
     files = expand_vector_paths(paths)
     b = _Builder()
-    binary = False
     for path in files:
         stats.files.append(str(path))
         if path.name.endswith(".bin"):
-            binary = True
             _read_seismic_bin_into(path, b, vocab, progress)
         else:
             _read_jsonl_into(path, b, vocab, unknown, stats, progress)
-    return b.finish(vocab, stats, binary)
+    return b.finish(vocab, stats)
 
 
 def expand_vector_paths(paths: str | Path | Sequence[str | Path]) -> list[Path]:
@@ -324,10 +359,17 @@ def _read_seismic_bin_into(path: Path, b: _Builder, vocab: Vocabulary, progress:
         raise InputError("too short for a Seismic binary file (no vector count)", path=spath)
     words = data[: data.size // 4 * 4].view("<u4")
     n = int(words[0])
+    n_words = words.size
+    if n > n_words - 1:  # every record takes at least one word: refuse before allocating
+        raise InputError(
+            f"the header announces {n:,} records but the file holds at most {n_words - 1:,} "
+            "(truncated or not Seismic?)",
+            path=spath,
+            field="count",
+        )
     lengths = np.empty(n, dtype=np.int64)
     starts = np.empty(n, dtype=np.int64)
     pos = 1  # in 4-byte words
-    n_words = words.size
     for rec in tqdm(range(n), desc=path.name, unit="vec", disable=not progress or None, leave=False):
         if pos >= n_words:
             raise InputError(
@@ -454,7 +496,7 @@ def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
             raise InputError(f"expected 3 (BEIR) or 4 (TREC) columns, got {len(parts)}", path=path, line=lineno)
         try:
             g = int(grade) if grade.lstrip("-").isdigit() else int(float(grade))
-        except ValueError:
+        except (ValueError, OverflowError):
             raise InputError(f"relevance grade {grade!r} is not an integer", path=path, line=lineno) from None
         qrels.setdefault(qid, {})[doc] = g
     return qrels

@@ -188,6 +188,8 @@ class Index:
         if len(self.offsets) != len(vocab):
             raise ValueError(f"index has {len(self.offsets)} terms but the vocabulary {len(vocab)}")
         self._n_empty_docs = n_empty_docs
+        # Derived structures built on demand (e.g. the doc-parallel kernel's forward index).
+        self.cache: dict[str, object] = {}
 
     # -- construction -------------------------------------------------------------------
 

@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from .vocab import Vocabulary
 
 DEFAULT_MEMORY_BUDGET = 1 << 30
-KERNELS = ("reference",)
+KERNELS = ("reference", "scatter", "docpar")
+TRITON_KERNELS = ("scatter", "docpar")
 # Bytes of temporaries per (query, document) cell of one chunk: float64 accumulator,
 # its float32 rounding and the int64 ranking key.
 _CELL_BYTES = 8 + 4 + 8
@@ -51,11 +52,23 @@ def available_kernels() -> tuple[str, ...]:
 
 
 def choose_kernel(kernel: str, device: torch.device) -> str:
-    """Resolve ``kernel="auto"`` for ``device``; validate an explicit choice."""
+    """Resolve ``kernel="auto"`` for ``device``; validate an explicit choice.
+
+    ``auto`` takes the fused scatter-add kernel on a CUDA device with Triton, and the
+    PyTorch reference path elsewhere (Triton's CPU interpreter is for tests, not speed).
+    """
+    from .kernels import triton_available
+
     if kernel == "auto":
-        return "reference"
+        return "scatter" if device.type == "cuda" and triton_available() else "reference"
     if kernel not in KERNELS:
         raise ValueError(f"unknown kernel {kernel!r}; choose one of: auto, {', '.join(KERNELS)}")
+    if kernel in TRITON_KERNELS and not triton_available():
+        raise ValueError(
+            f"kernel {kernel!r} needs Triton and a CUDA device (or TRITON_INTERPRET=1 for Triton's CPU interpreter)"
+        )
+    if kernel in TRITON_KERNELS and device.type not in ("cuda", "cpu"):
+        raise ValueError(f"kernel {kernel!r} does not run on {device.type}")
     return kernel
 
 
@@ -118,8 +131,6 @@ def search(
     dev = index.device if device is None else torch.device(device)
     q = as_queries(queries, index.vocab)
     name = choose_kernel(kernel, dev)
-    if name != "reference":  # pragma: no cover - later kernels plug in here
-        raise AssertionError(name)
     idx = index.to(dev)
     n_q = len(q)
     out_scores = torch.zeros((n_q, k), dtype=torch.float32)
@@ -128,7 +139,10 @@ def search(
     bar = tqdm(total=n_q, unit="q", desc="searching", disable=not progress or None, leave=False)
     for a in range(0, n_q, bq):
         b = min(n_q, a + bq)
-        s, i = reference_search(idx, q[a:b], k, doc_chunk=dc, max_postings=budget // _POSTING_BYTES)
+        if name == "reference":
+            s, i = reference_search(idx, q[a:b], k, doc_chunk=dc, max_postings=budget // _POSTING_BYTES)
+        else:
+            s, i = kernel_search(idx, q[a:b], k, kernel=name, doc_chunk=dc)
         out_scores[a:b], out_ids[a:b] = s.cpu(), i.cpu()
         bar.update(b - a)
     bar.close()
@@ -274,6 +288,43 @@ def reference_search(
         del acc
         best = top if best is None else merge_topk(best, top, k)
     return finalize(best, k, bq, dev)
+
+
+def kernel_search(
+    index: Index, queries: SparseCollection, k: int, *, kernel: str, doc_chunk: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Triton kernel fills float32 scores chunk by chunk; each chunk's exact top-k is merged.
+
+    Returns ``(scores, ids)`` ``[batch, k]`` on the index's device.
+    """
+    from .kernels import docpar_scores, scatter_add_scores
+
+    dev = index.device
+    bq, n = len(queries), index.n_docs
+    batch = query_batch(queries, dev)
+    forward = _forward(index) if kernel == "docpar" else None
+    buf = torch.empty(bq * min(doc_chunk, max(n, 1)), dtype=torch.float32, device=dev)
+    best = None
+    for d0 in range(0, n, doc_chunk):
+        width = min(doc_chunk, n - d0)
+        out = buf[: bq * width].view(bq, width)
+        if kernel == "scatter":
+            scatter_add_scores(index, batch, d0, width, out)
+        else:
+            docpar_scores(index, batch, d0, width, forward, out)
+        top = select_exact_topk(index, batch, out, k, d0)
+        best = top if best is None else merge_topk(best, top, k)
+    return finalize(best, k, bq, dev)
+
+
+def _forward(index: Index) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The document-major copy the doc-parallel kernel reads, made once per index object."""
+    from .kernels import forward_index
+
+    cached = index.cache.get("forward")
+    if cached is None:
+        cached = index.cache["forward"] = forward_index(index)
+    return cached
 
 
 def finalize(

@@ -1,0 +1,355 @@
+"""The Triton score kernels against a dense float64 brute force, and through exact top-k.
+
+Without a GPU the kernels run in Triton's CPU interpreter, which must be switched on
+before anything imports Triton: hence the lines above the other imports.
+"""
+
+import os
+import sys
+
+import torch
+
+if not torch.cuda.is_available():
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(
+            "triton was imported before tests/test_kernels.py could set TRITON_INTERPRET=1; "
+            "set it in the environment (or a conftest) to run the kernel tests without a GPU"
+        )
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import subprocess
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from gpusparse import Index, SparseCollection
+from gpusparse.kernels import docpar_scores, forward_index, scatter_add_scores, triton_available
+from gpusparse.search import QueryBatch, finalize, query_batch, select_exact_topk
+from gpusparse.topk import merge_topk
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+KERNELS = ("scatter", "docpar")
+RTOL = 1e-5  # of the row's largest score: float32 sums of a few dozen products
+
+pytestmark = pytest.mark.skipif(not triton_available(), reason="needs Triton and a GPU or TRITON_INTERPRET=1")
+
+
+# -- data ---------------------------------------------------------------------------------
+
+
+def random_csr(
+    rng: np.random.Generator,
+    n_rows: int,
+    n_cols: int,
+    density: float,
+    *,
+    eighths: bool = False,
+    empty_rows: tuple[int, ...] = (),
+) -> sp.csr_matrix:
+    """Random non-negative sparse rows; ``eighths``: weights in {1/8, 2/8, 3/8, 4/8} (exact sums, real ties)."""
+    m = sp.random(n_rows, n_cols, density=density, format="csr", random_state=rng, dtype=np.float64)
+    m.data = np.ceil(m.data * 4) / 8 if eighths else m.data * 3
+    for r in empty_rows:
+        m.data[m.indptr[r] : m.indptr[r + 1]] = 0
+    m.eliminate_zeros()
+    return m.astype(np.float32)
+
+
+@dataclass
+class Case:
+    docs: sp.csr_matrix
+    queries: sp.csr_matrix
+    index: Index
+    batch: QueryBatch
+    ref: np.ndarray  # float64 [B, N]: the brute-force scores
+
+    @property
+    def n_docs(self) -> int:
+        return self.docs.shape[0]
+
+    def ref_window(self, d0: int, width: int) -> np.ndarray:
+        """Reference scores of documents ``d0 .. d0 + width - 1`` (0 past the collection)."""
+        out = np.zeros((self.ref.shape[0], width))
+        n = max(0, min(self.n_docs, d0 + width) - d0)
+        out[:, :n] = self.ref[:, d0 : d0 + n]
+        return out
+
+
+def make_case(docs: sp.csr_matrix, queries: sp.csr_matrix, device: torch.device = DEVICE) -> Case:
+    index = Index.build(SparseCollection.from_scipy(docs), device=device)
+    batch = query_batch(SparseCollection.from_scipy(queries), index.device)
+    ref = queries.toarray().astype(np.float64) @ docs.toarray().astype(np.float64).T
+    return Case(docs, queries, index, batch, ref)
+
+
+def build_case(name: str) -> Case:
+    rng = np.random.default_rng(CASES.index(name))
+    if name == "basic":
+        return make_case(random_csr(rng, 300, 50, 0.1), random_csr(rng, 6, 50, 0.15))
+    if name == "long_lists":  # ~400 postings a list: several BLOCK_PL chunks
+        return make_case(random_csr(rng, 700, 6, 0.6), random_csr(rng, 3, 6, 0.7))
+    if name == "empty_queries":  # rows 0, 2 and the last have no terms
+        return make_case(random_csr(rng, 200, 40, 0.1), random_csr(rng, 5, 40, 0.2, empty_rows=(0, 2, 4)))
+    if name == "empty_docs":  # empty documents at both ends and inside; many terms with no postings
+        docs = random_csr(rng, 150, 400, 0.01, empty_rows=(0, 1, 70, 149))
+        return make_case(docs, random_csr(rng, 4, 400, 0.05))
+    if name == "single_doc":
+        return make_case(random_csr(rng, 1, 30, 0.5), random_csr(rng, 4, 30, 0.5))
+    if name == "single_term":
+        return make_case(random_csr(rng, 90, 1, 0.6), random_csr(rng, 2, 1, 1.0))
+    raise KeyError(name)
+
+
+CASES = ("basic", "long_lists", "empty_queries", "empty_docs", "single_doc", "single_term")
+
+
+@pytest.fixture(scope="module")
+def cases() -> dict[str, Case]:
+    return {name: build_case(name) for name in CASES}
+
+
+def windows(n: int) -> list[tuple[int, int]]:
+    """Document ranges ``(d0, width)``: whole, wider than the collection, inside, across and past its end."""
+    return [(0, n), (0, n + 37), (n // 3, n // 2), (max(0, n - 3), 9), (n + 5, 4)]
+
+
+# -- running and checking -----------------------------------------------------------------
+
+
+def run_kernel(name: str, case: Case, d0: int, width: int, out: torch.Tensor | None = None, **kw) -> torch.Tensor:
+    if name == "scatter":
+        return scatter_add_scores(case.index, case.batch, d0, width, out, **kw)
+    return docpar_scores(case.index, case.batch, d0, width, forward_index(case.index), out, **kw)
+
+
+def assert_scores_close(got: torch.Tensor, ref: np.ndarray, what: str) -> None:
+    """Within ``RTOL`` of each row's largest score, exactly 0 where no term is shared; names the bad cells."""
+    assert got.dtype == torch.float32, what
+    g = got.cpu().numpy().astype(np.float64)
+    assert g.shape == ref.shape, f"{what}: shape {g.shape}, expected {ref.shape}"
+    tol = RTOL * np.abs(ref).max(axis=1, keepdims=True, initial=0.0)
+    ok = (np.abs(g - ref) <= tol) & ((ref != 0) | (g == 0))  # NaN fails both
+    if not ok.all():
+        bad = np.argwhere(~ok)
+        cells = ", ".join(f"[{r}, {c}] got {g[r, c]!r} want {ref[r, c]!r}" for r, c in bad[:8])
+        raise AssertionError(f"{what}: {len(bad)} of {ok.size} scores wrong: {cells}")
+
+
+def poisoned(b: int, width: int) -> torch.Tensor:
+    return torch.full((b, width), float("nan"), dtype=torch.float32, device=DEVICE)
+
+
+# -- scores -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case_name", CASES)
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_scores_match_float64(kernel: str, case_name: str, cases: dict[str, Case]) -> None:
+    case = cases[case_name]
+    b = case.queries.shape[0]
+    for d0, width in windows(case.n_docs):
+        ref = case.ref_window(d0, width)
+        what = f"{kernel} {case_name} d0={d0} width={width}"
+        assert_scores_close(run_kernel(kernel, case, d0, width), ref, what)
+        out = poisoned(b, width)
+        got = run_kernel(kernel, case, d0, width, out)
+        assert got is out, f"{what}: out was not filled in place"
+        assert_scores_close(got, ref, what + " (NaN-poisoned out)")
+
+
+@pytest.mark.parametrize("block_pl", [32, 64, 128])
+def test_scatter_block_sizes(block_pl: int, cases: dict[str, Case]) -> None:
+    case = cases["long_lists"]
+    for d0, width in [(0, case.n_docs), (101, 350)]:
+        got = scatter_add_scores(case.index, case.batch, d0, width, block_pl=block_pl)
+        assert_scores_close(got, case.ref_window(d0, width), f"block_pl={block_pl} d0={d0}")
+
+
+@pytest.mark.parametrize("block_d", [1, 16, 64])
+def test_docpar_block_sizes(block_d: int, cases: dict[str, Case]) -> None:
+    case = cases["empty_queries"]  # 200 documents; block_d=1 runs one program per (query, document)
+    fwd = forward_index(case.index)
+    for d0, width in [(0, 48), (170, 40)]:
+        got = docpar_scores(case.index, case.batch, d0, width, fwd, block_d=block_d)
+        assert_scores_close(got, case.ref_window(d0, width), f"block_d={block_d} d0={d0}")
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("n_queries", [0, 3])
+def test_batches_without_terms(kernel: str, n_queries: int, cases: dict[str, Case]) -> None:
+    """No queries at all, or queries without terms (``padded_terms`` is ``[B, 0]``): all zeros."""
+    base = cases["basic"]
+    queries = sp.csr_matrix((n_queries, base.docs.shape[1]), dtype=np.float32)
+    case = make_case(base.docs, queries)
+    assert case.batch.padded_terms.shape == (n_queries, 0)
+    out = run_kernel(kernel, case, 0, 40, poisoned(n_queries, 40))
+    assert_scores_close(out, np.zeros((n_queries, 40)), kernel)
+
+
+def test_forward_index_is_document_major_csr(cases: dict[str, Case]) -> None:
+    for name in ("basic", "empty_docs", "single_doc"):
+        case = cases[name]
+        indptr, terms, weights = forward_index(case.index)
+        assert (indptr.dtype, terms.dtype, weights.dtype) == (torch.int64, torch.int32, torch.float32)
+        want = sp.csr_matrix(case.docs)
+        want.sort_indices()
+        np.testing.assert_array_equal(indptr.cpu().numpy(), want.indptr, err_msg=name)
+        np.testing.assert_array_equal(terms.cpu().numpy(), want.indices, err_msg=name)
+        np.testing.assert_array_equal(weights.cpu().numpy(), want.data, err_msg=name)
+
+
+# -- exact top-k --------------------------------------------------------------------------
+
+
+def reference_topk(ref: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k by score desc then id asc, matching documents only; padding -1 / 0."""
+    b, n = ref.shape
+    ids = np.full((b, k), -1, dtype=np.int64)
+    scores = np.zeros((b, k), dtype=np.float32)
+    for r in range(b):
+        order = np.lexsort((np.arange(n), -ref[r]))[:k]
+        order = order[ref[r, order] > 0]
+        ids[r, : order.size] = order
+        scores[r, : order.size] = ref[r, order]
+    return scores, ids
+
+
+def chunked_topk(kernel: str, case: Case, k: int, chunk: int, **kw) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kernel scores chunk by chunk, exact top-k of each, merged: as search drives the kernels."""
+    best = None
+    for d0 in range(0, case.n_docs, chunk):
+        width = min(chunk, case.n_docs - d0)
+        approx = run_kernel(kernel, case, d0, width, poisoned(case.queries.shape[0], width), **kw)
+        top = select_exact_topk(case.index, case.batch, approx, k, d0)
+        best = top if best is None else merge_topk(best, top, k)
+    return finalize(best, k, case.queries.shape[0], case.index.device)
+
+
+def assert_topk_equal(got: tuple[torch.Tensor, torch.Tensor], ref: np.ndarray, k: int, what: str) -> None:
+    want_scores, want_ids = reference_topk(ref, k)
+    scores, ids = (t.cpu().numpy() for t in got)
+    for r in range(ids.shape[0]):
+        if not np.array_equal(ids[r], want_ids[r]):
+            raise AssertionError(f"{what}: query {r} ids {ids[r].tolist()} want {want_ids[r].tolist()}")
+    np.testing.assert_array_equal(scores, want_scores, err_msg=what)
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_exact_topk_with_ties(kernel: str) -> None:
+    rng = np.random.default_rng(8)
+    case = make_case(random_csr(rng, 400, 12, 0.3, eighths=True), random_csr(rng, 5, 12, 0.3, eighths=True))
+    # Weights in eighths: every float32 sum is exact, so the kernels agree with float64
+    # bit for bit and equal scores are real ties.
+    full = run_kernel(kernel, case, 0, case.n_docs)
+    np.testing.assert_array_equal(full.cpu().numpy(), case.ref.astype(np.float32))
+    ref_sorted = np.sort(case.ref, axis=1)[:, ::-1]
+    assert (ref_sorted[:, 9] == ref_sorted[:, 10]).any(), "the data should have ties at the cut"
+    for chunk in (case.n_docs, 97):
+        assert_topk_equal(chunked_topk(kernel, case, 10, chunk), case.ref, 10, f"{kernel} chunk={chunk}")
+
+
+# -- argument checks ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_rejects_bad_arguments(kernel: str, cases: dict[str, Case]) -> None:
+    case = cases["basic"]
+    b = case.queries.shape[0]
+    with pytest.raises(TypeError, match="float32"):
+        run_kernel(kernel, case, 0, 10, torch.zeros((b, 10), dtype=torch.float64, device=DEVICE))
+    with pytest.raises(ValueError, match="shape"):
+        run_kernel(kernel, case, 0, 10, torch.zeros((b, 11), device=DEVICE))
+    with pytest.raises(ValueError, match="contiguous"):
+        run_kernel(kernel, case, 0, 10, torch.zeros((10, b), device=DEVICE).t())
+    with pytest.raises(ValueError, match="meta"):
+        run_kernel(kernel, case, 0, 10, torch.zeros((b, 10), device="meta"))
+    with pytest.raises(ValueError, match="d0"):
+        run_kernel(kernel, case, -1, 10)
+    with pytest.raises(TypeError, match="width"):
+        run_kernel(kernel, case, 0, 10.0)
+    with pytest.raises(TypeError, match="d0"):
+        run_kernel(kernel, case, True, 10)
+    with pytest.raises(TypeError, match="QueryBatch"):
+        fn = scatter_add_scores if kernel == "scatter" else docpar_scores
+        fn(case.index, tuple(case.batch), 0, 10, *([] if kernel == "scatter" else [forward_index(case.index)]))
+    bad = case.batch._replace(padded_weights=case.batch.padded_weights.double())
+    with pytest.raises(TypeError, match="padded_weights"):
+        run_kernel(kernel, Case(case.docs, case.queries, case.index, bad, case.ref), 0, 10)
+
+
+def test_rejects_bad_block_sizes_and_forward(cases: dict[str, Case]) -> None:
+    case = cases["basic"]
+    with pytest.raises(ValueError, match="power of two"):
+        scatter_add_scores(case.index, case.batch, 0, 10, block_pl=96)
+    with pytest.raises(ValueError, match="power of two"):
+        scatter_add_scores(case.index, case.batch, 0, 10, block_pl=8)
+    with pytest.raises(ValueError, match="power of two"):
+        docpar_scores(case.index, case.batch, 0, 10, forward_index(case.index), block_d=24)
+    indptr, terms, weights = forward_index(case.index)
+    with pytest.raises(ValueError, match="n_docs"):
+        docpar_scores(case.index, case.batch, 0, 10, (indptr[:-1].contiguous(), terms, weights))
+    with pytest.raises(TypeError, match="int32"):
+        docpar_scores(case.index, case.batch, 0, 10, (indptr, terms.long(), weights))
+    with pytest.raises(TypeError, match="triple"):
+        docpar_scores(case.index, case.batch, 0, 10, (indptr, terms))
+
+
+def test_import_without_triton() -> None:
+    """``import gpusparse.kernels`` neither needs nor imports Triton; using a kernel says what to install."""
+    code = (
+        "import sys\n"
+        "import gpusparse.kernels as k\n"
+        "assert 'triton' not in sys.modules, 'importing gpusparse.kernels imported triton'\n"
+        "sys.modules['triton'] = None\n"
+        "assert not k.triton_available()\n"
+        "try:\n"
+        "    k.scatter_add_scores\n"
+        "except ImportError as e:\n"
+        "    assert 'pip install triton' in str(e), e\n"
+        "else:\n"
+        "    raise SystemExit('no ImportError')\n"
+    )
+    env = {key: v for key, v in os.environ.items() if key != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 0, res.stderr
+
+
+# -- on a GPU, at a larger size -----------------------------------------------------------
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.fixture(scope="module")
+def large_case() -> Case:
+    rng = np.random.default_rng(20_000)
+    docs = random_csr(rng, 20_000, 1000, 0.03, eighths=True)  # ~30 terms a document, ~600 a list
+    return make_case(docs, random_csr(rng, 64, 1000, 0.02, eighths=True), torch.device("cuda"))
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("block", [None, "small", "large"])
+def test_gpu_large_scores(kernel: str, block: str | None, large_case: Case) -> None:
+    case = large_case
+    kw = {}
+    if block is not None:
+        key = "block_pl" if kernel == "scatter" else "block_d"
+        kw[key] = {"scatter": {"small": 32, "large": 512}, "docpar": {"small": 8, "large": 128}}[kernel][block]
+    for d0, width in [*windows(case.n_docs), (5_000, 5_000)]:
+        out = torch.full((case.queries.shape[0], width), float("nan"), device="cuda")
+        got = run_kernel(kernel, case, d0, width, out, **kw)
+        ref = case.ref_window(d0, width)
+        # Eighths: the float32 sums are exact whatever the order.
+        np.testing.assert_array_equal(got.cpu().numpy(), ref.astype(np.float32), err_msg=f"{kernel} {kw} d0={d0}")
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_gpu_large_exact_topk(kernel: str, large_case: Case) -> None:
+    for chunk in (large_case.n_docs, 6_000):
+        got = chunked_topk(kernel, large_case, 100, chunk)
+        assert_topk_equal(got, large_case.ref, 100, f"{kernel} chunk={chunk}")
