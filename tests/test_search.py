@@ -175,3 +175,14 @@ def test_select_exact_topk_from_perturbed_scores(dtype):
         ref_s, ref_i = reference_topk(exact, min(k, 600))
         np.testing.assert_array_equal(np.where(s.numpy() > 0, i.numpy(), -1), ref_i)
         np.testing.assert_array_equal(np.where(s.numpy() > 0, s.numpy(), 0), ref_s)
+
+
+@pytest.mark.parametrize("kernel", available_kernels())
+def test_index_without_postings(kernel):
+    from gpusparse.kernels import triton_available
+
+    if kernel != "reference" and not triton_available():
+        pytest.skip("needs Triton")
+    index = Index.build(SparseCollection.from_dicts([{}, {}, {}]))
+    res = index.search([{"capital": 1.0}, {}], k=2, kernel=kernel)
+    assert res.ids.tolist() == [[-1, -1], [-1, -1]] and res.scores.eq(0).all()

@@ -209,7 +209,7 @@ def exact_scores(
     m = docs.numel()
     out = torch.zeros(m, dtype=torch.float32, device=docs.device)
     width = batch.padded_terms.shape[1]
-    if m == 0 or width == 0:
+    if m == 0 or width == 0 or index.doc_ids.numel() == 0:
         return out
     valid = batch.padded_terms >= 0
     terms = torch.where(valid, batch.padded_terms, torch.zeros_like(batch.padded_terms))
@@ -345,19 +345,21 @@ def finalize(
 def lower_bound(doc_ids: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, value: int | torch.Tensor) -> torch.Tensor:
     """For each list slice ``doc_ids[lo:hi]`` (ascending), the first position with id ≥ ``value``.
 
-    ``value`` is one document number or a tensor of them, one per slice.
-
-    A vectorised binary search: all slices advance together, ~log2(longest list) steps.
+    ``value`` is one document number or a tensor of them, one per slice. A vectorised
+    binary search: all slices advance together for ``ceil(log2(longest slice + 1))``
+    steps, with one device synchronisation in all (to learn the longest slice).
     """
     lo, hi = lo.clone(), hi.clone()
-    while True:
+    if lo.numel() == 0:
+        return lo
+    steps = int((hi - lo).max()).bit_length()
+    for _ in range(steps):
         active = lo < hi
-        if not bool(active.any()):
-            return lo
         mid = (lo + hi) // 2
         below = doc_ids[torch.where(active, mid, torch.zeros_like(mid))].to(torch.int64) < value
         lo = torch.where(active & below, mid + 1, lo)
         hi = torch.where(active & ~below, mid, hi)
+    return lo
 
 
 def expand_ranges(lo: torch.Tensor, hi: torch.Tensor, max_postings: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
