@@ -498,7 +498,8 @@ def test_every_kernel_writes_the_reference_run_file(tmp_path, kernel):
     for name in ("reference", kernel):
         out = tmp_path / f"{name}.trec"
         args = ["search", tmp_path / "idx", tmp_path / "queries.jsonl", "-o", out, "--k", "50", "--kernel", name]
-        result = run(*args, "--memory-budget", "64KiB", "--device", "cpu")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        result = run(*args, "--memory-budget", "64KiB", "--device", device)
         assert result.exit_code == 0, result.stderr
         runs[name] = out.read_bytes()
     assert runs["reference"] and runs[kernel] == runs["reference"]

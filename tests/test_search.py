@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -24,6 +26,17 @@ SHAPES = [
 ]
 
 
+def skip_unrunnable(kernel: str, device: str) -> None:
+    """Triton kernels run on CUDA, or on the CPU only under Triton's interpreter."""
+    from gpusparse.kernels import triton_available
+
+    if kernel in ("scatter", "docpar"):
+        if not triton_available():
+            pytest.skip("needs Triton")
+        if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("Triton kernels run on the CPU only under TRITON_INTERPRET=1")
+
+
 def check(index: Index, docs: SparseCollection, queries: SparseCollection, k: int, exact: bool, **kw) -> None:
     res = index.search(queries, k, **kw)
     ref_s, ref_i = reference_topk(dense_scores(docs, queries), k)
@@ -41,6 +54,7 @@ def check(index: Index, docs: SparseCollection, queries: SparseCollection, k: in
 @pytest.mark.parametrize("quantized", [True, False], ids=["ties", "continuous"])
 @pytest.mark.parametrize(("n_docs", "n_q", "n_terms", "d_nnz", "q_nnz", "empty"), SHAPES)
 def test_search_matches_brute_force(n_docs, n_q, n_terms, d_nnz, q_nnz, empty, quantized, kernel, device):
+    skip_unrunnable(kernel, device)
     rng = np.random.default_rng()  # fresh inputs every run: the path must be exact on any data
     docs = random_collection(rng, n_docs, n_terms, d_nnz, quantized=quantized, empty_fraction=empty)
     queries = random_collection(rng, n_q, n_terms, q_nnz, quantized=quantized, empty_fraction=empty)
@@ -50,16 +64,20 @@ def test_search_matches_brute_force(n_docs, n_q, n_terms, d_nnz, q_nnz, empty, q
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_chunking_does_not_change_results(device):
+@pytest.mark.parametrize("kernel", available_kernels())
+def test_chunking_does_not_change_results(device, kernel):
+    if device == "cpu" and kernel != "reference":
+        pytest.skip("many small chunks are too slow for Triton's interpreter; covered on CUDA")
+    skip_unrunnable(kernel, device)
     rng = np.random.default_rng()
     docs = random_collection(rng, 3000, 400, 20, quantized=True)
     queries = random_collection(rng, 23, 400, 10, quantized=True, empty_fraction=0.1)
     index = Index.build(docs, device=device)
-    full = index.search(queries, 50)
+    full = index.search(queries, 50, kernel=kernel)
     for batch_size, budget in [(1, None), (5, 1 << 16), (None, 1 << 16), (23, 200_000), (7, 1 << 17)]:
-        part = index.search(queries, 50, batch_size=batch_size, memory_budget=budget)
+        part = index.search(queries, 50, batch_size=batch_size, memory_budget=budget, kernel=kernel)
         assert torch.equal(part.ids, full.ids) and torch.equal(part.scores, full.scores)
-    check(index, docs, queries, 50, exact=True, memory_budget=1 << 16, batch_size=3)
+    check(index, docs, queries, 50, exact=True, memory_budget=1 << 16, batch_size=3, kernel=kernel)
 
 
 def test_plan_chunks_respects_budget():
@@ -177,12 +195,10 @@ def test_select_exact_topk_from_perturbed_scores(dtype):
         np.testing.assert_array_equal(np.where(s.numpy() > 0, s.numpy(), 0), ref_s)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kernel", available_kernels())
-def test_index_without_postings(kernel):
-    from gpusparse.kernels import triton_available
-
-    if kernel != "reference" and not triton_available():
-        pytest.skip("needs Triton")
-    index = Index.build(SparseCollection.from_dicts([{}, {}, {}]))
+def test_index_without_postings(kernel, device):
+    skip_unrunnable(kernel, device)
+    index = Index.build(SparseCollection.from_dicts([{}, {}, {}]), device=device)
     res = index.search([{"capital": 1.0}, {}], k=2, kernel=kernel)
     assert res.ids.tolist() == [[-1, -1], [-1, -1]] and res.scores.eq(0).all()
