@@ -29,8 +29,8 @@ demo: $(VENV)/.installed
 	@head -n 5 $(DEMO)/run.trec
 
 lint: $(VENV)/.installed
-	$(BIN)/ruff check src tests scripts
-	$(BIN)/ruff format --check src tests scripts
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 test: lint
 	$(BIN)/python -m pytest -q
