@@ -29,8 +29,8 @@ demo: $(VENV)/.installed
 	@head -n 5 $(DEMO)/run.trec
 
 lint: $(VENV)/.installed
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
+	$(BIN)/ruff check src tests scripts bench
+	$(BIN)/ruff format --check src tests scripts bench
 
 test: lint
 	$(BIN)/python -m pytest -q
