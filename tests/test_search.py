@@ -202,3 +202,14 @@ def test_index_without_postings(kernel, device):
     index = Index.build(SparseCollection.from_dicts([{}, {}, {}]), device=device)
     res = index.search([{"capital": 1.0}, {}], k=2, kernel=kernel)
     assert res.ids.tolist() == [[-1, -1], [-1, -1]] and res.scores.eq(0).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kernel", available_kernels())
+def test_scores_equal_after_float32_rounding_tie_break_by_id(kernel, device):
+    """Doc 1 scores 1e-9 more than doc 0 in float64, but both round to 1.0 in float32:
+    the contract ranks by the float32 score, so the lower id (doc 0) comes first."""
+    skip_unrunnable(kernel, device)
+    docs = SparseCollection.from_dicts([{"capital": 1.0}, {"capital": 1.0, "paris": 1e-9}, {"france": 1.0}])
+    res = Index.build(docs, device=device).search([{"capital": 1.0, "paris": 1.0}], k=1, kernel=kernel)
+    assert res.ids.tolist() == [[0]] and res.scores.tolist() == [[1.0]]

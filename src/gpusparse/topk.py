@@ -56,7 +56,8 @@ def certified_candidates(approx: torch.Tensor, k: int, n_terms: torch.Tensor) ->
     float64 in any order, so each is within a relative error ``γ = (n + 1)·u / (1 − (n + 1)·u)``
     of the exact score (``u`` the unit roundoff; the ``+1`` covers rounding the products).
     With ``T`` the k-th largest approximate score, k documents have exact score ≥ ``T/(1+γ)``,
-    hence every document of the exact top-k has approximate score ≥ ``T·(1−γ)/(1+γ)``.
+    hence every document of the exact top-k has approximate score ≥ ``T·(1−γ)/(1+γ)``; one
+    more float32 ulp of slack admits documents whose float32 score ties with the k-th.
     The returned columns include all of those (and possibly a few more), ordered by
     approximate score; rows with fewer candidates are filled with other columns.
     """
@@ -68,7 +69,9 @@ def certified_candidates(approx: torch.Tensor, k: int, n_terms: torch.Tensor) ->
     g = (n_terms.to(torch.float64) + 1) * u
     g = g / (1 - g)
     kth = torch.topk(approx, kk, dim=1, sorted=True).values[:, -1].to(torch.float64)
-    thr = (kth * (1 - g) / (1 + g)).to(approx.dtype)
+    # Results are ranked by the float32 rounding of the canonical score, so a document up to
+    # one float32 ulp below the k-th can still tie with it (and win on a lower id).
+    thr = (kth * (1 - g) / (1 + g) * (1 - 2.0**-22)).to(approx.dtype)
     thr = torch.nextafter(thr, torch.zeros_like(thr))  # round the bound down, never up
     n_cand = ((approx >= thr[:, None]) & (approx > 0)).sum(1)
     c = max(int(n_cand.max()), kk)
