@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from gpusparse import Index, SparseCollection, Vocabulary
 from gpusparse.kernels import docpar_scores, forward_index, scatter_add_scores
-from gpusparse.search import query_batch
+from gpusparse.search import available_kernels, query_batch
 from gpusparse.synthetic import generate
 
 
@@ -189,7 +189,7 @@ def bench_size(n_docs: int, args: argparse.Namespace, bw: float) -> list[dict]:
                         "timing": "cuda events, device only",
                     }
                 )
-            for kern in ("reference", "scatter", "docpar"):
+            for kern in available_kernels():
                 torch.cuda.reset_peak_memory_stats()
                 search = partial(index.search, q, k, kernel=kern, memory_budget=args.memory_budget)
                 times = time_wall(search, reps=args.reps, warmup=1)
@@ -211,7 +211,9 @@ def bench_size(n_docs: int, args: argparse.Namespace, bw: float) -> list[dict]:
                 )
             print(
                 "  "
-                + "  ".join(f"{r['system']} {r['ms_per_batch']:.2f}ms" for r in results[-5:])
+                + "  ".join(
+                    f"{r['system']} {r['ms_per_batch']:.2f}ms" for r in results[-2 - len(available_kernels()) :]
+                )
                 + f"  [N={n_docs:,} B={b} k={k}]",
                 flush=True,
             )

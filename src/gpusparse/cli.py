@@ -156,7 +156,7 @@ def index_cmd(
 @click.option("--device", help="cpu or cuda[:N] [default: cuda if available, else cpu].")
 @click.option(
     "--kernel",
-    type=click.Choice(["auto", "reference", "scatter", "docpar"]),
+    type=click.Choice(["auto", "reference", "scatter", "docpar", "tiled"]),
     default="auto",
     show_default=True,
     help="Scoring kernel; auto picks the fastest exact one for the device.",

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .vocab import Vocabulary
 
 DEFAULT_MEMORY_BUDGET = 1 << 30
-KERNELS = ("reference", "scatter", "docpar")
+KERNELS = ("reference", "scatter", "docpar", "tiled")
 TRITON_KERNELS = ("scatter", "docpar")
 # Bytes of temporaries per (query, document) cell of one chunk: float64 accumulator,
 # its float32 rounding and the int64 ranking key.
@@ -145,6 +145,10 @@ def search(
         b = min(n_q, a + bq)
         if name == "reference":
             s, i = reference_search(idx, q[a:b], k, doc_chunk=dc, max_postings=budget // _POSTING_BYTES)
+        elif name == "tiled":
+            from .tiled import tiled_search
+
+            s, i = tiled_search(idx, query_batch(q[a:b], dev), k)
         else:
             s, i = kernel_search(idx, q[a:b], k, kernel=name, doc_chunk=dc)
         out_scores[a:b], out_ids[a:b] = s.cpu(), i.cpu()

@@ -1,0 +1,246 @@
+"""The tiled engine's CUDA kernel: on-chip accumulation per (document tile, query), compiled at run time.
+
+Documents are cut into tiles of ``2**TILE_BITS``; the postings of each (tile, term) pair are
+stored together as 16-bit offsets inside the tile and float32 weights (see
+:mod:`gpusparse.tiled`). One thread block handles one (query, tile): it accumulates the
+query's scores for the whole tile in shared memory, so no ``[B, N]`` buffer exists and the
+only device-memory traffic is reading postings (blocks of the same tile run together and
+share them through L2) and writing a few candidates.
+
+Scores are accumulated in 64-bit fixed point: every product ``w_q · w_d`` (exact in
+float64) is scaled by the query's power-of-two ``scale`` and rounded to an integer, so the
+sum is exact integer arithmetic, independent of the order of the atomics, within
+``n_terms / 2`` units of the true sum. After accumulating, the block finds by a two-pass
+radix histogram a value ``tau`` that at least ``k`` of its documents reach, raises the
+query's running threshold ``theta`` to it (a lower bound of the k-th best score of the
+whole collection), and emits every document within the error margin ``delta`` of
+``max(tau, theta)`` as a candidate. Triton cannot express shared-memory atomics, hence CUDA
+(through CuPy's NVRTC); :func:`available` says whether it can run here.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+CUDA_SOURCE = r"""
+#ifndef TILE_BITS
+#define TILE_BITS 14
+#endif
+#define TILE (1 << TILE_BITS)
+typedef unsigned long long u64;
+typedef long long i64;
+
+extern "C" __global__ void tiled_candidates(
+    const i64* __restrict__ seg,              // [n_tiles * V + 1] start of each (tile, term) segment
+    const unsigned short* __restrict__ offs,  // [P] document offset inside the tile
+    const float* __restrict__ wts,            // [P] document weight
+    const int* __restrict__ q_terms,          // [B, T] term ids, -1 padding at the end of a row
+    const float* __restrict__ q_weights,      // [B, T]
+    const double* __restrict__ q_scale,       // [B] power of two: fixed-point units per score unit
+    const i64* __restrict__ q_delta,          // [B] error margin in units
+    const int T, const int V, const int n_docs, const int k,
+    u64* __restrict__ theta,                  // [B] running lower bound of the k-th best score
+    int* __restrict__ cand_count,             // [B]
+    int* __restrict__ cand_doc,               // [B, cap]
+    u64* __restrict__ cand_val,               // [B, cap]
+    const int cap)
+{
+    extern __shared__ u64 acc[];
+    __shared__ unsigned int hist[256];
+    __shared__ u64 s_max, s_val;
+    __shared__ unsigned int s_above;
+    __shared__ int s_bucket;
+
+    const int q = blockIdx.x;
+    const int tile = blockIdx.y;
+    const int tid = threadIdx.x;
+    const int nt = blockDim.x;
+    const int base = tile << TILE_BITS;
+    const int width = min(TILE, n_docs - base);
+
+    for (int i = tid; i < TILE; i += nt) acc[i] = 0ull;
+    if (tid == 0) s_max = 0ull;
+    __syncthreads();
+
+    // 1. Accumulate: every posting of every query term inside this tile.
+    const double scale = q_scale[q];
+    const int* terms = q_terms + (i64)q * T;
+    const float* qw = q_weights + (i64)q * T;
+    const i64* seg_tile = seg + (i64)tile * V;
+    for (int j = 0; j < T; ++j) {
+        const int t = terms[j];
+        if (t < 0) break;
+        const double w = (double)qw[j] * scale;  // exact: scale is a power of two
+        const i64 e = seg_tile[t + 1];
+        for (i64 i = seg_tile[t] + tid; i < e; i += nt) {
+            // float32 x float32 is exact in float64; one rounding to the integer unit.
+            atomicAdd(&acc[offs[i]], (u64)__double2ll_rn(w * (double)wts[i]));
+        }
+    }
+    __syncthreads();
+
+    // 2. The tile's largest score.
+    u64 m = 0ull;
+    for (int i = tid; i < width; i += nt) m = max(m, acc[i]);
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_down_sync(0xffffffffu, m, o));
+    if ((tid & 31) == 0) atomicMax(&s_max, m);
+    __syncthreads();
+    const u64 vmax = s_max;
+    if (vmax == 0ull) return;  // no document of this tile matches the query
+
+    // 3. tau: at least k documents of the tile score >= tau (two 8-bit radix passes below
+    //    the top bit; 0 when fewer than k documents match).
+    const int msb = 63 - __clzll((i64)vmax);
+    const int s0 = msb >= 7 ? msb - 7 : 0;
+    u64 tau = 0ull;
+    int need = k;
+    for (int pass = 0; pass < 2; ++pass) {
+        const int shift = pass == 0 ? s0 : (s0 >= 8 ? s0 - 8 : 0);
+        const int bits = pass == 0 ? 8 : s0 - shift;
+        if (pass == 1 && bits == 0) break;
+        const u64 prefix = tau >> s0;  // pass 1: the bucket chosen in pass 0
+        for (int i = tid; i < 256; i += nt) hist[i] = 0u;
+        __syncthreads();
+        for (int i = tid; i < width; i += nt) {
+            const u64 v = acc[i];
+            if (v != 0ull && (pass == 0 || (v >> s0) == prefix))
+                atomicAdd(&hist[(v >> shift) & ((1u << bits) - 1u)], 1u);
+        }
+        __syncthreads();
+        if (tid == 0) {
+            unsigned int cum = 0u;
+            int b = (1 << bits) - 1;
+            for (; b >= 0; --b) {
+                if (cum + hist[b] >= (unsigned int)need) break;
+                cum += hist[b];
+            }
+            s_bucket = b;
+            s_above = cum;
+        }
+        __syncthreads();
+        const int b = s_bucket;
+        if (b < 0) { tau = 0ull; break; }  // fewer than k matches (only possible in pass 0)
+        need -= (int)s_above;
+        tau = pass == 0 ? ((u64)b << s0) : (tau | ((u64)b << shift));
+        __syncthreads();  // everyone has read s_bucket before the next pass rewrites it
+    }
+
+    // 4. Raise the query's running threshold and emit the documents within the margin.
+    if (tid == 0) {
+        const u64 old = tau > 0ull ? atomicMax(&theta[q], tau) : atomicAdd(&theta[q], 0ull);
+        s_val = max(old, tau);
+    }
+    __syncthreads();
+    const u64 th = s_val;
+    const u64 d = (u64)q_delta[q] + (th >> 22);  // + one float32 ulp: ties after rounding
+    const u64 thr = th > d ? max(th - d, 1ull) : 1ull;
+    const int lane = tid & 31;
+    for (int i0 = 0; i0 < width; i0 += nt) {
+        const int i = i0 + tid;
+        const u64 v = i < width ? acc[i] : 0ull;
+        const bool emit = v >= thr;
+        const unsigned int mask = __ballot_sync(0xffffffffu, emit);
+        if (mask == 0u) continue;
+        const int leader = __ffs(mask) - 1;
+        int first = 0;
+        if (lane == leader) first = atomicAdd(&cand_count[q], __popc(mask));
+        first = __shfl_sync(0xffffffffu, first, leader);
+        if (emit) {
+            const int slot = first + __popc(mask & ((1u << lane) - 1u));
+            if (slot < cap) {
+                cand_doc[(i64)q * cap + slot] = base + i;
+                cand_val[(i64)q * cap + slot] = v;
+            }
+        }
+    }
+}
+"""
+
+THREADS = 1024
+
+
+@functools.cache
+def available() -> bool:
+    """Whether the CUDA kernel can run here (CuPy importable and a CUDA device present)."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@functools.cache
+def _kernel(tile_bits: int, device_index: int):  # -> cupy.RawKernel
+    import cupy as cp
+
+    with cp.cuda.Device(device_index):
+        module = cp.RawModule(code=CUDA_SOURCE, options=("--std=c++17", f"-DTILE_BITS={tile_bits}"))
+        kernel = module.get_function("tiled_candidates")
+        kernel.max_dynamic_shared_size_bytes = 8 << tile_bits
+    return kernel
+
+
+def tiled_candidates(
+    seg: torch.Tensor,
+    offs: torch.Tensor,
+    wts: torch.Tensor,
+    q_terms: torch.Tensor,
+    q_weights: torch.Tensor,
+    q_scale: torch.Tensor,
+    q_delta: torch.Tensor,
+    *,
+    n_docs: int,
+    n_terms: int,
+    tile_bits: int,
+    k: int,
+    theta: torch.Tensor,
+    cand_count: torch.Tensor,
+    cand_doc: torch.Tensor,
+    cand_val: torch.Tensor,
+) -> None:
+    """Launch :data:`CUDA_SOURCE`'s kernel on the current PyTorch stream (see the module docstring).
+
+    All tensors must be contiguous on one CUDA device: ``seg`` int64 ``[n_tiles·V + 1]``,
+    ``offs`` int16 (read as unsigned) and ``wts`` float32 ``[P]``, ``q_terms`` int32 and
+    ``q_weights`` float32 ``[B, T]``, ``q_scale`` float64 and ``q_delta`` int64 ``[B]``,
+    ``theta`` int64 ``[B]`` (zeros, updated), ``cand_count`` int32 ``[B]`` (zeros, updated),
+    ``cand_doc`` int32 and ``cand_val`` int64 ``[B, cap]`` (written).
+    """
+    import cupy as cp
+
+    b, t = q_terms.shape
+    cap = cand_doc.shape[1]
+    n_tiles = (n_docs + (1 << tile_bits) - 1) >> tile_bits
+    expected = {
+        "seg": (seg, torch.int64),
+        "offs": (offs, torch.int16),
+        "wts": (wts, torch.float32),
+        "q_terms": (q_terms, torch.int32),
+        "q_weights": (q_weights, torch.float32),
+        "q_scale": (q_scale, torch.float64),
+        "q_delta": (q_delta, torch.int64),
+        "theta": (theta, torch.int64),
+        "cand_count": (cand_count, torch.int32),
+        "cand_doc": (cand_doc, torch.int32),
+        "cand_val": (cand_val, torch.int64),
+    }
+    dev = seg.device
+    for name, (tensor, dtype) in expected.items():
+        if tensor.dtype != dtype or tensor.device != dev or not tensor.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous {dtype} tensor on {dev}")
+    if seg.numel() != n_tiles * n_terms + 1:
+        raise ValueError("seg does not match n_docs, n_terms and tile_bits")
+    if n_tiles > 65535:
+        raise ValueError(f"{n_tiles} tiles exceed the grid's y limit; use larger tiles")
+    if b == 0 or n_tiles == 0 or t == 0:
+        return
+    kernel = _kernel(tile_bits, dev.index if dev.index is not None else torch.cuda.current_device())
+    args = [cp.from_dlpack(x) for x in (seg, offs, wts, q_terms, q_weights, q_scale, q_delta)]
+    ints = [cp.int32(t), cp.int32(n_terms), cp.int32(n_docs), cp.int32(k)]
+    outs = [cp.from_dlpack(x) for x in (theta, cand_count, cand_doc, cand_val)]
+    with cp.cuda.Device(dev.index), cp.cuda.ExternalStream(torch.cuda.current_stream(dev).cuda_stream):
+        kernel((b, n_tiles), (THREADS,), (*args, *ints, *outs, cp.int32(cap)), shared_mem=8 << tile_bits)

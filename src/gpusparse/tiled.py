@@ -1,0 +1,273 @@
+"""The tiled engine: on-chip accumulation per document tile, exact by a certified margin.
+
+Layout (built from an :class:`~gpusparse.index.Index`, kept in ``index.cache``): documents
+are cut into tiles of ``2**tile_bits``; postings are stored tile-major, then term-major,
+then by document: ``offs`` (int16 holding the unsigned 16-bit offset inside the tile) and
+``wts`` (float32), with ``seg[tile * V + term]`` the start of each (tile, term) segment — 6
+bytes a posting instead of the paper's 8, and no padding.
+
+Search (per query batch): every (query, tile) pair accumulates its scores in 64-bit fixed
+point (on a GPU in shared memory, :mod:`gpusparse.kernels.tiled`; on a CPU the same steps in
+PyTorch), keeps a running per-query lower bound ``theta`` of the k-th best score, and emits
+only documents within an error margin of it. The margin covers the fixed-point rounding
+(half a unit per product), the canonical float64 sum's own error and one float32 ulp, so
+the candidates always contain the exact top-k of the search contract (see
+:mod:`gpusparse.search`); candidates whose float32 score is not certain from the integer
+sum are rescored canonically. No ``[B, N]`` buffer is ever allocated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from .topk import topk_by_key
+
+if TYPE_CHECKING:
+    from .index import Index
+    from .search import QueryBatch
+
+DEFAULT_TILE_BITS = 14  # 16,384 documents: 128 KiB of int64 accumulators in shared memory
+MAX_TILE_BITS = 16  # offsets are 16-bit
+_FIXED_POINT_TOP = 2.0**61  # headroom below 2**63 for the sum of rounded products
+
+
+@dataclass(frozen=True)
+class TiledIndex:
+    """Postings regrouped by (tile, term); see the module docstring."""
+
+    tile_bits: int
+    n_docs: int
+    n_terms: int
+    seg: torch.Tensor  # int64 [n_tiles * n_terms + 1]
+    offs: torch.Tensor  # int16 [P] (unsigned offset inside the tile)
+    wts: torch.Tensor  # float32 [P]
+
+    @property
+    def n_tiles(self) -> int:
+        """Number of document tiles."""
+        return (self.n_docs + (1 << self.tile_bits) - 1) >> self.tile_bits
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes of the three arrays."""
+        return sum(t.numel() * t.element_size() for t in (self.seg, self.offs, self.wts))
+
+
+def build_tiled(index: Index, tile_bits: int = DEFAULT_TILE_BITS, *, chunk: int = 1 << 26) -> TiledIndex:
+    """Regroup an index's postings by (tile, term), on the index's device.
+
+    No sort is needed: inside a term's list documents are ascending, so each tile's share
+    of the list is contiguous and keeps its order; a posting's new position is its
+    (tile, term) segment start plus its rank inside that share. Temporaries are bounded by
+    ``chunk`` postings plus a ``[n_tiles, V]`` count matrix.
+    """
+    if not 1 <= tile_bits <= MAX_TILE_BITS:
+        raise ValueError(f"tile_bits must be in 1..{MAX_TILE_BITS}")
+    dev = index.device
+    n_terms, n_docs = len(index.vocab), index.n_docs
+    n_tiles = max(1, (n_docs + (1 << tile_bits) - 1) >> tile_bits)
+    lengths = index.lengths.to(torch.int64)
+    total = int(lengths.sum())
+    list_start = torch.cumsum(lengths, 0) - lengths  # start of each list among real postings
+    counts = torch.zeros(n_tiles * n_terms, dtype=torch.int64, device=dev)
+    for _, _, term, pos in _real_postings(index, lengths, list_start, total, chunk):
+        tile = index.doc_ids[pos].to(torch.int64) >> tile_bits
+        counts += torch.bincount(tile * n_terms + term, minlength=n_tiles * n_terms)
+    seg = torch.zeros(n_tiles * n_terms + 1, dtype=torch.int64, device=dev)
+    torch.cumsum(counts, 0, out=seg[1:])
+    # Postings of term t in tiles before tile b: the rank offset of the (b, t) share.
+    before = torch.cumsum(counts.view(n_tiles, n_terms), 0) - counts.view(n_tiles, n_terms)
+    offs = torch.empty(total, dtype=torch.int16, device=dev)
+    wts = torch.empty(total, dtype=torch.float32, device=dev)
+    mask = (1 << tile_bits) - 1
+    for a, b, term, pos in _real_postings(index, lengths, list_start, total, chunk):
+        doc = index.doc_ids[pos].to(torch.int64)
+        tile = doc >> tile_bits
+        rank = torch.arange(a, b, device=dev) - list_start[term]  # rank inside the term's list
+        new = seg[tile * n_terms + term] + rank - before[tile, term]
+        off = doc & mask
+        offs[new] = torch.where(off >= 1 << 15, off - (1 << 16), off).to(torch.int16)
+        wts[new] = index.scores[pos]
+    return TiledIndex(tile_bits, n_docs, n_terms, seg, offs, wts)
+
+
+def _real_postings(index: Index, lengths: torch.Tensor, list_start: torch.Tensor, total: int, chunk: int):
+    """``(a, b, term, position)`` for real postings ``a .. b-1`` (padding skipped), in pieces."""
+    dev = index.device
+    ends = torch.cumsum(lengths, 0)
+    for a in range(0, total, chunk):
+        b = min(total, a + chunk)
+        flat = torch.arange(a, b, device=dev)
+        term = torch.searchsorted(ends, flat, right=True)
+        yield a, b, term, index.offsets[term] + (flat - list_start[term])
+
+
+def tiled(index: Index, tile_bits: int = DEFAULT_TILE_BITS) -> TiledIndex:
+    """The index's tiled layout, built once per index object and kept in ``index.cache``."""
+    key = f"tiled-{tile_bits}"
+    if key not in index.cache:
+        index.cache[key] = build_tiled(index, tile_bits)
+    return index.cache[key]  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class FixedPoint:
+    """Per-query fixed-point parameters: ``scale`` (a power of two) and the margin ``delta``."""
+
+    scale: torch.Tensor  # float64 [B]
+    delta: torch.Tensor  # int64 [B], in units
+
+
+def fixed_point(index: Index, batch: QueryBatch) -> FixedPoint:
+    """Choose each query's scale so its largest possible score fits, and its error margin.
+
+    ``ub = Σ w_q[t] · max_scores[t]`` bounds every score; ``scale = 2**floor(log2(2**61 / ub))``.
+    The integer sum ``F`` is within ``n/2`` units of ``scale · S`` (S the exact score), the
+    canonical float64 sum within ``2·(n+1)·2**-53 · scale · S``; twice their sum, plus slack,
+    is the margin between any two of them.
+    """
+    valid = batch.padded_terms >= 0
+    terms = torch.where(valid, batch.padded_terms, torch.zeros_like(batch.padded_terms))
+    ub = (batch.padded_weights.to(torch.float64) * index.max_scores[terms].to(torch.float64) * valid).sum(1)
+    exp = torch.floor(torch.log2(_FIXED_POINT_TOP / ub.clamp_min(1e-300)))
+    scale = torch.where(ub > 0, torch.exp2(exp.clamp(-1000, 1000)), torch.ones_like(ub))
+    n = batch.n_terms.to(torch.float64)
+    canon = (ub * scale) * 2 * (n + 1) * 2.0**-53
+    delta = (2 * (n / 2 + 1) + 2 * canon + 2).ceil().to(torch.int64)
+    return FixedPoint(scale, delta)
+
+
+def tiled_search(
+    index: Index, batch: QueryBatch, k: int, *, tile_bits: int = DEFAULT_TILE_BITS, emulated: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact top-k of a query batch with the tiled engine: ``(scores, ids)`` ``[B, k]`` on the device.
+
+    Uses the CUDA kernel on a GPU with CuPy, and the same algorithm in PyTorch elsewhere
+    (or when ``emulated``).
+    """
+    from .kernels import tiled as cuda
+
+    tl = tiled(index, tile_bits)
+    fp = fixed_point(index, batch)
+    b = batch.padded_terms.shape[0]
+    dev = index.device
+    if dev.type == "cuda" and cuda.available() and not emulated:
+        cap = initial_capacity(k)
+        while True:
+            theta = torch.zeros(b, dtype=torch.int64, device=dev)
+            count = torch.zeros(b, dtype=torch.int32, device=dev)
+            cand_doc = torch.empty((b, cap), dtype=torch.int32, device=dev)
+            cand_val = torch.empty((b, cap), dtype=torch.int64, device=dev)
+            cuda.tiled_candidates(
+                tl.seg, tl.offs, tl.wts,
+                batch.padded_terms.to(torch.int32).contiguous(), batch.padded_weights.contiguous(),
+                fp.scale.contiguous(), fp.delta.contiguous(),
+                n_docs=tl.n_docs, n_terms=tl.n_terms, tile_bits=tile_bits, k=k,
+                theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
+            )  # fmt: skip
+            most = int(count.max()) if b else 0
+            if most <= cap:
+                break
+            cap = most  # rare: rerun with room for every candidate
+        width = max(most, 1)
+        cols = torch.arange(width, device=dev)
+        present = cols[None, :] < count[:, None].to(torch.int64)
+        docs = torch.where(present, cand_doc[:, :width].to(torch.int64), torch.full_like(cols[None, :], -1))
+        vals = torch.where(present, cand_val[:, :width], torch.zeros_like(docs))
+    else:
+        docs, vals = emulate(index, tl, batch, fp, k)
+    return finalize_candidates(index, batch, fp, docs, vals, k)
+
+
+def initial_capacity(k: int) -> int:
+    """Candidate slots per query for the first try (a query needing more reruns with enough)."""
+    return max(4 * k + 4096, 1 << 15)
+
+
+def emulate(
+    index: Index, tl: TiledIndex, batch: QueryBatch, fp: FixedPoint, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's algorithm in PyTorch, tile after tile: ``(docs, values)`` ``[B, C]`` (``-1``/0 padded).
+
+    The tile's ``tau`` here is its exact k-th value (the kernel's radix passes give a value
+    at or below it); any ``tau`` reached by k documents of the tile is a valid bound.
+    """
+    from .search import expand_ranges
+
+    dev = index.device
+    b = batch.padded_terms.shape[0]
+    tile = 1 << tl.tile_bits
+    theta = torch.zeros(b, dtype=torch.int64, device=dev)
+    rows, terms, weights = batch.rows, batch.terms, batch.weights.to(torch.float64)
+    wq = weights * fp.scale[rows]
+    out_docs, out_vals, out_rows = [], [], []
+    for t in range(tl.n_tiles):
+        base = t * tile
+        width = min(tile, tl.n_docs - base)
+        lo = tl.seg[t * tl.n_terms + terms]
+        hi = tl.seg[t * tl.n_terms + terms + 1]
+        acc = torch.zeros(b * width, dtype=torch.int64, device=dev)
+        for pair, pos in expand_ranges(lo, hi, 1 << 22):
+            off = tl.offs[pos].to(torch.int64) & 0xFFFF
+            contrib = torch.round(wq[pair] * tl.wts[pos].to(torch.float64)).to(torch.int64)
+            acc.index_add_(0, rows[pair] * width + off, contrib)
+        acc = acc.view(b, width)
+        if k <= width:
+            kth = torch.topk(acc, k, dim=1).values[:, -1]
+            tau = torch.where(kth > 0, kth, torch.zeros_like(kth))
+        else:
+            tau = torch.zeros(b, dtype=torch.int64, device=dev)
+        theta = torch.maximum(theta, tau)
+        d = fp.delta + (theta >> 22)
+        thr = torch.where(theta > d, theta - d, torch.ones_like(theta)).clamp_min(1)
+        r, c = (acc >= thr[:, None]).nonzero(as_tuple=True)
+        out_rows.append(r)
+        out_docs.append(c + base)
+        out_vals.append(acc[r, c])
+    rows_all = torch.cat(out_rows) if out_rows else torch.zeros(0, dtype=torch.int64, device=dev)
+    return _pack(
+        rows_all, torch.cat(out_docs) if out_docs else rows_all, torch.cat(out_vals) if out_vals else rows_all, b
+    )
+
+
+def _pack(rows: torch.Tensor, docs: torch.Tensor, vals: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat (row, doc, value) triples → ``[B, C]`` arrays padded with ``-1`` / 0."""
+    dev = rows.device
+    counts = torch.bincount(rows, minlength=b)
+    width = max(int(counts.max()) if b else 0, 1)
+    order = torch.argsort(rows, stable=True)
+    rows, docs, vals = rows[order], docs[order], vals[order]
+    col = torch.arange(rows.numel(), device=dev) - (torch.cumsum(counts, 0) - counts)[rows]
+    out_d = torch.full((b, width), -1, dtype=torch.int64, device=dev)
+    out_v = torch.zeros((b, width), dtype=torch.int64, device=dev)
+    out_d[rows, col] = docs
+    out_v[rows, col] = vals
+    return out_d, out_v
+
+
+def finalize_candidates(
+    index: Index, batch: QueryBatch, fp: FixedPoint, docs: torch.Tensor, vals: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Canonical float32 scores of the candidates, then the tie-broken top-k (padded to ``k``)."""
+    from .search import exact_scores, finalize
+
+    b = docs.shape[0]
+    dev = docs.device
+    present = docs >= 0
+    v = vals.to(torch.float64)
+    margin = fp.delta[:, None].to(torch.float64) + v * 2.0**-50
+    scale = fp.scale[:, None]
+    low = ((v - margin).clamp_min(0) / scale).to(torch.float32)
+    high = ((v + margin) / scale).to(torch.float32)
+    scores = torch.where(present, low, torch.zeros_like(low))
+    unsure = present & (low != high)
+    if bool(unsure.any()):
+        r, c = unsure.nonzero(as_tuple=True)
+        scores[r, c] = exact_scores(index, batch, r, docs[r, c])
+    ids = torch.where(present, docs, torch.full_like(docs, (1 << 31) - 1))
+    scores = torch.where(present, scores, torch.zeros_like(scores))
+    best = topk_by_key(scores, ids, k) if docs.shape[1] else None
+    return finalize(best, k, b, dev)
