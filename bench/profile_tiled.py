@@ -1,0 +1,148 @@
+"""Where the tiled engine's time goes: kernel vs host-side finishing, per tile size and k.
+
+Usage (GPU machine): python bench/profile_tiled.py --out $OUT --commit SHA [--sizes 1000000]
+Writes ``<out>/<date>-<card>-profile-tiled.json`` and prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from gpusparse import Index, SparseCollection, Vocabulary
+from gpusparse.kernels import tiled as cuda
+from gpusparse.search import query_batch
+from gpusparse.synthetic import generate
+from gpusparse.tiled import fixed_point, initial_capacity, tiled, tiled_search
+
+
+def events(fn, reps: int = 10, warmup: int = 2) -> float:
+    """Median milliseconds of ``fn`` by CUDA events."""
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b))
+    return statistics.median(out)
+
+
+def wall(fn, reps: int = 10, warmup: int = 2) -> float:
+    """Median milliseconds of ``fn`` including host work."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        out.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(out)
+
+
+def run_kernel(tl, batch, terms32, fp, k, bufs) -> None:
+    """One launch of the tiled kernel into preallocated candidate buffers."""
+    theta, count, cand_doc, cand_val = bufs
+    theta.zero_()
+    count.zero_()
+    cuda.tiled_candidates(
+        tl.seg, tl.offs, tl.wts, terms32, batch.padded_weights, fp.scale, fp.delta,
+        n_docs=tl.n_docs, n_terms=tl.n_terms, tile_bits=tl.tile_bits, k=k,
+        theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
+    )  # fmt: skip
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--sizes", type=int, nargs="+", default=[1_000_000])
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 256])
+    p.add_argument("--ks", type=int, nargs="+", default=[10, 1000])
+    p.add_argument("--tile-bits", type=int, nargs="+", default=[13, 14])
+    p.add_argument("--threads", type=int, nargs="+", default=[512, 1024])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--commit", default="unknown")
+    args = p.parse_args()
+    rows = []
+    vocab = Vocabulary.bert()
+    for n in args.sizes:
+        (di, dt_, dw), (qi, qt, qw) = generate(n, max(args.batches), seed=0, device="cuda")
+        index = Index.from_csr(di, dt_, dw, vocab, device="cuda")
+        del di, dt_, dw
+        queries = SparseCollection(qi.cpu().numpy(), qt.cpu().numpy(), qw.cpu().numpy(), vocab=vocab)
+        for tb in args.tile_bits:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            tl = tiled(index, tb)
+            torch.cuda.synchronize()
+            build_s = time.perf_counter() - t0
+            for b in args.batches:
+                batch = query_batch(queries[:b], index.device)
+                fp = fixed_point(index, batch)
+                terms32 = batch.padded_terms.to(torch.int32).contiguous()
+                for k in args.ks:
+                    cap = initial_capacity(k)
+                    theta = torch.zeros(b, dtype=torch.int64, device="cuda")
+                    count = torch.zeros(b, dtype=torch.int32, device="cuda")
+                    cand_doc = torch.empty((b, cap), dtype=torch.int32, device="cuda")
+                    cand_val = torch.empty((b, cap), dtype=torch.int64, device="cuda")
+                    for threads in args.threads:
+                        cuda.THREADS = threads
+                        bufs = (theta, count, cand_doc, cand_val)
+                        k_ms = events(partial(run_kernel, tl, batch, terms32, fp, k, bufs))
+                        run_kernel(tl, batch, terms32, fp, k, bufs)
+                        torch.cuda.synchronize()
+                        c = count.to(torch.float64)
+                        search = partial(tiled_search, index, batch, k, tile_bits=tb)
+                        full_ms = wall(search)
+                        rows.append(
+                            {
+                                "n_docs": n,
+                                "tile_bits": tb,
+                                "threads": threads,
+                                "batch_size": b,
+                                "k": k,
+                                "kernel_ms": k_ms,
+                                "search_ms": full_ms,
+                                "candidates_mean": float(c.mean()),
+                                "candidates_max": float(c.max()),
+                                "build_s": build_s,
+                                "tiled_bytes": tl.nbytes,
+                            }
+                        )
+                        print(
+                            f"N={n:,} tile=2^{tb} threads={threads} B={b} k={k}: kernel {k_ms:.2f} ms, "
+                            f"search {full_ms:.2f} ms, candidates mean {c.mean():.0f} max {c.max():.0f}",
+                            flush=True,
+                        )
+            index.cache.clear()
+        torch.cuda.empty_cache()
+    card = torch.cuda.get_device_name(0).replace("NVIDIA ", "").replace(" ", "-")
+    path = args.out / f"{dt.date.today().isoformat()}-{card}-profile-tiled.json"
+    env = {
+        "card": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "git_commit": args.commit,
+        "command": "python bench/profile_tiled.py " + " ".join(sys.argv[1:]),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+    path.write_text(json.dumps({"env": env, "results": rows}, indent=2))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
