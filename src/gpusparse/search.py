@@ -55,12 +55,18 @@ def available_kernels() -> tuple[str, ...]:
 def choose_kernel(kernel: str, device: torch.device) -> str:
     """Resolve ``kernel="auto"`` for ``device``; validate an explicit choice.
 
-    ``auto`` takes the fused scatter-add kernel on a CUDA device with Triton, and the
-    PyTorch reference path elsewhere (Triton's CPU interpreter is for tests, not speed).
+    ``auto`` takes the tiled engine on a CUDA device with CuPy (its kernel is compiled at run
+    time), else the fused scatter-add kernel on a CUDA device with Triton, else the PyTorch
+    reference path (Triton's CPU interpreter and the tiled engine's PyTorch emulation are
+    for tests, not speed). Measured in ``bench/results/``.
     """
     from .kernels import triton_available
 
     if kernel == "auto":
+        from .kernels import tiled
+
+        if device.type == "cuda" and tiled.available():
+            return "tiled"
         return "scatter" if device.type == "cuda" and triton_available() else "reference"
     if kernel not in KERNELS:
         raise ValueError(f"unknown kernel {kernel!r}; choose one of: auto, {', '.join(KERNELS)}")

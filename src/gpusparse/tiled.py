@@ -152,39 +152,100 @@ def tiled_search(
 
     tl = tiled(index, tile_bits)
     fp = fixed_point(index, batch)
-    b = batch.padded_terms.shape[0]
     dev = index.device
     if dev.type == "cuda" and cuda.available() and not emulated:
-        cap = initial_capacity(k)
-        while True:
-            theta = torch.zeros(b, dtype=torch.int64, device=dev)
-            count = torch.zeros(b, dtype=torch.int32, device=dev)
-            cand_doc = torch.empty((b, cap), dtype=torch.int32, device=dev)
-            cand_val = torch.empty((b, cap), dtype=torch.int64, device=dev)
-            cuda.tiled_candidates(
-                tl.seg, tl.offs, tl.wts,
-                batch.padded_terms.to(torch.int32).contiguous(), batch.padded_weights.contiguous(),
-                fp.scale.contiguous(), fp.delta.contiguous(),
-                n_docs=tl.n_docs, n_terms=tl.n_terms, tile_bits=tile_bits, k=k,
-                theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
-            )  # fmt: skip
-            most = int(count.max()) if b else 0
-            if most <= cap:
-                break
-            cap = most  # rare: rerun with room for every candidate
-        width = max(most, 1)
-        cols = torch.arange(width, device=dev)
-        present = cols[None, :] < count[:, None].to(torch.int64)
-        docs = torch.where(present, cand_doc[:, :width].to(torch.int64), torch.full_like(cols[None, :], -1))
-        vals = torch.where(present, cand_val[:, :width], torch.zeros_like(docs))
+        docs, vals = _cuda_candidates(tl, batch, fp, k)
     else:
         docs, vals = emulate(index, tl, batch, fp, k)
     return finalize_candidates(index, batch, fp, docs, vals, k)
 
 
-def initial_capacity(k: int) -> int:
-    """Candidate slots per query for the first try (a query needing more reruns with enough)."""
-    return max(4 * k + 4096, 1 << 15)
+def _cuda_candidates(tl: TiledIndex, batch: QueryBatch, fp: FixedPoint, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Candidates from the CUDA kernel, launched in waves of tiles: ``(docs, values)`` ``[B, C]``.
+
+    A block only knows its own tile's k-th score; the k-th of everything seen so far is a far
+    better threshold. So tiles go in waves of growing size (at least enough blocks to fill the
+    GPU): after each wave the candidates are reduced to the query's top k (with the margin)
+    and ``theta`` is raised to their k-th value, which the next wave's blocks start from.
+    Candidates then stay near k per wave instead of near k per tile.
+    """
+    from .kernels import tiled as cuda
+
+    dev = tl.seg.device
+    b = batch.padded_terms.shape[0]
+    terms32 = batch.padded_terms.to(torch.int32).contiguous()
+    weights = batch.padded_weights.contiguous()
+    n_sm = torch.cuda.get_device_properties(dev).multi_processor_count
+    first_wave = max(2, min(32, -(-2 * n_sm // max(b, 1))))
+    cap = initial_capacity(k, first_wave)
+    while True:
+        theta = torch.zeros(b, dtype=torch.int64, device=dev)
+        count = torch.zeros(b, dtype=torch.int32, device=dev)
+        cand_doc = torch.empty((b, cap), dtype=torch.int32, device=dev)
+        cand_val = torch.empty((b, cap), dtype=torch.int64, device=dev)
+        done, wave, overflow = 0, first_wave, False
+        while done < tl.n_tiles:
+            n = min(wave, tl.n_tiles - done)
+            cuda.tiled_candidates(
+                tl.seg, tl.offs, tl.wts, terms32, weights, fp.scale, fp.delta,
+                n_docs=tl.n_docs, n_terms=tl.n_terms, tile_bits=tl.tile_bits, k=k, tiles=(done, n),
+                theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
+            )  # fmt: skip
+            done += n
+            wave = max(2 * wave, -(-4 * n_sm // max(b, 1)))
+            most = int(count.max()) if b else 0
+            if most > cap:
+                overflow = True
+                break
+            _compact(theta, count, cand_doc, cand_val, most, fp, k)
+        if not overflow:
+            break
+        cap = 2 * most  # rare: start again with room for every candidate
+    width = max(int(count.max()) if b else 0, 1)
+    cols = torch.arange(width, device=dev)
+    present = cols[None, :] < count[:, None].to(torch.int64)
+    docs = torch.where(present, cand_doc[:, :width].to(torch.int64), torch.full_like(cols[None, :], -1))
+    vals = torch.where(present, cand_val[:, :width], torch.zeros_like(docs))
+    return docs, vals
+
+
+def _compact(
+    theta: torch.Tensor,
+    count: torch.Tensor,
+    cand_doc: torch.Tensor,
+    cand_val: torch.Tensor,
+    most: int,
+    fp: FixedPoint,
+    k: int,
+) -> None:
+    """Raise ``theta`` to the k-th candidate value and drop candidates below its margin, in place."""
+    if most == 0:
+        return
+    cols = torch.arange(most, device=theta.device)
+    present = cols[None, :] < count[:, None].to(torch.int64)
+    vals = torch.where(present, cand_val[:, :most], torch.zeros_like(cand_val[:, :most]))
+    if most >= k:
+        kth = torch.topk(vals, k, dim=1, sorted=False).values.min(dim=1).values
+        theta.copy_(torch.maximum(theta, kth))
+    d = fp.delta + (theta >> 22)
+    thr = torch.where(theta > d, theta - d, torch.ones_like(theta)).clamp_min(1)
+    keep = present & (vals >= thr[:, None])
+    new_count = keep.sum(1)
+    dest = torch.cumsum(keep, 1) - 1  # slot of each kept candidate
+    r, c = keep.nonzero(as_tuple=True)
+    docs = cand_doc[r, c]
+    kept_vals = cand_val[r, c]
+    cand_doc[r, dest[r, c]] = docs
+    cand_val[r, dest[r, c]] = kept_vals
+    count.copy_(new_count.to(torch.int32))
+
+
+def initial_capacity(k: int, first_wave: int) -> int:
+    """Candidate slots per query for the first try (a query needing more reruns with enough).
+
+    The first wave's blocks know no threshold but their tile's: each may emit about k.
+    """
+    return max(4 * k + 4096, first_wave * (k + 256), 1 << 15)
 
 
 def emulate(
@@ -193,7 +254,9 @@ def emulate(
     """The kernel's algorithm in PyTorch, tile after tile: ``(docs, values)`` ``[B, C]`` (``-1``/0 padded).
 
     The tile's ``tau`` here is its exact k-th value (the kernel's radix passes give a value
-    at or below it); any ``tau`` reached by k documents of the tile is a valid bound.
+    at or below it); any ``tau`` reached by k documents of the tile is a valid bound. After
+    each tile ``theta`` is raised to the k-th of all candidates so far, as the GPU does after
+    each wave of tiles.
     """
     from .search import expand_ranges
 
@@ -227,6 +290,11 @@ def emulate(
         out_rows.append(r)
         out_docs.append(c + base)
         out_vals.append(acc[r, c])
+        # As after each wave on the GPU: theta becomes the k-th of all candidates so far.
+        rows_all, vals_all = torch.cat(out_rows), torch.cat(out_vals)
+        _, packed = _pack(rows_all, vals_all, vals_all, b)
+        if packed.shape[1] >= k:
+            theta = torch.maximum(theta, torch.topk(packed, k, dim=1).values[:, -1])
     rows_all = torch.cat(out_rows) if out_rows else torch.zeros(0, dtype=torch.int64, device=dev)
     return _pack(
         rows_all, torch.cat(out_docs) if out_docs else rows_all, torch.cat(out_vals) if out_vals else rows_all, b

@@ -40,7 +40,7 @@ extern "C" __global__ void tiled_candidates(
     const float* __restrict__ q_weights,      // [B, T]
     const double* __restrict__ q_scale,       // [B] power of two: fixed-point units per score unit
     const i64* __restrict__ q_delta,          // [B] error margin in units
-    const int T, const int V, const int n_docs, const int k,
+    const int T, const int V, const int n_docs, const int k, const int tile0,
     u64* __restrict__ theta,                  // [B] running lower bound of the k-th best score
     int* __restrict__ cand_count,             // [B]
     int* __restrict__ cand_doc,               // [B, cap]
@@ -54,7 +54,7 @@ extern "C" __global__ void tiled_candidates(
     __shared__ int s_bucket;
 
     const int q = blockIdx.x;
-    const int tile = blockIdx.y;
+    const int tile = tile0 + blockIdx.y;  // waves of tiles: see gpusparse.tiled
     const int tid = threadIdx.x;
     const int nt = blockDim.x;
     const int base = tile << TILE_BITS;
@@ -197,6 +197,7 @@ def tiled_candidates(
     n_terms: int,
     tile_bits: int,
     k: int,
+    tiles: tuple[int, int] | None = None,
     theta: torch.Tensor,
     cand_count: torch.Tensor,
     cand_doc: torch.Tensor,
@@ -208,7 +209,8 @@ def tiled_candidates(
     ``offs`` int16 (read as unsigned) and ``wts`` float32 ``[P]``, ``q_terms`` int32 and
     ``q_weights`` float32 ``[B, T]``, ``q_scale`` float64 and ``q_delta`` int64 ``[B]``,
     ``theta`` int64 ``[B]`` (zeros, updated), ``cand_count`` int32 ``[B]`` (zeros, updated),
-    ``cand_doc`` int32 and ``cand_val`` int64 ``[B, cap]`` (written).
+    ``cand_doc`` int32 and ``cand_val`` int64 ``[B, cap]`` (written). ``tiles = (first, count)``
+    restricts the launch to a range of tiles (default: all).
     """
     import cupy as cp
 
@@ -234,13 +236,21 @@ def tiled_candidates(
             raise ValueError(f"{name} must be a contiguous {dtype} tensor on {dev}")
     if seg.numel() != n_tiles * n_terms + 1:
         raise ValueError("seg does not match n_docs, n_terms and tile_bits")
-    if n_tiles > 65535:
-        raise ValueError(f"{n_tiles} tiles exceed the grid's y limit; use larger tiles")
-    if b == 0 or n_tiles == 0 or t == 0:
+    first, count = (0, n_tiles) if tiles is None else tiles
+    if not (first >= 0 and count >= 0 and first + count <= n_tiles):
+        raise ValueError(f"tile range {tiles} outside 0..{n_tiles}")
+    if count > 65535:
+        raise ValueError(f"{count} tiles exceed the grid's y limit; use larger tiles or waves")
+    if b == 0 or count == 0 or t == 0:
         return
     kernel = _kernel(tile_bits, dev.index if dev.index is not None else torch.cuda.current_device())
     args = [cp.from_dlpack(x) for x in (seg, offs, wts, q_terms, q_weights, q_scale, q_delta)]
-    ints = [cp.int32(t), cp.int32(n_terms), cp.int32(n_docs), cp.int32(k)]
+    ints = [cp.int32(t), cp.int32(n_terms), cp.int32(n_docs), cp.int32(k), cp.int32(first)]
     outs = [cp.from_dlpack(x) for x in (theta, cand_count, cand_doc, cand_val)]
-    with cp.cuda.Device(dev.index), cp.cuda.ExternalStream(torch.cuda.current_stream(dev).cuda_stream):
-        kernel((b, n_tiles), (THREADS,), (*args, *ints, *outs, cp.int32(cap)), shared_mem=8 << tile_bits)
+    stream = torch.cuda.current_stream(dev)
+    if hasattr(cp.cuda.Stream, "from_external") and hasattr(stream, "__cuda_stream__"):
+        cp_stream = cp.cuda.Stream.from_external(stream)
+    else:  # older CuPy or PyTorch
+        cp_stream = cp.cuda.ExternalStream(stream.cuda_stream)
+    with cp.cuda.Device(dev.index), cp_stream:
+        kernel((b, count), (THREADS,), (*args, *ints, *outs, cp.int32(cap)), shared_mem=8 << tile_bits)
