@@ -95,7 +95,7 @@ def main() -> None:
                 fp = fixed_point(index, batch)
                 terms32 = batch.padded_terms.to(torch.int32).contiguous()
                 for k in args.ks:
-                    cap = initial_capacity(k)
+                    cap = initial_capacity(k, tl.n_tiles)  # one launch over all tiles
                     theta = torch.zeros(b, dtype=torch.int64, device="cuda")
                     count = torch.zeros(b, dtype=torch.int32, device="cuda")
                     cand_doc = torch.empty((b, cap), dtype=torch.int32, device="cuda")
