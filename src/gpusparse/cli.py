@@ -251,5 +251,487 @@ def info_cmd(index_dir: Path, as_json: bool) -> None:
     click.echo(f"size on disk   {n_bytes / 2**20:,.1f} MiB")
 
 
+# -- text to metrics: encode, eval, pipeline, verify -----------------------------------------
+
+
+# The encoder's defaults, spelled out so that ``--help`` does not import torch (a test checks them).
+_ENCODE_DEFAULTS = {
+    "model": "naver/splade-cocondenser-ensembledistil",
+    "query_max_length": 64,
+    "doc_max_length": 256,
+    "batch_size": 32,
+}
+
+
+def _encoder_options(fn: F) -> F:
+    """Options shared by ``encode`` and ``pipeline`` (defaults: those of :mod:`gpusparse.encode`)."""
+    options = [
+        click.option(
+            "--model",
+            default=_ENCODE_DEFAULTS["model"],
+            show_default=True,
+            help="SPLADE-style masked-LM model: a local folder or a hub id.",
+        ),
+        click.option(
+            "--pooling",
+            type=click.Choice(["max", "sum"]),
+            default="max",
+            show_default=True,
+            help="max: SPLADE v2/++; sum: original SPLADE.",
+        ),
+        click.option(
+            "--query-max-length",
+            type=click.IntRange(min=2),
+            default=_ENCODE_DEFAULTS["query_max_length"],
+            show_default=True,
+            help="Tokens per query ([CLS]/[SEP] included); longer queries are truncated and counted.",
+        ),
+        click.option(
+            "--doc-max-length",
+            type=click.IntRange(min=2),
+            default=_ENCODE_DEFAULTS["doc_max_length"],
+            show_default=True,
+            help="Tokens per document; longer documents are truncated and counted.",
+        ),
+        click.option(
+            "--encode-batch-size",
+            type=click.IntRange(min=1),
+            default=_ENCODE_DEFAULTS["batch_size"],
+            show_default=True,
+            help="Texts per forward pass (batches are sorted by length).",
+        ),
+        click.option("--encode-device", help="Where the model runs: cpu or cuda[:N] [default: cuda if available]."),
+        click.option(
+            "--dtype",
+            type=click.Choice(["auto", "float32", "float16", "bfloat16"]),
+            default="auto",
+            show_default=True,
+            help="auto: bf16/fp16 autocast on a GPU, float32 on the CPU.",
+        ),
+        click.option("--prune-top", type=click.IntRange(min=1), help="Keep the N largest weights of each vector."),
+        click.option("--prune-threshold", type=click.FloatRange(min=0), help="Drop weights below this value."),
+        click.option("--split", default="test", show_default=True, help="Qrels split: BEIR_DIR/qrels/SPLIT.tsv."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _make_encoder(model: str, pooling: str, qlen: int, dlen: int, batch: int, device: str | None, dtype: str) -> Any:
+    from .encode import SpladeEncoder
+
+    enc = SpladeEncoder(
+        model,
+        pooling=pooling,  # type: ignore[arg-type]
+        query_max_length=qlen,
+        doc_max_length=dlen,
+        batch_size=batch,
+        device=_device(device),
+        dtype=dtype,  # type: ignore[arg-type]
+    )
+    precision = (
+        "float32" if enc.autocast_dtype is None else f"{str(enc.autocast_dtype).removeprefix('torch.')} autocast"
+    )
+    click.echo(f"loaded {enc.name} ({pooling} pooling, {enc.device}, {precision})", err=True)
+    return enc
+
+
+def _warn(message: str) -> None:
+    click.echo(f"warning: {message}", err=True)
+
+
+def _report_collection(beir: Any) -> None:
+    """Print what was read and the counted warnings about a BEIR folder."""
+    judged = beir.judged_queries()
+    qrels = f", {sum(len(v) for v in beir.qrels.values()):,} judgments" if beir.qrels_path else ", no qrels"
+    click.echo(
+        f"read {beir.path.name}: {len(beir.corpus):,} documents, {len(beir.queries):,} queries "
+        f"({len(judged):,} judged){qrels}",
+        err=True,
+    )
+    if beir.qrels_path is not None:
+        check = beir.check_qrels()
+        for line in check.warnings(beir.qrels_path):
+            _warn(line)
+        if check.identical_id_pairs:
+            click.echo(
+                f"note: {check.identical_id_pairs:,} relevant judged pairs have equal query and document ids; "
+                "they are kept (see gpusparse eval --help)",
+                err=True,
+            )
+    for name, texts in (("documents", beir.corpus), ("queries", beir.queries)):
+        if texts.n_empty:
+            _warn(f"{texts.path}: {texts.n_empty:,} {name} have empty text; they get empty vectors")
+
+
+def _encode_beir(
+    enc: Any, beir: Any, queries: Any, prune_top: int | None, prune_threshold: float | None, progress: bool
+):
+    from .encode import EncodeStats
+
+    out = []
+    for kind, texts in (("document", beir.corpus), ("query", queries)):
+        stats = EncodeStats()
+        coll = enc.encode(
+            texts.texts,
+            texts.ids,
+            kind=kind,
+            prune_top=prune_top,
+            prune_threshold=prune_threshold,
+            progress=progress,
+            stats=stats,
+        )
+        click.echo(stats.summary(), err=True)
+        out.append((coll, stats))
+    return out
+
+
+@main.command("encode")
+@click.argument("beir_dir", type=click.Path(path_type=Path))
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Folder for corpus.jsonl.gz, queries.jsonl.gz, qrels.tsv and encoding.json.",
+)
+@_encoder_options
+@click.option("--decimals", type=click.IntRange(0, 9), help="Round weights to N decimals [default: exact float32].")
+@click.option(
+    "--contents",
+    type=click.Choice(["all", "queries", "none"]),
+    default="all",
+    show_default=True,
+    help="Which records keep their text in the 'contents' field.",
+)
+@click.option("--index", "index_dir", type=click.Path(path_type=Path), help="Also index the corpus into this folder.")
+@click.option("--overwrite", is_flag=True, help="Replace existing output files (and index).")
+@progress_option
+@friendly_errors
+def encode_cmd(
+    beir_dir: Path,
+    output: Path,
+    model: str,
+    pooling: str,
+    query_max_length: int,
+    doc_max_length: int,
+    encode_batch_size: int,
+    encode_device: str | None,
+    dtype: str,
+    prune_top: int | None,
+    prune_threshold: float | None,
+    split: str,
+    decimals: int | None,
+    contents: str,
+    index_dir: Path | None,
+    overwrite: bool,
+    progress: bool,
+) -> None:
+    """Encode a BEIR folder's corpus and queries into sparse vectors.
+
+    BEIR_DIR holds corpus.jsonl, queries.jsonl and (optionally) qrels/SPLIT.tsv. Writes
+    JsonVectorCollection files OUTPUT/corpus.jsonl.gz and OUTPUT/queries.jsonl.gz (index
+    the first, search with the second), a copy of the qrels as OUTPUT/qrels.tsv, and the
+    settings and counts in OUTPUT/encoding.json. A document's text is title + " " + text.
+    """
+    import shutil
+
+    from . import __version__
+    from .beir import read_beir
+    from .formats import write_jsonl
+    from .index import Index
+
+    targets = [output / n for n in ("corpus.jsonl.gz", "queries.jsonl.gz", "qrels.tsv", "encoding.json")]
+    if not overwrite:
+        for path in [*targets, *([index_dir] if index_dir else [])]:
+            if path.exists():
+                raise FileExistsError(f"{path} already exists (use --overwrite to replace it)")
+    beir = read_beir(beir_dir, split, require_qrels=False)
+    _report_collection(beir)
+    enc = _make_encoder(model, pooling, query_max_length, doc_max_length, encode_batch_size, encode_device, dtype)
+    (docs, dstats), (queries, qstats) = _encode_beir(enc, beir, beir.queries, prune_top, prune_threshold, progress)
+    output.mkdir(parents=True, exist_ok=True)
+    for coll, texts, keep, name in (
+        (docs, beir.corpus, contents == "all", "corpus.jsonl.gz"),
+        (queries, beir.queries, contents != "none", "queries.jsonl.gz"),
+    ):
+        tmp = output / f".tmp-{uuid.uuid4().hex[:8]}-{name}"  # keeps the .gz suffix
+        try:
+            write_jsonl(coll, tmp, contents=texts.texts if keep else None, decimals=decimals)
+            os.replace(tmp, output / name)
+        finally:
+            tmp.unlink(missing_ok=True)
+    if beir.qrels_path is not None:
+        shutil.copyfile(beir.qrels_path, output / "qrels.tsv")
+    settings = {
+        "gpusparse": __version__,
+        "source": str(beir_dir),
+        "split": split,
+        "model": enc.name,
+        "pooling": pooling,
+        "query_max_length": query_max_length,
+        "doc_max_length": doc_max_length,
+        "dtype": dtype,
+        "prune_top": prune_top,
+        "prune_threshold": prune_threshold,
+        "decimals": decimals,
+        "document_text": "title + ' ' + text (text alone when the title is empty)",
+        "corpus": dstats.as_dict(),
+        "queries": qstats.as_dict(),
+    }
+    (output / "encoding.json").write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+    click.echo(f"wrote {output}/corpus.jsonl.gz, queries.jsonl.gz, encoding.json", err=True)
+    if index_dir is not None:
+        index = Index.build(docs, progress=progress)
+        index.save(index_dir, overwrite=overwrite)
+        click.echo(f"indexed {index.n_docs:,} documents -> {index_dir}", err=True)
+
+
+@main.command("eval")
+@click.argument("run", type=click.Path(path_type=Path))
+@click.argument("qrels", type=click.Path(path_type=Path))
+@click.option(
+    "-m",
+    "--measures",
+    default="RR@10 nDCG@10 R@100 R@1000",
+    show_default=True,
+    help="Any measures ir_measures parses, separated by spaces (e.g. 'AP P@5 nDCG@20' or TREC 'ndcg_cut.10').",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
+@friendly_errors
+def eval_cmd(run: Path, qrels: Path, measures: str, as_json: bool) -> None:
+    """Compute retrieval metrics of a TREC run with ir_measures.
+
+    QRELS are TREC qrels (qid iter docid grade) or BEIR TSV (query-id corpus-id score).
+    Every judged query counts: one without results in the run scores 0. Queries of the
+    run without judgments are ignored. Both are counted in warnings. Documents are ranked
+    by score, ties broken by ir_measures (the rank column is not used), as trec_eval does.
+
+    Identical ids: query and document ids are separate namespaces, and no document is
+    dropped for having its query's id (unlike BEIR's default ignore_identical_ids=True):
+    in Cranfield and CISI numeric ids collide and such pairs can be truly relevant.
+    """
+    from .evaluate import evaluate, format_table, parse_measures
+
+    parsed = parse_measures(measures)
+    ev = evaluate(run, qrels, parsed)
+    for line in ev.warnings():
+        _warn(line)
+    if as_json:
+        click.echo(json.dumps({"run": str(run), "qrels": str(qrels), **ev.as_dict()}, indent=2))
+    else:
+        click.echo(format_table([(str(run), ev)]))
+
+
+@main.command("pipeline")
+@click.argument("beir_dir", type=click.Path(path_type=Path))
+@_encoder_options
+@click.option("-k", "--k", "k", default=1000, show_default=True, type=click.IntRange(min=1), help="Results per query.")
+@click.option(
+    "-m", "--measures", default="RR@10 nDCG@10 R@100 R@1000", show_default=True, help="Measures (see gpusparse eval)."
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    help="Folder for run.trec and metrics.json [default: pipeline-<BEIR_DIR name>].",
+)
+@click.option("--save-vectors", is_flag=True, help="Also write the vectors (exact float32) to OUTPUT/vectors/.")
+@click.option("--save-index", is_flag=True, help="Also save the index to OUTPUT/index/.")
+@click.option("--device", help="Where to index and search: cpu or cuda[:N] [default: cuda if available].")
+@click.option("--memory-budget", default="1GiB", show_default=True, help="Bytes of search temporaries.")
+@progress_option
+@friendly_errors
+def pipeline_cmd(
+    beir_dir: Path,
+    model: str,
+    pooling: str,
+    query_max_length: int,
+    doc_max_length: int,
+    encode_batch_size: int,
+    encode_device: str | None,
+    dtype: str,
+    prune_top: int | None,
+    prune_threshold: float | None,
+    split: str,
+    k: int,
+    measures: str,
+    output: Path | None,
+    save_vectors: bool,
+    save_index: bool,
+    device: str | None,
+    memory_budget: str,
+    progress: bool,
+) -> None:
+    """Encode a BEIR folder, index it, search its judged queries and print the metrics.
+
+    One command for text -> SPLADE vectors -> index -> exact top-k -> ir_measures metrics.
+    Writes OUTPUT/run.trec and OUTPUT/metrics.json (settings, counts, metrics, timings).
+    Only the queries judged in qrels/SPLIT.tsv are searched.
+
+    Identical ids: query and document ids are separate namespaces, and no document is
+    dropped for having its query's id (unlike BEIR's default ignore_identical_ids=True):
+    in Cranfield and CISI numeric ids collide and such pairs can be truly relevant.
+    """
+    import platform
+
+    import torch
+
+    from . import __version__
+    from .beir import read_beir
+    from .evaluate import evaluate, format_table, parse_measures
+    from .formats import write_jsonl, write_trec_run
+    from .index import Index
+
+    parsed = parse_measures(measures)
+    budget = parse_size(memory_budget)
+    output = output or Path(f"pipeline-{beir_dir.resolve().name}")
+    dev = _device(device) or ("cuda" if torch.cuda.is_available() else "cpu")
+    t_start = time.perf_counter()
+    beir = read_beir(beir_dir, split)
+    _report_collection(beir)
+    judged = beir.judged_queries()
+    if not len(judged):
+        raise click.UsageError(f"none of the queries of {beir.queries.path} is judged in {beir.qrels_path}")
+    enc = _make_encoder(model, pooling, query_max_length, doc_max_length, encode_batch_size, encode_device, dtype)
+    (docs, dstats), (queries, qstats) = _encode_beir(enc, beir, judged, prune_top, prune_threshold, progress)
+    output.mkdir(parents=True, exist_ok=True)
+    if save_vectors:
+        (output / "vectors").mkdir(exist_ok=True)
+        write_jsonl(docs, output / "vectors" / "corpus.jsonl.gz")
+        write_jsonl(queries, output / "vectors" / "queries.jsonl.gz", contents=judged.texts)
+    t0 = time.perf_counter()
+    index = Index.build(docs, device=dev, progress=progress)
+    t_index = time.perf_counter() - t0
+    st = index.stats()
+    click.echo(f"indexed {st.n_docs:,} documents, {st.n_postings:,} postings in {t_index:.1f} s on {dev}", err=True)
+    if save_index:
+        index.save(output / "index", overwrite=True)
+    t0 = time.perf_counter()
+    res = index.search(queries, k, memory_budget=budget, progress=progress)
+    t_search = time.perf_counter() - t0
+    run_path = output / "run.trec"
+    n = write_trec_run(run_path, queries.ids, index.ids, res.scores.numpy(), res.ids.numpy())
+    click.echo(f"searched {len(queries):,} queries in {t_search:.3f} s; wrote {n:,} lines to {run_path}", err=True)
+    ev = evaluate(run_path, beir.qrels, parsed)
+    for line in ev.warnings():
+        _warn(line)
+    report = {
+        "collection": beir.path.name,
+        "gpusparse": __version__,
+        "model": enc.name,
+        "settings": {
+            "pooling": pooling,
+            "query_max_length": query_max_length,
+            "doc_max_length": doc_max_length,
+            "dtype": dtype,
+            "prune_top": prune_top,
+            "prune_threshold": prune_threshold,
+            "split": split,
+            "k": k,
+        },
+        "encode": {"corpus": dstats.as_dict(), "queries": qstats.as_dict()},
+        "index": {"documents": st.n_docs, "postings": st.n_postings, "seconds": round(t_index, 3)},
+        "search": {"queries": len(queries), "device": dev, "seconds": round(t_search, 3)},
+        **ev.as_dict(),
+        "total_seconds": round(time.perf_counter() - t_start, 1),
+        "machine": {"python": platform.python_version(), "torch": torch.__version__, "cpu": platform.machine()},
+    }
+    (output / "metrics.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    click.echo(format_table([(beir.path.name, ev)], label="collection"))
+
+
+@main.command("verify")
+@click.argument("index_dir", type=click.Path(path_type=Path))
+@click.argument("queries", type=click.Path(path_type=Path))
+@click.option("--run", "run_file", type=click.Path(path_type=Path), help="Check this TREC run [default: search now].")
+@click.option(
+    "--docs",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="Score the original document vectors instead of the index's arrays (repeatable).",
+)
+@click.option("--at", "ks", default="10 100 1000", show_default=True, help="Cutoffs k for Recall@k.")
+@click.option("--kernel", default="auto", show_default=True, help="Kernel to check when searching now.")
+@click.option("--device", help="Where to search when searching now [default: cuda if available].")
+@click.option("--memory-budget", default="256MiB", show_default=True, help="Bytes of float64 scores per chunk.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@unknown_option
+@progress_option
+@friendly_errors
+def verify_cmd(
+    index_dir: Path,
+    queries: Path,
+    run_file: Path | None,
+    docs: tuple[Path, ...],
+    ks: str,
+    kernel: str,
+    device: str | None,
+    memory_budget: str,
+    as_json: bool,
+    unknown_tokens: str,
+    progress: bool,
+) -> None:
+    """Check a top-k against an independent exact scorer (float64, scipy, CPU).
+
+    Compares our search of INDEX_DIR with QUERIES (or the run given with --run) with exact
+    float64 scores computed by scipy over document chunks, and reports Recall@k of the
+    exact top-k and the largest score difference. Exits with status 1 when not exact.
+    """
+    import torch
+
+    from .formats import read_trec_run, read_vectors
+    from .index import Index
+    from .search import available_kernels
+    from .verify import documents_from_index_arrays, verify_run
+
+    try:
+        cutoffs = sorted({int(x) for x in ks.replace(",", " ").split()})
+    except ValueError:
+        raise click.BadParameter("expected numbers such as '10 100 1000'", param_hint="--at") from None
+    if not cutoffs or cutoffs[0] < 1:
+        raise click.BadParameter("cutoffs must be positive", param_hint="--at")
+    if kernel != "auto" and kernel not in available_kernels():
+        raise click.BadParameter(f"choose auto or one of {', '.join(available_kernels())}", param_hint="--kernel")
+    budget = parse_size(memory_budget)
+    index = Index.load(index_dir)
+    qs = read_vectors(queries, index.vocab, unknown=unknown_tokens, progress=progress)  # type: ignore[arg-type]
+    if run_file is not None:
+        run = read_trec_run(run_file)
+        name = str(run_file)
+    else:
+        dev = _device(device) or ("cuda" if torch.cuda.is_available() else "cpu")
+        res = index.search(qs, max(cutoffs), device=dev, kernel=kernel, progress=progress)
+        run = {
+            qid: [
+                (index.ids[d], float(s))
+                for d, s in zip(res.ids[i].tolist(), res.scores[i].tolist(), strict=True)
+                if d >= 0
+            ]
+            for i, qid in enumerate(qs.ids)
+        }
+        name = f"search of {index_dir} ({dev})"
+    if docs:
+        coll = read_vectors(list(docs), index.vocab, unknown=unknown_tokens, progress=progress)  # type: ignore[arg-type]
+        matrix, doc_ids = coll.to_scipy(), coll.ids
+    else:
+        arrays = {k: v.numpy() for k, v in index.arrays().items()}
+        matrix = documents_from_index_arrays(
+            arrays["doc_ids"], arrays["scores"], arrays["offsets"], arrays["lengths"], index.n_docs
+        )
+        doc_ids = index.ids
+    report = verify_run(
+        run, qs, matrix, doc_ids, ks=cutoffs, memory_budget=budget, progress=progress, run_name=str(run_file or "")
+    )
+    if as_json:
+        click.echo(json.dumps({"run": name, **report.as_dict()}, indent=2))
+    else:
+        click.echo(f"run: {name}")
+        for line in report.lines():
+            click.echo(line)
+    if not report.exact:
+        _fail(f"{name} differs from exact search")
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
