@@ -29,6 +29,7 @@ CUDA_SOURCE = r"""
 #define TILE_BITS 14
 #endif
 #define TILE (1 << TILE_BITS)
+#define ACC(i) (((u64)hi[i] << 32) | (u64)lo[i])
 typedef unsigned long long u64;
 typedef long long i64;
 
@@ -47,7 +48,11 @@ extern "C" __global__ void tiled_candidates(
     u64* __restrict__ cand_val,               // [B, cap]
     const int cap)
 {
-    extern __shared__ u64 acc[];
+    // The 64-bit accumulators are split in two 32-bit halves: shared-memory atomics are
+    // native for 32 bits, while a 64-bit one compiles to a compare-and-swap loop.
+    extern __shared__ unsigned int smem[];
+    unsigned int* lo = smem;
+    unsigned int* hi = smem + TILE;
     __shared__ unsigned int hist[256];
     __shared__ u64 s_max, s_val;
     __shared__ unsigned int s_above;
@@ -60,7 +65,7 @@ extern "C" __global__ void tiled_candidates(
     const int base = tile << TILE_BITS;
     const int width = min(TILE, n_docs - base);
 
-    for (int i = tid; i < TILE; i += nt) acc[i] = 0ull;
+    for (int i = tid; i < 2 * TILE; i += nt) smem[i] = 0u;
     if (tid == 0) s_max = 0ull;
     __syncthreads();
 
@@ -76,14 +81,19 @@ extern "C" __global__ void tiled_candidates(
         const i64 e = seg_tile[t + 1];
         for (i64 i = seg_tile[t] + tid; i < e; i += nt) {
             // float32 x float32 is exact in float64; one rounding to the integer unit.
-            atomicAdd(&acc[offs[i]], (u64)__double2ll_rn(w * (double)wts[i]));
+            const u64 v = (u64)__double2ll_rn(w * (double)wts[i]);
+            const unsigned int o = offs[i];
+            const unsigned int add_lo = (unsigned int)v;
+            const unsigned int old = atomicAdd(&lo[o], add_lo);
+            const unsigned int add_hi = (unsigned int)(v >> 32) + (old + add_lo < old ? 1u : 0u);  // carry
+            if (add_hi) atomicAdd(&hi[o], add_hi);
         }
     }
     __syncthreads();
 
     // 2. The tile's largest score.
     u64 m = 0ull;
-    for (int i = tid; i < width; i += nt) m = max(m, acc[i]);
+    for (int i = tid; i < width; i += nt) m = max(m, ACC(i));
     for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_down_sync(0xffffffffu, m, o));
     if ((tid & 31) == 0) atomicMax(&s_max, m);
     __syncthreads();
@@ -104,7 +114,7 @@ extern "C" __global__ void tiled_candidates(
         for (int i = tid; i < 256; i += nt) hist[i] = 0u;
         __syncthreads();
         for (int i = tid; i < width; i += nt) {
-            const u64 v = acc[i];
+            const u64 v = ACC(i);
             if (v != 0ull && (pass == 0 || (v >> s0) == prefix))
                 atomicAdd(&hist[(v >> shift) & ((1u << bits) - 1u)], 1u);
         }
@@ -139,7 +149,7 @@ extern "C" __global__ void tiled_candidates(
     const int lane = tid & 31;
     for (int i0 = 0; i0 < width; i0 += nt) {
         const int i = i0 + tid;
-        const u64 v = i < width ? acc[i] : 0ull;
+        const u64 v = i < width ? ACC(i) : 0ull;
         const bool emit = v >= thr;
         const unsigned int mask = __ballot_sync(0xffffffffu, emit);
         if (mask == 0u) continue;
