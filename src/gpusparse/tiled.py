@@ -192,7 +192,7 @@ def _cuda_candidates(tl: TiledIndex, batch: QueryBatch, fp: FixedPoint, k: int) 
                 theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
             )  # fmt: skip
             done += n
-            wave = max(2 * wave, -(-4 * n_sm // max(b, 1)))
+            wave = max(4 * wave, -(-4 * n_sm // max(b, 1)))  # few waves: each costs a sync
             most = int(count.max()) if b else 0
             if most > cap:
                 overflow = True
