@@ -61,7 +61,7 @@ def run_kernel(tl, batch, terms32, fp, k, bufs) -> None:
     theta.zero_()
     count.zero_()
     cuda.tiled_candidates(
-        tl.seg, tl.offs, tl.wts, terms32, batch.padded_weights, fp.scale, fp.delta,
+        tl.seg, tl.offs, tl.wts, tl.dense_id, tl.dense, terms32, batch.padded_weights, fp.scale, fp.delta,
         n_docs=tl.n_docs, n_terms=tl.n_terms, tile_bits=tl.tile_bits, k=k,
         theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
     )  # fmt: skip

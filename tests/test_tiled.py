@@ -21,23 +21,36 @@ def cuda_kernel_available() -> bool:
     return tiled.available()
 
 
+@pytest.mark.parametrize("dense_min", [None, 0.3, 0.01])
 @pytest.mark.parametrize("tile_bits", [1, 3, 6, 14])
-def test_layout(tile_bits):
+def test_layout(tile_bits, dense_min):
     rng = np.random.default_rng()
     docs = random_collection(rng, 300, 40, 8, empty_fraction=0.1)
     index = Index.build(docs)
-    tl = build_tiled(index, tile_bits, chunk=97)  # small chunks: several build steps
+    tl = build_tiled(index, tile_bits, dense_min=dense_min, chunk=97)  # small chunks: several build steps
     dense = docs.to_scipy().toarray()
     tile = 1 << tile_bits
     seg = tl.seg.numpy()
-    assert seg[0] == 0 and seg[-1] == tl.offs.numel() == int(index.lengths.sum())
+    dense_id = tl.dense_id.numpy()
+    n_dense_postings = int((tl.dense != 0).sum())
+    assert seg[0] == 0 and seg[-1] == tl.offs.numel() == int(index.lengths.sum()) - n_dense_postings
     assert (np.diff(seg) >= 0).all()
+    if dense_min is None:
+        assert (dense_id == -1).all() and tl.dense.shape[0] == 0
     offs = tl.offs.numpy().astype(np.int64) & 0xFFFF
     for t in range(tl.n_tiles):
         for term in range(tl.n_terms):
             a, b = seg[t * tl.n_terms + term], seg[t * tl.n_terms + term + 1]
-            d = t * tile + offs[a:b]
             expected = np.nonzero(dense[t * tile : (t + 1) * tile, term])[0] + t * tile
+            did = dense_id[t * tl.n_terms + term]
+            if did >= 0:
+                assert a == b and expected.size >= max(1, int(dense_min * tile))
+                row = tl.dense[did].numpy()
+                np.testing.assert_array_equal(np.nonzero(row)[0] + t * tile, expected)
+                np.testing.assert_array_equal(row[expected - t * tile], dense[expected, term])
+                continue
+            assert dense_min is None or expected.size < max(1, int(dense_min * tile))
+            d = t * tile + offs[a:b]
             np.testing.assert_array_equal(d, expected)
             np.testing.assert_array_equal(tl.wts.numpy()[a:b], dense[d, term])
 
@@ -64,8 +77,8 @@ def test_fixed_point_margin_bounds_the_error():
 @pytest.mark.parametrize("emulated", [True, False], ids=["pytorch", "cuda"])
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("quantized", [True, False], ids=["ties", "continuous"])
-@pytest.mark.parametrize("tile_bits", [2, 5, 9, 14])
-def test_tiled_search_is_exact(tile_bits, quantized, device, emulated):
+@pytest.mark.parametrize(("tile_bits", "dense_min"), [(2, None), (5, 0.05), (9, 0.02), (13, 0.01), (14, None)])
+def test_tiled_search_is_exact(tile_bits, dense_min, quantized, device, emulated):
     if not emulated and (device != "cuda" or not cuda_kernel_available()):
         pytest.skip("the CUDA kernel needs a GPU and CuPy")
     rng = np.random.default_rng()
@@ -75,7 +88,7 @@ def test_tiled_search_is_exact(tile_bits, quantized, device, emulated):
     batch = query_batch(queries, index.device)
     scores = dense_scores(docs, queries)
     for k in (1, 3, 10, 100, 900, 1000):
-        s, i = tiled_search(index, batch, k, tile_bits=tile_bits, emulated=emulated)
+        s, i = tiled_search(index, batch, k, tile_bits=tile_bits, dense_min=dense_min, emulated=emulated)
         ref_s, ref_i = reference_topk(scores, k)
         np.testing.assert_array_equal(i.cpu().numpy(), ref_i)
         np.testing.assert_array_equal(s.cpu().numpy(), ref_s)
@@ -99,17 +112,17 @@ def test_cuda_kernel_at_scale_and_with_candidate_overflow(monkeypatch):
     queries = random_collection(rng, 48, 3000, 20, empty_fraction=0.05)
     index = Index.build(docs, device="cuda")
     ref = index.search(queries, 1000, kernel="reference")
-    for tile_bits in (12, 13, 14):
+    for tile_bits, dense_min in ((12, None), (13, 0.25), (13, 0.02), (14, 0.1)):
         batch = query_batch(queries, index.device)
-        s, i = tiled_search(index, batch, 1000, tile_bits=tile_bits)
+        s, i = tiled_search(index, batch, 1000, tile_bits=tile_bits, dense_min=dense_min)
         assert torch.equal(i.cpu(), ref.ids) and torch.equal(s.cpu(), ref.scores)
     monkeypatch.setattr(tiled_mod, "initial_capacity", lambda k, first_wave: 8)  # forces the rerun path
     s, i = tiled_search(index, query_batch(queries, index.device), 1000)
     assert torch.equal(i.cpu(), ref.ids) and torch.equal(s.cpu(), ref.scores)
 
 
-def fake_kernel(seg, offs, wts, q_terms, q_weights, q_scale, q_delta, *, n_docs, n_terms, tile_bits, k, tiles, theta,
-                cand_count, cand_doc, cand_val):  # fmt: skip
+def fake_kernel(seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_delta, *, n_docs, n_terms, tile_bits,
+                k, tiles, theta, cand_count, cand_doc, cand_val):  # fmt: skip
     """The CUDA kernel's contract in PyTorch, block by block, so the host's waves run on a CPU."""
     b, t = q_terms.shape
     cap = cand_doc.shape[1]
@@ -123,6 +136,11 @@ def fake_kernel(seg, offs, wts, q_terms, q_weights, q_scale, q_delta, *, n_docs,
                 term = int(q_terms[q, j])
                 if term < 0:
                     break
+                did = int(dense_id[tl_idx * n_terms + term])
+                if did >= 0:
+                    w = float(q_weights[q, j]) * float(q_scale[q])
+                    acc += torch.round(w * dense[did, :width].to(torch.float64)).to(torch.int64)
+                    continue
                 a, e = int(seg[tl_idx * n_terms + term]), int(seg[tl_idx * n_terms + term + 1])
                 w = float(q_weights[q, j]) * float(q_scale[q])
                 contrib = torch.round(w * wts[a:e].to(torch.float64)).to(torch.int64)
@@ -162,7 +180,7 @@ def test_waves_and_compaction_on_cpu(monkeypatch, small_cap):
     scores = dense_scores(docs, queries)
     for k in (1, 7, 60, 700):
         fp = fixed_point(index, batch)
-        docs_c, vals_c = tiled_mod._cuda_candidates(tiled_mod.tiled(index, 5), batch, fp, k)
+        docs_c, vals_c = tiled_mod._cuda_candidates(tiled_mod.tiled(index, 5, 0.1), batch, fp, k)
         s, i = tiled_mod.finalize_candidates(index, batch, fp, docs_c, vals_c, k)
         ref_s, ref_i = reference_topk(scores, k)
         np.testing.assert_array_equal(i.numpy(), ref_i)
