@@ -73,7 +73,8 @@ def main() -> None:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 256])
     p.add_argument("--ks", type=int, nargs="+", default=[10, 1000])
     p.add_argument("--tile-bits", type=int, nargs="+", default=[13, 14])
-    p.add_argument("--threads", type=int, nargs="+", default=[512, 1024])
+    p.add_argument("--threads", type=int, nargs="+", default=[512])
+    p.add_argument("--dense-min", type=float, nargs="+", default=[0.25], help="0 = all sparse")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--commit", default="unknown")
     args = p.parse_args()
@@ -84,10 +85,10 @@ def main() -> None:
         index = Index.from_csr(di, dt_, dw, vocab, device="cuda")
         del di, dt_, dw
         queries = SparseCollection(qi.cpu().numpy(), qt.cpu().numpy(), qw.cpu().numpy(), vocab=vocab)
-        for tb in args.tile_bits:
+        for tb, dm in [(tb, dm) for tb in args.tile_bits for dm in args.dense_min]:
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            tl = tiled(index, tb)
+            tl = tiled(index, tb, dm or None)
             torch.cuda.synchronize()
             build_s = time.perf_counter() - t0
             for b in args.batches:
@@ -107,12 +108,14 @@ def main() -> None:
                         run_kernel(tl, batch, terms32, fp, k, bufs)
                         torch.cuda.synchronize()
                         c = count.to(torch.float64)
-                        search = partial(tiled_search, index, batch, k, tile_bits=tb)
+                        search = partial(tiled_search, index, batch, k, tile_bits=tb, dense_min=dm or None)
                         full_ms = wall(search)
                         rows.append(
                             {
                                 "n_docs": n,
                                 "tile_bits": tb,
+                                "dense_min": dm,
+                                "dense_segments": tl.dense.shape[0],
                                 "threads": threads,
                                 "batch_size": b,
                                 "k": k,
@@ -125,7 +128,7 @@ def main() -> None:
                             }
                         )
                         print(
-                            f"N={n:,} tile=2^{tb} threads={threads} B={b} k={k}: kernel {k_ms:.2f} ms, "
+                            f"N={n:,} tile=2^{tb} dense>={dm} threads={threads} B={b} k={k}: kernel {k_ms:.2f} ms, "
                             f"search {full_ms:.2f} ms, candidates mean {c.mean():.0f} max {c.max():.0f}",
                             flush=True,
                         )
