@@ -735,3 +735,10 @@ def verify_cmd(
 
 if __name__ == "__main__":  # pragma: no cover
     main()
+
+
+# -- benchmark (gpusparse.bench) -------------------------------------------------------------
+
+from .bench.cli import bench as _bench  # noqa: E402  (registered last; imports nothing heavy)
+
+main.add_command(_bench)

@@ -1,0 +1,108 @@
+"""``gpusparse bench run`` and ``gpusparse bench report``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(float(x)) for x in text.split(",") if x.strip()]
+    except ValueError as e:
+        raise click.BadParameter(f"{text!r} is not a comma-separated list of integers") from e
+
+
+def _size(text: str) -> int:
+    from ..cli import parse_size
+
+    return parse_size(text)
+
+
+@click.group("bench")
+def bench() -> None:
+    """Benchmark every system side by side on synthetic MS MARCO-scale collections."""
+
+
+@bench.command("run")
+@click.option("--sizes", default="100000,1000000,8841823", show_default=True, help="Collection sizes (documents).")
+@click.option(
+    "--batches",
+    default="1,32,256,1024",
+    show_default=True,
+    help="Batch sizes (above 256 only up to --big-batch-max-docs).",
+)
+@click.option("--ks", default="10,1000", show_default=True, help="Values of k.")
+@click.option("--big-batch-max-docs", default=1_000_000, show_default=True, type=int)
+@click.option("--device", default="cuda", show_default=True, help="cuda, or cpu for a dry run.")
+@click.option(
+    "--reps", default=10, show_default=True, type=click.IntRange(min=1), help="Timed calls per configuration."
+)
+@click.option(
+    "--time-cap", default=2.0, show_default=True, type=float, help="Seconds per configuration before fewer reps."
+)
+@click.option("--memory-budget", default="4GiB", show_default=True, help="Our search's temporaries.")
+@click.option("--dense-max", default="16GiB", show_default=True, help="Largest dense [N, V] matrix allowed.")
+@click.option("--exact-sample", default=256, show_default=True, type=int, help="Queries checked against the reference.")
+@click.option("--systems", default=None, help="Comma-separated name patterns to run (default: all).")
+@click.option("--skip", "skip_systems", default="", help="Comma-separated name patterns to leave out.")
+@click.option("--cpu-engines/--no-cpu-engines", default=True, show_default=True)
+@click.option("--cpu-max-docs", default=1_000_000, show_default=True, type=int)
+@click.option("--cpu-batches", default="1,32", show_default=True)
+@click.option("--cpu-time-cap", default=20.0, show_default=True, type=float)
+@click.option("--deadline", "deadline_s", default=None, type=float, help="Seconds after which the rest is skipped.")
+@click.option("--spec", "spec_items", multiple=True, help="Override a SyntheticSpec field: --spec zipf=1.2.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--quick", is_flag=True, help="100K documents, B 1 and 32, k 10: a pipeline check.")
+@click.option("--out", type=click.Path(path_type=Path), default=Path("bench/results"), show_default=True)
+@click.option("--name", default="bench", show_default=True, help="Result file: <out>/<date>-<card>-<name>.json.")
+@click.option("--commit", default=None, help="Git commit to record (default: git rev-parse HEAD).")
+def run_cmd(**o: object) -> None:
+    """Generate the collections, run every system, check exactness, write results and print a table."""
+    from .runner import RunConfig, run, spec_from_overrides
+
+    try:
+        spec = spec_from_overrides(list(o["spec_items"]))
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from e
+    cfg = RunConfig(
+        sizes=_ints(o["sizes"]),
+        batches=_ints(o["batches"]),
+        ks=_ints(o["ks"]),
+        big_batch_max_docs=o["big_batch_max_docs"],
+        device=o["device"],
+        reps=o["reps"],
+        time_cap_s=o["time_cap"],
+        memory_budget=_size(o["memory_budget"]),
+        dense_max_bytes=_size(o["dense_max"]),
+        exact_sample=o["exact_sample"],
+        systems=[s for s in o["systems"].split(",") if s] if o["systems"] else None,
+        skip_systems=[s for s in o["skip_systems"].split(",") if s],
+        cpu_engines=o["cpu_engines"],
+        cpu_max_docs=o["cpu_max_docs"],
+        cpu_batches=_ints(o["cpu_batches"]),
+        cpu_time_cap_s=o["cpu_time_cap"],
+        deadline_s=o["deadline_s"],
+        seed=o["seed"],
+        out=o["out"],
+        name=o["name"],
+        commit=o["commit"],
+        command="gpusparse " + " ".join(sys.argv[1:]),
+        spec=spec,
+    )
+    if o["quick"]:
+        cfg.sizes, cfg.batches, cfg.ks, cfg.cpu_batches = [100_000], [1, 32], [10], [32]
+    run(cfg, log=lambda s: click.echo(s))
+
+
+@bench.command("report")
+@click.argument("results", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Folder for .md and .png.")
+def report_cmd(results: Path, out: Path) -> None:
+    """Render a result file: Markdown tables and plots (latency vs size, QPS vs batch)."""
+    from .report import render
+
+    for p in render(results, out):
+        click.echo(f"wrote {p}")

@@ -1,0 +1,511 @@
+"""The benchmark run: collections, the exact reference, every system timed and checked, one file.
+
+Protocol (``benchmarks.md``): every system runs on the same queries of the same collection
+in the same run; latency is the median of up to ``reps`` timed calls after warm-up (CUDA
+events on a GPU, fewer calls for slow systems under a time cap, the count recorded); peak
+memory is ``torch.cuda.max_memory_allocated`` over a system's calls (the resident index
+included); each result's top-k is compared with the exact reference (``Index.search(kernel=
+"reference")``, computed once per collection for the largest batch and k and sliced, since
+the exact top-k of a query does not depend on its batch and top-10 is a prefix of top-1000).
+The card's copy bandwidth (DRAM) and an on-chip copy rate (a buffer that fits in L2) are
+measured in the same run and give each batch's floor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fnmatch
+import gc
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..collection import SparseCollection
+from ..index import Index
+from ..synthetic import MSMARCO_TARGETS, SyntheticSpec, format_stats, generate, synthetic_stats
+from ..vocab import Vocabulary
+from .systems import System, SystemUnavailable, Workload, gpu_systems
+
+POSTING_BYTES = 8  # the paper's layout: int32 doc id + float32 weight
+
+
+@dataclass
+class RunConfig:
+    sizes: list[int] = field(default_factory=lambda: [100_000, 1_000_000, 8_841_823])
+    batches: list[int] = field(default_factory=lambda: [1, 32, 256, 1024])
+    ks: list[int] = field(default_factory=lambda: [10, 1000])
+    big_batch_max_docs: int = 1_000_000  # batches above 256 only up to this size
+    device: str = "cuda"
+    reps: int = 10
+    warmup: int = 1
+    time_cap_s: float = 2.0
+    memory_budget: int = 4 << 30
+    dense_max_bytes: int = 16 << 30
+    exact_sample: int = 256  # queries checked against the reference (the first ones of each batch)
+    seed: int = 0
+    systems: list[str] | None = None  # fnmatch patterns of system names to run (default all)
+    skip_systems: list[str] = field(default_factory=list)
+    cpu_engines: bool = True
+    cpu_max_docs: int = 1_000_000
+    cpu_batches: list[int] = field(default_factory=lambda: [1, 32])
+    cpu_time_cap_s: float = 20.0
+    stat_queries: int = 64
+    deadline_s: float | None = None
+    out: Path = Path("bench/results")
+    name: str = "bench"
+    commit: str | None = None
+    command: str = ""
+    spec: SyntheticSpec = field(default_factory=SyntheticSpec)
+
+
+# -- environment and ceilings ---------------------------------------------------------------
+
+
+def environment(cfg: RunConfig) -> dict:
+    import importlib.metadata as md
+
+    env: dict[str, object] = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "git_commit": cfg.commit or _git_commit(),
+        "command": cfg.command,
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "cpu": _cpu_model(),
+        "cpu_threads": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "device": cfg.device,
+    }
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    for pkg in ("pyseismic-lsr", "bmp", "pyterrier-pisa", "cupy-cuda13x", "cupy-cuda12x"):
+        with contextlib.suppress(md.PackageNotFoundError):
+            env[f"pkg_{pkg}"] = md.version(pkg)
+    if cfg.device.startswith("cuda"):
+        props = torch.cuda.get_device_properties(0)
+        env |= {
+            "card": torch.cuda.get_device_name(0),
+            "multiprocessors": props.multi_processor_count,
+            "memory_bytes": props.total_memory,
+            "cuda": torch.version.cuda,
+            "driver": _nvidia_smi("driver_version"),
+        }
+    else:
+        env |= {"card": "cpu", "cuda": None, "driver": None}
+    return env
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _nvidia_smi(field_name: str) -> str:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={field_name}", "--format=csv,noheader"], capture_output=True, text=True
+        )
+        return out.stdout.strip().splitlines()[0] if out.stdout.strip() else "unknown"
+    except OSError:
+        return "unknown"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def copy_rate(device: torch.device, n_bytes: int, reps: int) -> float:
+    """Device-to-device copy rate in bytes/s (bytes read plus bytes written), median of ``reps``."""
+    n = max(1, n_bytes // 4)
+    x = torch.rand(n, device=device)
+    y = torch.empty_like(x)
+    times = time_call(lambda: y.copy_(x), device, reps=reps, warmup=3, cap_s=5.0)[0]
+    return 2 * n * 4 / (statistics.median(times) / 1e3)
+
+
+# -- timing -------------------------------------------------------------------------------
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_call(
+    fn: Callable[[], object], device: torch.device, *, reps: int, warmup: int, cap_s: float
+) -> tuple[list[float], object]:
+    """Milliseconds per call (CUDA events on a GPU, the host clock elsewhere) and the last result.
+
+    After ``warmup`` calls, up to ``reps`` timed calls; once ``cap_s`` seconds have passed,
+    stops after 3 calls (1 if a call takes more than a third of the cap).
+    """
+    out = None
+    for _ in range(warmup):
+        out = fn()
+    _sync(device)
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < reps:
+        if device.type == "cuda":
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            out = fn()
+            e1.record()
+            e1.synchronize()
+            times.append(e0.elapsed_time(e1))
+        else:
+            t0 = time.perf_counter()
+            out = fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        if time.perf_counter() - start > cap_s:
+            enough = 1 if statistics.median(times) > cap_s * 1e3 / 3 else 3
+            if len(times) >= enough:
+                break
+    return times, out
+
+
+# -- exactness ----------------------------------------------------------------------------
+
+
+def compare(
+    scores: torch.Tensor, ids: torch.Tensor, ref_scores: torch.Tensor, ref_ids: torch.Tensor, *, with_scores: bool
+) -> dict[str, object]:
+    """``exact`` (ids identical, non-matches as -1), ``recall_vs_exact``, ``max_score_diff``."""
+    ids = torch.where(scores > 0, ids, torch.full_like(ids, -1))
+    exact = bool(torch.equal(ids, ref_ids))
+    hits = total = 0
+    for a, e in zip(ids.tolist(), ref_ids.tolist(), strict=True):
+        e_set = {d for d in e if d >= 0}
+        hits += len(e_set & {d for d in a if d >= 0})
+        total += len(e_set)
+    valid = ref_ids >= 0
+    diff = None
+    if with_scores and bool(valid.any()):
+        diff = float((scores.to(torch.float64) - ref_scores.to(torch.float64)).abs()[valid].max())
+    return {"exact": exact, "recall_vs_exact": hits / total if total else 1.0, "max_score_diff": diff}
+
+
+# -- the run ------------------------------------------------------------------------------
+
+
+class ResultFile:
+    """The result JSON, rewritten after every record so an interrupted run keeps what it measured."""
+
+    def __init__(self, path: Path, env: dict, cfg: RunConfig) -> None:
+        self.path = path
+        self.data: dict = {
+            "env": env,
+            "config": _config_dict(cfg),
+            "targets": MSMARCO_TARGETS,
+            "collections": [],
+            "results": [],
+        }
+
+    def add(self, record: dict) -> None:
+        self.data["results"].append(record)
+        self.flush()
+
+    def flush(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1, default=_json_default))
+        tmp.replace(self.path)
+
+
+def _json_default(x: object) -> object:
+    if isinstance(x, Path):
+        return str(x)
+    if isinstance(x, np.integer | np.floating):
+        return x.item()
+    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
+
+
+def _config_dict(cfg: RunConfig) -> dict:
+    d = asdict(cfg)
+    d["out"] = str(cfg.out)
+    return d
+
+
+def result_path(cfg: RunConfig, env: dict) -> Path:
+    card = str(env.get("card", "cpu")).replace("NVIDIA ", "").replace(" ", "-")
+    return cfg.out / f"{dt.date.today().isoformat()}-{card}-{cfg.name}.json"
+
+
+def selected(cfg: RunConfig, name: str) -> bool:
+    if any(fnmatch.fnmatch(name, p) for p in cfg.skip_systems):
+        return False
+    return cfg.systems is None or any(fnmatch.fnmatch(name, p) for p in cfg.systems)
+
+
+def run(cfg: RunConfig, *, log: Callable[[str], None] = print) -> Path:
+    """Run the benchmark; returns the result file's path."""
+    t_start = time.perf_counter()
+    device = torch.device(cfg.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("gpusparse bench: no CUDA device here (use --device cpu for a dry run)")
+    env = environment(cfg)
+    big = device.type == "cuda"
+    env["copy_bandwidth_bytes_per_s"] = copy_rate(device, (1 << 30) if big else (1 << 26), 20)
+    env["onchip_copy_bytes_per_s"] = copy_rate(device, (16 << 20) if big else (1 << 20), 200 if big else 20)
+    env["posting_bytes"] = POSTING_BYTES
+    path = result_path(cfg, env)
+    out = ResultFile(path, env, cfg)
+    log(
+        f"{env['card']}: copy bandwidth {env['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s, "
+        f"on-chip copy {env['onchip_copy_bytes_per_s'] / 1e12:.2f} TB/s (read + write)"
+    )
+
+    def over_deadline() -> bool:
+        return cfg.deadline_s is not None and time.perf_counter() - t_start > cfg.deadline_s
+
+    for n_docs in cfg.sizes:
+        if over_deadline():
+            log(f"deadline reached: N={n_docs:,} not run")
+            out.add({"system": "*", "n_docs": n_docs, "status": "skipped", "reason": "deadline"})
+            continue
+        _run_size(cfg, n_docs, device, env, out, log, over_deadline)
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    out.data["env"]["wall_s"] = time.perf_counter() - t_start
+    out.flush()
+    log(f"\nwrote {path}\n")
+    from .report import short_table
+
+    log(short_table(out.data))
+    return path
+
+
+def _run_size(
+    cfg: RunConfig,
+    n_docs: int,
+    device: torch.device,
+    env: dict,
+    out: ResultFile,
+    log: Callable[[str], None],
+    over_deadline: Callable[[], bool],
+) -> None:
+    batches = [b for b in cfg.batches if b <= 256 or n_docs <= cfg.big_batch_max_docs]
+    n_pool = max(cfg.batches + cfg.cpu_batches)
+    vocab = Vocabulary.bert() if cfg.spec.n_terms == 30522 else Vocabulary.integer(cfg.spec.n_terms)
+    t0 = time.perf_counter()
+    docs, qcsr = generate(n_docs, n_pool, spec=cfg.spec, seed=cfg.seed, device=device)
+    _sync(device)
+    t_gen = time.perf_counter() - t0
+    stats = synthetic_stats(docs, qcsr, n_terms=cfg.spec.n_terms, max_queries=cfg.stat_queries)
+    t0 = time.perf_counter()
+    index = Index.from_csr(*docs, vocab, device=device)
+    _sync(device)
+    t_index = time.perf_counter() - t0
+    index.cache["forward"] = docs  # the doc-parallel kernel's CSR: the generator's output
+    ist = index.stats()
+    queries = SparseCollection(qcsr[0].cpu().numpy(), qcsr[1].cpu().numpy(), qcsr[2].cpu().numpy(), vocab=vocab)
+    del qcsr
+    n_exact = min(cfg.exact_sample, n_pool)
+    kmax = max(cfg.ks)
+    t0 = time.perf_counter()
+    ref = index.search(queries[:n_exact], kmax, kernel="reference", memory_budget=cfg.memory_budget)
+    t_ref = time.perf_counter() - t0
+    coll = {
+        "n_docs": n_docs,
+        "generate_s": t_gen,
+        "index_s": t_index,
+        "index_bytes": ist.bytes,
+        "forward_bytes": sum(t.numel() * t.element_size() for t in docs),
+        "n_postings": ist.n_postings,
+        "reference_s": t_ref,
+        "reference_queries": n_exact,
+        "reference_k": kmax,
+        "stats": stats,
+    }
+    out.data["collections"].append(coll)
+    out.flush()
+    log(
+        f"\nN={n_docs:,}: {ist.n_postings:,} postings, index {ist.bytes / 2**20:,.0f} MiB; generated in "
+        f"{t_gen:.1f} s, indexed in {t_index:.1f} s, exact reference ({n_exact} queries, k={kmax}) in {t_ref:.1f} s"
+    )
+    log(format_stats(stats))
+
+    # Floors per batch: postings the batch must read.
+    lengths = index.lengths.to(torch.int64).cpu()
+    floors = {}
+    bw, onchip = env["copy_bandwidth_bytes_per_s"], env["onchip_copy_bytes_per_s"]
+    for b in sorted(set(batches + cfg.cpu_batches)):
+        t = torch.from_numpy(queries[:b].indices).to(torch.int64)
+        read = int(lengths[t].sum())
+        distinct = int(lengths[torch.unique(t)].sum())
+        f_bw = distinct * POSTING_BYTES / bw * 1e3
+        f_chip = read * POSTING_BYTES / onchip * 1e3
+        floors[b] = {
+            "postings_read": read,
+            "postings_distinct": distinct,
+            "floor_bandwidth_ms": f_bw,
+            "floor_onchip_ms": f_chip,
+            "floor_ms": max(f_bw, f_chip),
+        }
+
+    w = Workload(index, docs, memory_budget=cfg.memory_budget, dense_max_bytes=cfg.dense_max_bytes)
+    systems: list[System] = [s for s in gpu_systems() if selected(cfg, s.name)]
+    if cfg.cpu_engines and n_docs <= cfg.cpu_max_docs:
+        from .cpu_engines import cpu_engines
+
+        systems += [s for s in cpu_engines() if selected(cfg, s.name)]
+    resident = ist.bytes + coll["forward_bytes"]
+    for system in systems:
+        base = {
+            "system": system.name,
+            "family": system.family,
+            "n_docs": n_docs,
+            "index_bytes": ist.bytes,
+            "resident_bytes": resident,
+        }
+        if over_deadline():
+            out.add(base | {"status": "skipped", "reason": "deadline"})
+            log(f"  {system.name}: skipped (deadline)")
+            continue
+        try:
+            system.prepare(w)
+        except SystemUnavailable as e:
+            out.add(base | {"status": "skipped", "reason": str(e)})
+            log(f"  {system.name}: skipped ({e})")
+            continue
+        except Exception as e:  # a baseline failing must not stop the run
+            out.add(base | {"status": "error", "reason": f"prepare: {type(e).__name__}: {e}"})
+            log(f"  {system.name}: prepare failed: {type(e).__name__}: {e}")
+            _free(system, device)
+            continue
+        base |= {"description": system.description, "prepare_s": system.prepare_s, "extra_bytes": system.extra_bytes}
+        cpu = system.family == "cpu"
+        for b in cfg.cpu_batches if cpu else batches:
+            oom = False
+            for k in cfg.ks:
+                if over_deadline():
+                    out.add(base | {"batch_size": b, "k": k, "status": "skipped", "reason": "deadline"})
+                    continue
+                rec = base | {"batch_size": b, "k": k} | floors[b]
+                rec |= _measure(system, queries[:b], k, ref, n_exact, device, cfg, cpu)
+                finish_floor(rec)
+                out.add(rec)
+                log(_line(rec))
+                oom = rec.get("status") == "oom"
+                if oom:
+                    break
+            if oom:
+                break  # larger batches will not fit either
+        _free(system, device)
+    del w, index, docs
+    gc.collect()
+
+
+def _free(system: System, device: torch.device) -> None:
+    try:
+        system.close()
+    finally:
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _measure(
+    system: System,
+    q: SparseCollection,
+    k: int,
+    ref,
+    n_exact: int,
+    device: torch.device,
+    cfg: RunConfig,
+    cpu: bool,
+) -> dict:
+    b = len(q)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    cap = cfg.cpu_time_cap_s if cpu else cfg.time_cap_s
+    try:
+        # CPU engines are slow: their first batch (B = 1) warms them up, larger ones run once or twice.
+        warm = cfg.warmup if not cpu or b == 1 else 0
+        times, res = time_call(
+            lambda: system.search(q, k), device, reps=cfg.reps if not cpu else 3, warmup=warm, cap_s=cap
+        )
+    except torch.cuda.OutOfMemoryError as e:
+        gc.collect()
+        torch.cuda.empty_cache()
+        return {"status": "oom", "reason": str(e).splitlines()[0][:200]}
+    except Exception as e:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        return {"status": "error", "reason": f"{type(e).__name__}: {str(e)[:300]}"}
+    ms = statistics.median(times)
+    scores, ids = res
+    m = min(b, n_exact)
+    cmp = compare(
+        scores[:m, :k], ids[:m, :k], ref.scores[:m, :k], ref.ids[:m, :k], with_scores=not cpu
+    )  # CPU engines score quantised impacts: only ids compare
+    rec = {
+        "status": "ok",
+        "ms_per_batch": ms,
+        "ms_per_query": ms / b,
+        "qps": b / ms * 1e3,
+        "ms_min": min(times),
+        "ms_max": max(times),
+        "reps": len(times),
+        "timing": "host clock, host to host" if cpu or device.type != "cuda" else "CUDA events, host to host",
+        "peak_mem_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+        "exact_queries_checked": m,
+        **cmp,
+    }
+    return rec
+
+
+def finish_floor(rec: dict) -> None:
+    """Add ``frac_of_floor`` (floor / measured) to a record in place."""
+    if rec.get("status") == "ok" and rec.get("floor_ms"):
+        rec["frac_of_floor"] = rec["floor_ms"] / rec["ms_per_batch"]
+
+
+def _line(rec: dict) -> str:
+    head = f"  {rec['system']:<24} N={rec['n_docs']:>9,} B={rec['batch_size']:>4} k={rec['k']:>4}"
+    if rec.get("status") != "ok":
+        return f"{head}  {rec.get('status')}: {rec.get('reason', '')[:120]}"
+    return (
+        f"{head}  {rec['ms_per_batch']:9.3f} ms  {rec['qps']:10,.0f} q/s  floor {rec['frac_of_floor']:6.1%}"
+        f"  exact={rec['exact']!s:<5} recall={rec['recall_vs_exact']:.4f} reps={rec['reps']}"
+    )
+
+
+def spec_from_overrides(overrides: list[str]) -> SyntheticSpec:
+    """``["zipf=1.2", "n_topics=32"]`` → a :class:`SyntheticSpec` with those fields changed."""
+    spec = SyntheticSpec()
+    changes = {}
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if not hasattr(spec, key) or not value:
+            raise ValueError(f"bad --spec {item!r}: fields are {', '.join(asdict(spec))}")
+        changes[key] = type(getattr(spec, key))(value)
+    return replace(spec, **changes)
+
+
+def main_argv() -> str:
+    return " ".join(["gpusparse", *sys.argv[1:]]) if sys.argv else "gpusparse bench run"

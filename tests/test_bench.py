@@ -1,0 +1,174 @@
+"""The benchmark: the synthetic generator, the GPU-free baselines, the runner's records, the report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from gpusparse import Index, SparseCollection, Vocabulary
+from gpusparse.bench.report import headline, markdown, render, short_table
+from gpusparse.bench.runner import RunConfig, compare, run, spec_from_overrides
+from gpusparse.bench.systems import CuSparseSpGEMM, CuSparseSpMM, DenseMatmul, SpareIterative, Workload
+from gpusparse.cli import main
+from gpusparse.synthetic import BERT_VOCAB_SIZE, SyntheticSpec, generate, synthetic_stats
+
+
+def _canonical(indptr: torch.Tensor, terms: torch.Tensor, weights: torch.Tensor, spec: SyntheticSpec, max_nnz: int):
+    assert indptr.dtype == torch.int64 and terms.dtype == torch.int32 and weights.dtype == torch.float32
+    assert int(indptr[0]) == 0 and int(indptr[-1]) == terms.numel() == weights.numel()
+    lengths = torch.diff(indptr)
+    assert int(lengths.min()) >= 1 and int(lengths.max()) <= max_nnz
+    assert int(terms.min()) >= 0 and int(terms.max()) < spec.n_terms
+    assert float(weights.min()) > 0 and float(weights.max()) <= spec.weight_max
+    # strictly increasing terms inside each row
+    rows = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+    same_row = rows[1:] == rows[:-1]
+    assert bool((terms[1:][same_row] > terms[:-1][same_row]).all())
+
+
+def test_generator_is_seeded_and_canonical():
+    spec = SyntheticSpec()
+    a = generate(400, 20, seed=1)
+    b = generate(400, 20, seed=1)
+    c = generate(400, 20, seed=2)
+    for x, y in zip(a, b, strict=True):
+        for s, t in zip(x, y, strict=True):
+            assert torch.equal(s, t)
+    assert not torch.equal(a[0][1], c[0][1])
+    _canonical(*a[0], spec, spec.doc_nnz_max)
+    _canonical(*a[1], spec, spec.query_nnz_max)
+
+
+def test_generator_small_chunks_give_canonical_rows():
+    spec = SyntheticSpec()
+    docs, _ = generate(300, 4, seed=3, doc_chunk=37)
+    _canonical(*docs, spec, spec.doc_nnz_max)
+
+
+def test_statistics_near_targets_at_small_scale():
+    docs, queries = generate(3000, 64, seed=0)
+    st = synthetic_stats(docs, queries, max_queries=64)
+    assert st["doc_nnz_mean"] == pytest.approx(120, abs=4)
+    assert st["doc_nnz_sd"] == pytest.approx(34, abs=4)
+    assert st["query_nnz_mean"] == pytest.approx(45, abs=6)
+    assert 0.40 <= st["frac_docs_touched"] <= 0.68
+    assert 1.3 <= st["postings_per_query_per_doc"] <= 3.0
+    assert st["frac_docs_touched"] < st["frac_docs_touched_if_independent"]
+    assert st["weight_min"] > 0 and st["weight_max"] <= 3.5
+
+
+def test_spec_overrides_and_validation():
+    spec = spec_from_overrides(["zipf=1.2", "n_topics=8"])
+    assert spec.zipf == 1.2 and spec.n_topics == 8
+    with pytest.raises(ValueError):
+        spec_from_overrides(["nope=1"])
+    with pytest.raises(ValueError):
+        SyntheticSpec(generic_frac=2.0)
+
+
+@pytest.fixture(scope="module")
+def small():
+    docs, qcsr = generate(700, 12, seed=5)
+    vocab = Vocabulary.bert()
+    index = Index.from_csr(*docs, vocab)
+    queries = SparseCollection(qcsr[0].numpy(), qcsr[1].numpy(), qcsr[2].numpy(), vocab=vocab)
+    return index, docs, queries
+
+
+@pytest.mark.parametrize("cls", [SpareIterative, CuSparseSpMM, CuSparseSpGEMM, DenseMatmul])
+@pytest.mark.parametrize("k", [1, 10, 900])
+def test_gpu_free_baselines_return_the_exact_top_k(small, cls, k):
+    index, docs, queries = small
+    ref = index.search(queries, k, kernel="reference")
+    system = cls()
+    system.prepare(Workload(index, docs))
+    scores, ids = system.search(queries, k)
+    system.close()
+    assert scores.shape == ids.shape == (len(queries), k)
+    valid = ref.ids >= 0
+    assert torch.allclose(scores[valid], ref.scores[valid], rtol=1e-5, atol=1e-6)
+    # ids must match wherever the score is not tied (within tolerance) with a neighbour
+    ref_s = ref.scores.to(torch.float64)
+    gap = torch.full_like(ref_s, float("inf"))
+    gap[:, 1:] = (ref_s[:, 1:] - ref_s[:, :-1]).abs()
+    gap[:, :-1] = torch.minimum(gap[:, :-1], (ref_s[:, :-1] - ref_s[:, 1:]).abs())
+    clear = valid & (gap > 1e-5 * ref_s.abs().clamp_min(1e-6))
+    assert torch.equal(ids[clear], ref.ids[clear])
+    assert compare(scores, ids, ref.scores, ref.ids, with_scores=True)["recall_vs_exact"] > 0.999
+
+
+def test_compare_counts_ties_and_non_matches():
+    ref_s = torch.tensor([[3.0, 2.0, 0.0]])
+    ref_i = torch.tensor([[4, 1, -1]])
+    r = compare(torch.tensor([[3.0, 2.0, 0.0]]), torch.tensor([[4, 1, 7]]), ref_s, ref_i, with_scores=True)
+    assert r == {"exact": True, "recall_vs_exact": 1.0, "max_score_diff": 0.0}
+    r = compare(torch.tensor([[3.0, 1.5, 0.0]]), torch.tensor([[4, 2, 7]]), ref_s, ref_i, with_scores=True)
+    assert not r["exact"] and r["recall_vs_exact"] == 0.5 and r["max_score_diff"] == 0.5
+
+
+@pytest.fixture(scope="module")
+def results_file(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    cfg = RunConfig(
+        sizes=[500],
+        batches=[1, 4],
+        ks=[5, 50],
+        device="cpu",
+        reps=2,
+        time_cap_s=0.2,
+        cpu_engines=False,
+        systems=["ours-reference", "spare-iterative", "cusparse-spmm", "dense-matmul"],
+        dense_max_bytes=1,  # too small for the dense matrix: it is skipped with the reason
+        out=out,
+        name="tiny",
+        command="pytest",
+        stat_queries=4,
+    )
+    return run(cfg, log=lambda s: None)
+
+
+def test_runner_writes_the_record_schema(results_file):
+    data = json.loads(results_file.read_text())
+    env = data["env"]
+    for key in ("card", "driver", "cuda", "torch", "triton", "git_commit", "command", "copy_bandwidth_bytes_per_s"):
+        assert key in env
+    assert env["card"] == "cpu" and results_file.name.endswith("-cpu-tiny.json")
+    ok = [r for r in data["results"] if r["status"] == "ok"]
+    assert {r["system"] for r in ok} == {"ours-reference", "spare-iterative", "cusparse-spmm"}
+    assert len(ok) == 3 * 2 * 2
+    for r in ok:
+        for key in ("system", "n_docs", "batch_size", "k", "ms_per_batch", "qps", "peak_mem_bytes", "exact"):
+            assert key in r
+        assert r["recall_vs_exact"] == 1.0 and r["exact"] is True
+        assert r["floor_ms"] > 0 and r["frac_of_floor"] > 0
+        assert r["qps"] == pytest.approx(r["batch_size"] / r["ms_per_batch"] * 1e3)
+    skipped = [r for r in data["results"] if r["system"] == "dense-matmul"]
+    assert skipped and skipped[0]["status"] == "skipped" and "allowed" in skipped[0]["reason"]
+    stats = data["collections"][0]["stats"]
+    assert stats["n_docs"] == 500 and "frac_docs_touched" in stats
+
+
+def test_report_renders_table_and_plots(results_file, tmp_path):
+    data = json.loads(results_file.read_text())
+    assert "ours-reference" in short_table(data)
+    md = markdown(data)
+    assert "| system | N | B | k |" in md and "dense-matmul" in md
+    assert headline(data, b=4, k=50)[0]["ours"] == "ours-reference"
+    written = render(results_file, tmp_path)
+    assert written[0].suffix == ".md" and written[0].exists()
+    pytest.importorskip("matplotlib")
+    pngs = [p for p in written if p.suffix == ".png"]
+    assert len(pngs) == 2 and all(p.stat().st_size > 1000 for p in pngs)
+
+
+def test_bench_report_command(results_file, tmp_path):
+    res = CliRunner().invoke(main, ["bench", "report", str(results_file), "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / f"{results_file.stem}.md").exists()
+
+
+def test_vocabulary_size_matches_bert():
+    assert SyntheticSpec().n_terms == BERT_VOCAB_SIZE == len(Vocabulary.bert())
