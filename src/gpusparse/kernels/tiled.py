@@ -37,6 +37,33 @@ CUDA_SOURCE = r"""
 typedef unsigned long long u64;
 typedef long long i64;
 
+#define MAXT 256  // query terms whose metadata sits in shared memory at once
+
+// Loads the metadata of query terms [0, nj) of a chunk into shared memory (all threads).
+__device__ __forceinline__ void load_terms(
+    const int* terms, const float* qw, int nj, double scale, const int* did_tile, const i64* seg_tile,
+    double* s_w, int* s_did, i64* s_start, int* s_len)
+{
+    __syncthreads();  // the previous chunk's metadata is no longer read
+    for (int j = threadIdx.x; j < nj; j += THREADS) {
+        const int t = terms[j];
+        int did = -1, len = 0;
+        i64 start = 0;
+        if (t >= 0) {
+            did = did_tile[t];
+            if (did < 0) {
+                start = seg_tile[t];
+                len = (int)(seg_tile[t + 1] - start);
+            }
+        }
+        s_w[j] = (double)qw[j] * scale;  // exact: scale is a power of two
+        s_did[j] = did;
+        s_start[j] = start;
+        s_len[j] = len;
+    }
+    __syncthreads();
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS) tiled_candidates(
     const i64* __restrict__ seg,              // [n_tiles * V + 1] start of each sparse (tile, term) segment
     const unsigned short* __restrict__ offs,  // [P] document offset inside the tile
@@ -60,6 +87,9 @@ extern "C" __global__ void __launch_bounds__(THREADS) tiled_candidates(
     unsigned int* lo = smem;
     unsigned int* hi = smem + TILE;
     __shared__ unsigned int hist[256];
+    __shared__ double s_w[MAXT];
+    __shared__ i64 s_start[MAXT];
+    __shared__ int s_did[MAXT], s_len[MAXT], s_pref[MAXT + 1];
     __shared__ u64 s_max, s_val;
     __shared__ unsigned int s_above;
     __shared__ int s_bucket;
@@ -78,38 +108,51 @@ extern "C" __global__ void __launch_bounds__(THREADS) tiled_candidates(
     const i64* seg_tile = seg + (i64)tile * V;
     const int* did_tile = dense_id + (i64)tile * V;
 
+    // The query's terms are handled in chunks of MAXT: their metadata (weight, dense row,
+    // sparse segment) is loaded by all threads at once into shared memory, instead of by
+    // every thread one term after the other (a chain of dependent global loads).
     // 1a. Dense segments: each thread owns documents tid + r * THREADS and sums them in
     //     registers from coalesced reads; the sums initialise the shared accumulators.
     u64 reg[PER];
 #pragma unroll
     for (int r = 0; r < PER; ++r) reg[r] = 0ull;
-    for (int j = 0; j < T; ++j) {
-        const int t = terms[j];
-        if (t < 0) break;
-        const int did = did_tile[t];
-        if (did < 0) continue;
-        const double w = (double)qw[j] * scale;
-        const float* col = dense + (i64)did * TILE;
+    for (int j0 = 0; j0 < T; j0 += MAXT) {
+        const int nj = min(MAXT, T - j0);
+        load_terms(terms + j0, qw + j0, nj, scale, did_tile, seg_tile, s_w, s_did, s_start, s_len);
+        for (int j = 0; j < nj; ++j) {
+            const int did = s_did[j];
+            if (did < 0) continue;
+            const double w = s_w[j];
+            const float* col = dense + (i64)did * TILE;
 #pragma unroll
-        for (int r = 0; r < PER; ++r) reg[r] += (u64)__double2ll_rn(w * (double)col[tid + r * THREADS]);
+            for (int r = 0; r < PER; ++r) reg[r] += (u64)__double2ll_rn(w * (double)col[tid + r * THREADS]);
+        }
     }
 #pragma unroll
     for (int r = 0; r < PER; ++r) {
         lo[tid + r * THREADS] = (unsigned int)reg[r];
         hi[tid + r * THREADS] = (unsigned int)(reg[r] >> 32);
     }
-    __syncthreads();
 
-    // 1b. Sparse segments: every posting of the other query terms inside this tile.
-    for (int j = 0; j < T; ++j) {
-        const int t = terms[j];
-        if (t < 0) break;
-        if (did_tile[t] >= 0) continue;
-        const double w = (double)qw[j] * scale;  // exact: scale is a power of two
-        const i64 e = seg_tile[t + 1];
-        for (i64 i = seg_tile[t] + tid; i < e; i += nt) {
-            // float32 x float32 is exact in float64; one rounding to the integer unit.
-            const u64 v = (u64)__double2ll_rn(w * (double)wts[i]);
+    // 1b. Sparse segments: one flat loop over all their postings, so that every thread has
+    //     independent loads in flight whatever the segments' lengths.
+    for (int j0 = 0; j0 < T; j0 += MAXT) {
+        const int nj = min(MAXT, T - j0);
+        load_terms(terms + j0, qw + j0, nj, scale, did_tile, seg_tile, s_w, s_did, s_start, s_len);
+        if (tid == 0) {
+            int total = 0;
+            for (int j = 0; j < nj; ++j) { s_pref[j] = total; total += s_len[j]; }
+            s_pref[nj] = total;
+        }
+        __syncthreads();
+        const int total = s_pref[nj];
+        int j = 0;
+        for (int f = tid; f < total; f += THREADS) {
+            while (s_pref[j + 1] <= f) ++j;  // f only grows: j advances, amortised O(1)
+            const i64 i = s_start[j] + (f - s_pref[j]);
+            // float32 x float32 is exact in float64 (s_w holds w_q * scale, a power of two);
+            // one rounding to the integer unit.
+            const u64 v = (u64)__double2ll_rn(s_w[j] * (double)wts[i]);
             const unsigned int o = offs[i];
             const unsigned int add_lo = (unsigned int)v;
             const unsigned int old = atomicAdd(&lo[o], add_lo);
