@@ -11,7 +11,14 @@ from click.testing import CliRunner
 from gpusparse import Index, SparseCollection, Vocabulary
 from gpusparse.bench.report import headline, markdown, render, short_table
 from gpusparse.bench.runner import RunConfig, compare, run, spec_from_overrides
-from gpusparse.bench.systems import CuSparseSpGEMM, CuSparseSpMM, DenseMatmul, SpareIterative, Workload
+from gpusparse.bench.systems import (
+    CuSparseSpGEMM,
+    CuSparseSpMM,
+    DenseMatmul,
+    PaperScatterChunked,
+    SpareIterative,
+    Workload,
+)
 from gpusparse.cli import main
 from gpusparse.synthetic import BERT_VOCAB_SIZE, SyntheticSpec, generate, synthetic_stats
 
@@ -98,6 +105,22 @@ def test_gpu_free_baselines_return_the_exact_top_k(small, cls, k):
     clear = valid & (gap > 1e-5 * ref_s.abs().clamp_min(1e-6))
     assert torch.equal(ids[clear], ref.ids[clear])
     assert compare(scores, ids, ref.scores, ref.ids, with_scores=True)["recall_vs_exact"] > 0.999
+
+
+def test_paper_chunked_merges_query_and_document_chunks(small):
+    pytest.importorskip("triton")
+    from gpusparse.kernels import triton_available
+
+    if not triton_available():
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1")
+    index, docs, queries = small
+    q = queries[:3]
+    ref = index.search(q, 20, kernel="reference")
+    system = PaperScatterChunked(query_chunk=2, doc_chunk=300)
+    system.prepare(Workload(index, docs))
+    scores, ids = system.search(q, 20)
+    assert torch.allclose(scores, ref.scores, rtol=1e-5)
+    assert compare(scores, ids, ref.scores, ref.ids, with_scores=True)["recall_vs_exact"] > 0.99
 
 
 def test_compare_counts_ties_and_non_matches():

@@ -413,7 +413,9 @@ class DenseCompiled(DenseMatmul):
     compiled = True
 
     def _build(self):
-        return torch.compile(super()._build(), dynamic=False)
+        # Default dynamism: the first shape compiles static, a second one recompiles with
+        # dynamic sizes that later batches and k reuse (a few compiles, not one per shape).
+        return torch.compile(super()._build())
 
 
 def gpu_systems(kernels: tuple[str, ...] | None = None) -> list[System]:
