@@ -67,6 +67,17 @@ def run_kernel(tl, batch, terms32, fp, k, bufs) -> None:
     )  # fmt: skip
 
 
+def trace(fn, label: str) -> None:
+    """Top operators of one call by device time, and by host time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    print(f"--- trace {label}")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=40))
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--sizes", type=int, nargs="+", default=[1_000_000])
@@ -75,6 +86,7 @@ def main() -> None:
     p.add_argument("--tile-bits", type=int, nargs="+", default=[13, 14])
     p.add_argument("--threads", type=int, nargs="+", default=[512])
     p.add_argument("--dense-min", type=float, nargs="+", default=[0.25], help="0 = all sparse")
+    p.add_argument("--trace", action="store_true", help="print torch.profiler's top ops for one search")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--commit", default="unknown")
     args = p.parse_args()
@@ -110,6 +122,8 @@ def main() -> None:
                         c = count.to(torch.float64)
                         search = partial(tiled_search, index, batch, k, tile_bits=tb, dense_min=dm or None)
                         full_ms = wall(search)
+                        if args.trace:
+                            trace(search, f"B={b} k={k} tile=2^{tb} dense>={dm}")
                         rows.append(
                             {
                                 "n_docs": n,

@@ -170,6 +170,16 @@ extern "C" __global__ void __launch_bounds__(THREADS) tiled_candidates(
     __syncthreads();
     const u64 vmax = s_max;
     if (vmax == 0ull) return;  // no document of this tile matches the query
+    // Nothing to emit if even the tile's best stays below the query's current threshold
+    // (common once earlier waves have set theta): skip the selection passes.
+    if (tid == 0) s_val = atomicAdd(&theta[q], 0ull);
+    __syncthreads();
+    {
+        const u64 th0 = s_val;
+        const u64 d0 = (u64)q_delta[q] + (th0 >> 22);
+        if (th0 > d0 && vmax < th0 - d0) return;
+    }
+    __syncthreads();  // s_val is reused below
 
     // 3. tau: at least k documents of the tile score >= tau (two 8-bit radix passes below
     //    the top bit; 0 when fewer than k documents match).
