@@ -60,6 +60,10 @@ class RunConfig:
     cpu_max_docs: int = 1_000_000
     cpu_batches: list[int] = field(default_factory=lambda: [1, 32])
     cpu_time_cap_s: float = 20.0
+    # On a GPU run, the CPU engines run in a worker process on the cores the GPU process
+    # leaves free (it keeps ``gpu_cores``), concurrently with the GPU systems.
+    cpu_parallel: bool = True
+    gpu_cores: int = 4
     stat_queries: int = 64
     deadline_s: float | None = None
     out: Path = Path("bench/results")
@@ -273,6 +277,16 @@ def run(cfg: RunConfig, *, log: Callable[[str], None] = print) -> Path:
     env["posting_bytes"] = POSTING_BYTES
     path = result_path(cfg, env)
     out = ResultFile(path, env, cfg)
+    workers: list[tuple[object, Path, dict]] = []
+    cpu_set: set[int] | None = None
+    if device.type == "cuda" and cfg.cpu_engines and cfg.cpu_parallel and hasattr(os, "sched_setaffinity"):
+        cores = sorted(os.sched_getaffinity(0))
+        if len(cores) > cfg.gpu_cores + 1:
+            os.sched_setaffinity(0, set(cores[: cfg.gpu_cores]))
+            torch.set_num_threads(cfg.gpu_cores)
+            cpu_set = set(cores[cfg.gpu_cores :])
+            env["gpu_process_cores"] = cfg.gpu_cores
+            env["cpu_engine_cores"] = len(cpu_set)
     log(
         f"{env['card']}: copy bandwidth {env['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s, "
         f"on-chip copy {env['onchip_copy_bytes_per_s'] / 1e12:.2f} TB/s (read + write)"
@@ -286,10 +300,11 @@ def run(cfg: RunConfig, *, log: Callable[[str], None] = print) -> Path:
             log(f"deadline reached: N={n_docs:,} not run")
             out.add({"system": "*", "n_docs": n_docs, "status": "skipped", "reason": "deadline"})
             continue
-        _run_size(cfg, n_docs, device, env, out, log, over_deadline)
+        _run_size(cfg, n_docs, device, env, out, log, over_deadline, cpu_set, workers)
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    _collect_workers(workers, cfg, t_start, out, log)
     out.data["env"]["wall_s"] = time.perf_counter() - t_start
     out.flush()
     log(f"\nwrote {path}\n")
@@ -307,6 +322,8 @@ def _run_size(
     out: ResultFile,
     log: Callable[[str], None],
     over_deadline: Callable[[], bool],
+    cpu_set: set[int] | None = None,
+    workers: list | None = None,
 ) -> None:
     batches = [b for b in cfg.batches if b <= 256 or n_docs <= cfg.big_batch_max_docs]
     n_pool = max(cfg.batches + cfg.cpu_batches)
@@ -369,11 +386,26 @@ def _run_size(
 
     w = Workload(index, docs, memory_budget=cfg.memory_budget, dense_max_bytes=cfg.dense_max_bytes)
     systems: list[System] = [s for s in gpu_systems() if selected(cfg, s.name)]
+    resident = ist.bytes + coll["forward_bytes"]
     if cfg.cpu_engines and n_docs <= cfg.cpu_max_docs:
         from .cpu_engines import cpu_engines
 
-        systems += [s for s in cpu_engines() if selected(cfg, s.name)]
-    resident = ist.bytes + coll["forward_bytes"]
+        engines = [s for s in cpu_engines() if selected(cfg, s.name)]
+        if cpu_set is not None and workers is not None and engines:
+            meta = {
+                "base": {"n_docs": n_docs, "index_bytes": ist.bytes, "resident_bytes": resident},
+                "floors": {str(b): f for b, f in floors.items()},
+                "ks": cfg.ks,
+                "cpu_batches": cfg.cpu_batches,
+                "cap_s": cfg.cpu_time_cap_s,
+                "n_exact": n_exact,
+                "n_terms": cfg.spec.n_terms,
+                "systems": [s.name for s in engines],
+            }
+            workers.append(_start_worker(docs, queries, ref, meta, cpu_set, n_docs))
+            log(f"  CPU engines ({', '.join(meta['systems'])}) started on {len(cpu_set)} other cores")
+        else:
+            systems += engines
     for system in systems:
         base = {
             "system": system.name,
@@ -418,6 +450,63 @@ def _run_size(
         _free(system, device)
     del w, index, docs
     gc.collect()
+
+
+def _start_worker(docs, queries, ref, meta: dict, cpu_set: set[int], n_docs: int) -> tuple[object, Path, dict]:
+    import subprocess
+    import tempfile
+
+    from .cpu_worker import save_job
+
+    folder = Path(tempfile.mkdtemp(prefix=f"gpusparse-cpu-{n_docs}-"))
+    save_job(folder, docs, queries, ref, meta)
+    src = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    env["CUDA_VISIBLE_DEVICES"] = ""  # the worker never touches the GPU
+    with open(folder / "log", "w") as logf:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpusparse.bench.cpu_worker", str(folder)],
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=lambda: os.sched_setaffinity(0, cpu_set),
+        )
+    return proc, folder, meta
+
+
+def _collect_workers(
+    workers: list, cfg: RunConfig, t_start: float, out: ResultFile, log: Callable[[str], None]
+) -> None:
+    """Wait for the CPU engines' workers (until the deadline) and merge their records."""
+    for proc, folder, meta in workers:
+        timeout = None if cfg.deadline_s is None else max(1.0, cfg.deadline_s + 30 - (time.perf_counter() - t_start))
+        try:
+            proc.wait(timeout=timeout)
+        except Exception:
+            proc.kill()
+            proc.wait()
+        done, records = False, []
+        if (folder / "records.json").exists():
+            data = json.loads((folder / "records.json").read_text())
+            done, records = data["done"], data["records"]
+        seen = {(r["system"], r.get("batch_size"), r.get("k")) for r in records}
+        for rec in records:
+            out.add(rec)
+            if rec.get("status") == "ok":
+                log(_line(rec))
+        if not done:
+            tail = (folder / "log").read_text()[-500:] if (folder / "log").exists() else ""
+            for name in meta["systems"]:
+                for b in meta["cpu_batches"]:
+                    for k in meta["ks"]:
+                        if (name, b, k) not in seen:
+                            out.add(
+                                meta["base"]
+                                | {"system": name, "family": "cpu", "batch_size": b, "k": k, "status": "skipped"}
+                                | {"reason": f"CPU worker did not finish (exit {proc.returncode}): {tail[-200:]}"}
+                            )
+        log(f"  CPU engines worker for N={meta['base']['n_docs']:,}: exit {proc.returncode}, {len(records)} records")
 
 
 def _free(system: System, device: torch.device) -> None:

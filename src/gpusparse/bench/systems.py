@@ -53,23 +53,24 @@ class Workload:
     of the same collection (the generator's output), on the index's device.
     """
 
-    index: Index
+    index: Index | None  # None for the CPU engines' worker, which needs only ``forward``
     forward: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     memory_budget: int = 4 << 30
     dense_max_bytes: int = 16 << 30
     options: dict[str, object] = field(default_factory=dict)
+    n_terms_hint: int = 30522
 
     @property
     def device(self) -> torch.device:
-        return self.index.device
+        return self.index.device if self.index is not None else self.forward[1].device
 
     @property
     def n_docs(self) -> int:
-        return self.index.n_docs
+        return self.index.n_docs if self.index is not None else self.forward[0].numel() - 1
 
     @property
     def n_terms(self) -> int:
-        return len(self.index.vocab)
+        return len(self.index.vocab) if self.index is not None else self.n_terms_hint
 
 
 class System:
