@@ -85,6 +85,7 @@ def main() -> None:
     p.add_argument("--ks", type=int, nargs="+", default=[10, 1000])
     p.add_argument("--tile-bits", type=int, nargs="+", default=[13, 14])
     p.add_argument("--threads", type=int, nargs="+", default=[512])
+    p.add_argument("--unroll", type=int, nargs="+", default=[4])
     p.add_argument("--dense-min", type=float, nargs="+", default=[0.25], help="0 = all sparse")
     p.add_argument("--trace", action="store_true", help="print torch.profiler's top ops for one search")
     p.add_argument("--out", type=Path, required=True)
@@ -113,8 +114,8 @@ def main() -> None:
                     count = torch.zeros(b, dtype=torch.int32, device="cuda")
                     cand_doc = torch.empty((b, cap), dtype=torch.int32, device="cuda")
                     cand_val = torch.empty((b, cap), dtype=torch.int64, device="cuda")
-                    for threads in args.threads:
-                        cuda.THREADS = threads
+                    for threads, unroll in [(t, u) for t in args.threads for u in args.unroll]:
+                        cuda.THREADS, cuda.UNROLL = threads, unroll
                         bufs = (theta, count, cand_doc, cand_val)
                         k_ms = events(partial(run_kernel, tl, batch, terms32, fp, k, bufs))
                         run_kernel(tl, batch, terms32, fp, k, bufs)
@@ -131,6 +132,7 @@ def main() -> None:
                                 "dense_min": dm,
                                 "dense_segments": tl.dense.shape[0],
                                 "threads": threads,
+                                "unroll": unroll,
                                 "batch_size": b,
                                 "k": k,
                                 "kernel_ms": k_ms,
@@ -142,7 +144,8 @@ def main() -> None:
                             }
                         )
                         print(
-                            f"N={n:,} tile=2^{tb} dense>={dm} threads={threads} B={b} k={k}: kernel {k_ms:.2f} ms, "
+                            f"N={n:,} tile=2^{tb} dense>={dm} threads={threads} unroll={unroll} B={b} k={k}: "
+                            f"kernel {k_ms:.2f} ms, "
                             f"search {full_ms:.2f} ms, candidates mean {c.mean():.0f} max {c.max():.0f}",
                             flush=True,
                         )
