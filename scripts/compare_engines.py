@@ -157,7 +157,9 @@ def main() -> None:
             t0 = time.perf_counter()
             runs["pisa"] = pisa_run(docs, queries, args.k, workdir)
             timings["pisa"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
             runs["gpusparse (PISA-quantized vectors)"] = gpusparse_run(qdocs, qqueries, args.k)
+            timings["gpusparse (PISA-quantized vectors)"] = time.perf_counter() - t0
         except ImportError as exc:
             report["engines"]["pisa"] = {"unavailable": str(exc)}
         finally:

@@ -77,9 +77,8 @@ class EncodeStats:
         """One line for the CLI."""
         rate = self.texts / self.seconds if self.seconds > 0 else float("inf")
         mean = self.nnz / self.texts if self.texts else 0.0
-        parts = [
-            f"encoded {self.texts:,} {self.kind}s in {self.seconds:.1f} s ({rate:,.0f}/s), {mean:.1f} non-zeros each"
-        ]
+        what = {"query": "queries", "document": "documents"}.get(self.kind, f"{self.kind}s")
+        parts = [f"encoded {self.texts:,} {what} in {self.seconds:.1f} s ({rate:,.0f}/s), {mean:.1f} non-zeros each"]
         if self.truncated:
             parts.append(f"{self.truncated:,} truncated to {self.max_length} tokens")
         if self.empty_texts:

@@ -86,9 +86,8 @@ class VerifyReport:
                 )
         where = ""
         if self.worst is not None:
-            q, d, s, e = self.worst
-            where = f" at query {q!r}, document {d!r} (run {s!r}, exact {e!r})"
-        out.append(f"max |score - exact| {self.max_abs_diff:.3g} ({self.max_ulp_diff:.3g} float32 ulp){where}")
+            where = f"; query {self.worst[0]!r}, document {self.worst[1]!r}"
+        out.append(f"max |score - exact| {self.max_abs_diff:.3g} ({self.max_ulp_diff:.3g} float32 ulp{where})")
         out.extend(self.notes)
         out.append("exact: yes" if self.exact else "exact: NO")
         return out
