@@ -1,5 +1,5 @@
 # The two commands of the README:
-#   make demo   index the shipped Cranfield sample and search it
+#   make demo   index the shipped Cranfield sample, search it, check and evaluate the run
 #   make test   lint and run the test suite
 # Both set up a virtual environment in .venv on first use.
 
@@ -12,7 +12,7 @@ TORCH_SPEC ?= torch==2.13.0
 SAMPLE := data/sample/cranfield
 DEMO := .demo
 
-.PHONY: demo test lint clean
+.PHONY: demo pipeline-demo quality test lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,20 @@ demo: $(VENV)/.installed
 	$(BIN)/gpusparse search $(DEMO)/cranfield-index $(SAMPLE)/queries.jsonl.gz --k 1000 --output $(DEMO)/run.trec
 	@echo "first lines of $(DEMO)/run.trec:"
 	@head -n 5 $(DEMO)/run.trec
+	$(BIN)/gpusparse verify $(DEMO)/cranfield-index $(SAMPLE)/queries.jsonl.gz --run $(DEMO)/run.trec
+	$(BIN)/gpusparse eval $(DEMO)/run.trec $(SAMPLE)/qrels.tsv
+
+# Text to metrics in one command: encode Cranfield with splade-tiny (from ../shared), index,
+# search, evaluate. A few minutes on a 2-core CPU.
+SHARED ?= ../shared
+pipeline-demo: $(VENV)/.installed
+	$(BIN)/gpusparse pipeline $(SHARED)/data/cranfield --model $(SHARED)/models/splade-tiny --output $(DEMO)/pipeline-cranfield
+
+# The README's quality table: the pipeline on the three shared collections.
+quality: $(VENV)/.installed
+	for c in nfcorpus cranfield cisi; do \
+	  $(BIN)/gpusparse pipeline $(SHARED)/data/$$c --model $(SHARED)/models/splade-tiny --output $(DEMO)/pipeline-$$c || exit 1; \
+	done
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check src tests scripts bench
