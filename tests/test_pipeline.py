@@ -187,3 +187,9 @@ def test_read_beir_errors(tmp_path):
     (tmp_path / "queries.jsonl").write_text('{"_id": "q1", "text": "y"}\n')
     with pytest.raises(InputError, match=r"corpus.jsonl:1: field 'title': expected a string"):
         read_beir(tmp_path, require_qrels=False)
+
+
+def test_pipeline_default_output_folder(beir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    ok("pipeline", beir, *FAST, "--k", "10", "-m", "RR@10")
+    assert sorted(p.name for p in (tmp_path / "pipeline-cran50").iterdir()) == ["metrics.json", "run.trec"]
