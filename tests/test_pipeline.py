@@ -10,7 +10,7 @@ import ir_measures
 import numpy as np
 import pytest
 
-from gpusparse import InputError, read_vectors
+from gpusparse import Index, InputError, read_vectors
 from gpusparse.beir import document_text, read_beir
 
 from .shared_data import SPLADE_TINY, cranfield_slice, needs_shared, tiny_encoder, tiny_transformers, write_beir
@@ -85,8 +85,6 @@ def test_pipeline_prints_metrics_equal_to_ir_measures(beir, tmp_path):
 
 
 def _index(docs, tmp_path: Path) -> Path:
-    from gpusparse import Index
-
     path = tmp_path / "index"
     Index.build(docs).save(path)
     return path
@@ -94,7 +92,7 @@ def _index(docs, tmp_path: Path) -> Path:
 
 def test_encode_command_writes_vector_files(beir, tmp_path):
     out = tmp_path / "vectors"
-    ok("encode", beir, *FAST, "-o", out, "--decimals", "3", "--contents", "queries")
+    ok("encode", beir, *FAST, "-o", out, "--decimals", "3", "--contents", "queries", "--index", tmp_path / "index")
     assert sorted(p.name for p in out.iterdir()) == [
         "corpus.jsonl.gz",
         "encoding.json",
@@ -103,15 +101,12 @@ def test_encode_command_writes_vector_files(beir, tmp_path):
     ]
     docs = read_vectors(out / "corpus.jsonl.gz", progress=False)
     b = read_beir(beir)
-    want = np.round(
-        tiny_encoder(doc_max_length=40, query_max_length=24)
-        .encode_documents(b.corpus.texts)
-        .to_scipy()
-        .toarray()
-        .astype(np.float64),
-        3,
-    )
+    exact = tiny_encoder(doc_max_length=40, query_max_length=24).encode_documents(b.corpus.texts)
+    want = np.round(exact.to_scipy().toarray().astype(np.float64), 3)
     np.testing.assert_allclose(docs.to_scipy().toarray(), want, atol=1e-6, rtol=0)
+    # --index holds the unrounded vectors.
+    index = Index.load(tmp_path / "index")
+    assert index.ids == b.corpus.ids and int(index.lengths.sum()) == exact.nnz
     settings = json.loads((out / "encoding.json").read_text())
     assert settings["decimals"] == 3 and settings["corpus"]["texts"] == N_DOCS
     assert (out / "qrels.tsv").read_bytes() == (beir / "qrels" / "test.tsv").read_bytes()

@@ -382,7 +382,8 @@ def load_masked_lm(model: str | Path) -> tuple[Any, torch.nn.Module]:
         mlm = transformers.AutoModelForMaskedLM.from_pretrained(source)
     except Exception as exc:  # transformers, safetensors and torch raise many kinds for a bad folder
         first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-        raise InputError(f"cannot load a masked-LM model: {first}", path=name) from None
+        hint = "" if path.exists() else " (without a network, give the path of a downloaded model folder)"
+        raise InputError(f"cannot load a masked-LM model: {first}{hint}", path=name) from None
     return tokenizer, mlm
 
 
