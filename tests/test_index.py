@@ -127,3 +127,20 @@ def _shared():
     if not (p / "models" / "splade-tiny" / "tokenizer.json").is_file():
         pytest.skip("../shared is not present")
     return p
+
+
+def test_collection_leaves_the_callers_arrays_alone():
+    indptr = np.array([0, 3, 4])
+    indices = np.array([2, 0, 2, 1], dtype=np.int32)
+    values = np.array([1.0, 0.0, 2.0, 0.5], dtype=np.float32)
+    before = (indptr.copy(), indices.copy(), values.copy())
+    coll = SparseCollection(indptr, indices, values, vocab=Vocabulary.integer(3))
+    assert coll.indices.tolist() == [2, 1] and coll.values.tolist() == [3.0, 0.5]
+    for arr, orig in zip((indptr, indices, values), before, strict=True):
+        np.testing.assert_array_equal(arr, orig)
+    mat = coll.to_scipy().copy()
+    mat.data[0] = 0.0
+    snapshot = (mat.indptr.copy(), mat.indices.copy(), mat.data.copy())
+    SparseCollection.from_scipy(mat)
+    for arr, orig in zip((mat.indptr, mat.indices, mat.data), snapshot, strict=True):
+        np.testing.assert_array_equal(arr, orig)

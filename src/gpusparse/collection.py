@@ -42,6 +42,8 @@ class SparseCollection:
         values: float32 ``[nnz]`` weights.
         ids: string ids, one per row; default ``"0"``, ``"1"``, ...
         vocab: the vocabulary term ids refer to; default BERT's WordPiece vocabulary.
+        check_ids: check ids for uniqueness and whitespace (readers do it as they read).
+        copy: copy the arrays before canonicalising them; ``False`` hands them over.
     """
 
     def __init__(
@@ -53,6 +55,7 @@ class SparseCollection:
         vocab: Vocabulary | None = None,
         *,
         check_ids: bool = True,
+        copy: bool = True,
     ) -> None:
         vocab = Vocabulary.bert() if vocab is None else vocab
         indptr = np.asarray(indptr)
@@ -74,7 +77,9 @@ class SparseCollection:
             raise InputError(f"term id {bad} is outside the vocabulary of {len(vocab)} terms", field="vector")
         _check_weights(values)
 
-        csr = sp.csr_matrix((values.astype(np.float32, copy=False), indices, indptr), shape=(n, len(vocab)))
+        # scipy canonicalises in place: work on copies unless the caller hands the arrays over
+        # (readers do), so a user's arrays are never changed behind their back.
+        csr = sp.csr_matrix((values.astype(np.float32, copy=copy), indices, indptr), shape=(n, len(vocab)), copy=copy)
         # Canonical form: sorted, duplicates summed (in float32, as they will be scored),
         # explicit zeros dropped. scipy does all three in place on the arrays it owns.
         if not csr.has_canonical_format:

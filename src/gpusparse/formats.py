@@ -106,7 +106,7 @@ class _Builder:
         values32 = values.astype(np.float32)
         self.weights = array("d")  # free the float64 copy before canonicalisation copies
         try:
-            coll = SparseCollection(indptr, terms, values32, ids=self.ids, vocab=vocab, check_ids=False)
+            coll = SparseCollection(indptr, terms, values32, ids=self.ids, vocab=vocab, check_ids=False, copy=False)
         except InputError:
             # Summing a vector's duplicate terms overflowed: find the vector.
             rows = np.repeat(np.arange(len(self.ids), dtype=np.int64), np.diff(indptr))
