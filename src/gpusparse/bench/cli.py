@@ -21,6 +21,15 @@ def _size(text: str) -> int:
     return parse_size(text)
 
 
+def _command_line() -> str:
+    """The command as typed: ``gpusparse bench run ...`` or ``python -m gpusparse.bench run ...``."""
+    prog = "python -m gpusparse.bench" if sys.argv and sys.argv[0].endswith("__main__.py") else "gpusparse bench"
+    args = sys.argv[1:]
+    if args[:1] == ["bench"]:
+        args = args[1:]
+    return " ".join([prog, *args])
+
+
 @click.group("bench")
 def bench() -> None:
     """Benchmark every system side by side on synthetic MS MARCO-scale collections."""
@@ -89,7 +98,7 @@ def run_cmd(**o: object) -> None:
         out=o["out"],
         name=o["name"],
         commit=o["commit"],
-        command="gpusparse " + " ".join(sys.argv[1:]),
+        command=_command_line(),
         spec=spec,
     )
     if o["quick"]:
@@ -100,9 +109,22 @@ def run_cmd(**o: object) -> None:
 @bench.command("report")
 @click.argument("results", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Folder for .md and .png.")
-def report_cmd(results: Path, out: Path) -> None:
+@click.option("--readme", is_flag=True, help="Also write <stem>-readme.md: the README's Performance section.")
+def report_cmd(results: Path, out: Path, readme: bool) -> None:
     """Render a result file: Markdown tables and plots (latency vs size, QPS vs batch)."""
-    from .report import render
+    from .report import load, performance_section, render
 
-    for p in render(results, out):
+    written = render(results, out)
+    if readme:
+        stem = results.stem
+        section = performance_section(
+            load(results),
+            json_rel=str(results),
+            md_rel=str(out / f"{stem}.md"),
+            plot_rel=str(out / f"{stem}-latency-vs-size.png"),
+        )
+        p = out / f"{stem}-readme.md"
+        p.write_text(section)
+        written.append(p)
+    for p in written:
         click.echo(f"wrote {p}")
