@@ -186,3 +186,26 @@ def test_waves_and_compaction_on_cpu(monkeypatch, small_cap):
         np.testing.assert_array_equal(i.numpy(), ref_i)
         np.testing.assert_array_equal(s.numpy(), ref_s)
         assert (docs_c >= 0).sum(1).max() <= max(k, 1) * 8 + 64  # compaction keeps few candidates
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_rescoring_equals_the_pytorch_path(monkeypatch):
+    from gpusparse.kernels import rescore
+    from gpusparse.search import exact_scores
+
+    if not rescore.available():
+        pytest.skip("needs CuPy")
+    rng = np.random.default_rng()
+    docs = random_collection(rng, 5000, 500, 30, empty_fraction=0.02)
+    queries = random_collection(rng, 40, 500, 20, empty_fraction=0.05)
+    index = Index.build(docs, device="cuda")
+    batch = query_batch(queries, index.device)
+    rows = torch.from_numpy(rng.integers(0, 40, 20000)).cuda()
+    cand = torch.from_numpy(rng.integers(0, 5000, 20000)).cuda()
+    fast = exact_scores(index, batch, rows, cand)
+    monkeypatch.setattr(rescore, "available", lambda: False)
+    slow = exact_scores(index, batch, rows, cand)
+    assert torch.equal(fast, slow)
+    ref = dense_scores(docs, queries)[rows.cpu().numpy(), cand.cpu().numpy()].astype(np.float32)
+    np.testing.assert_array_equal(fast.cpu().numpy(), ref)

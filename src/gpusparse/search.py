@@ -225,6 +225,14 @@ def exact_scores(
     width = batch.padded_terms.shape[1]
     if m == 0 or width == 0 or index.doc_ids.numel() == 0:
         return out
+    from .kernels import rescore
+
+    if docs.is_cuda and rescore.available():  # one launch; same summation order, same bits
+        return rescore.exact_scores_cuda(
+            index.doc_ids, index.scores, index.offsets, index.lengths,
+            batch.padded_terms.contiguous(), batch.padded_weights.contiguous(),
+            rows.contiguous(), docs.contiguous().to(torch.int64),
+        )  # fmt: skip
     valid = batch.padded_terms >= 0
     terms = torch.where(valid, batch.padded_terms, torch.zeros_like(batch.padded_terms))
     lo_q = torch.where(valid, index.offsets[terms], torch.zeros_like(terms))  # [B, T]

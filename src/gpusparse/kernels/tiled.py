@@ -280,6 +280,16 @@ THREADS = 512  # measured: 512 beat 1024 at 8K-document tiles (bench/results)
 UNROLL = 4  # sparse postings per thread and step
 
 
+def cupy_stream(dev: torch.device):  # -> a CuPy stream context
+    """PyTorch's current stream on ``dev``, as a CuPy stream (launches then order with PyTorch's)."""
+    import cupy as cp
+
+    stream = torch.cuda.current_stream(dev)
+    if hasattr(cp.cuda.Stream, "from_external") and hasattr(stream, "__cuda_stream__"):
+        return cp.cuda.Stream.from_external(stream)
+    return cp.cuda.ExternalStream(stream.cuda_stream)  # older CuPy or PyTorch
+
+
 @functools.cache
 def available() -> bool:
     """Whether the CUDA kernel can run here (CuPy importable and a CUDA device present)."""
@@ -376,10 +386,5 @@ def tiled_candidates(
     args = [cp.from_dlpack(x) for x in (seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_delta)]
     ints = [cp.int32(t), cp.int32(n_terms), cp.int32(n_docs), cp.int32(k), cp.int32(first)]
     outs = [cp.from_dlpack(x) for x in (theta, cand_count, cand_doc, cand_val)]
-    stream = torch.cuda.current_stream(dev)
-    if hasattr(cp.cuda.Stream, "from_external") and hasattr(stream, "__cuda_stream__"):
-        cp_stream = cp.cuda.Stream.from_external(stream)
-    else:  # older CuPy or PyTorch
-        cp_stream = cp.cuda.ExternalStream(stream.cuda_stream)
-    with cp.cuda.Device(dev.index), cp_stream:
+    with cp.cuda.Device(dev.index), cupy_stream(dev):
         kernel((b, count), (threads,), (*args, *ints, *outs, cp.int32(cap)), shared_mem=8 << tile_bits)
