@@ -25,20 +25,13 @@ from gpusparse.search import query_batch
 from gpusparse.synthetic import generate
 from gpusparse.tiled import fixed_point, initial_capacity, tiled, tiled_search
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernels import time_events  # bench/kernels.py: one timing helper for both scripts
+
 
 def events(fn, reps: int = 10, warmup: int = 2) -> float:
     """Median milliseconds of ``fn`` by CUDA events."""
-    for _ in range(warmup):
-        fn()
-    out = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    return statistics.median(out)
+    return statistics.median(time_events(fn, reps=reps, warmup=warmup))
 
 
 def wall(fn, reps: int = 10, warmup: int = 2) -> float:

@@ -15,7 +15,7 @@ import torch
 
 from ..index import Index
 from . import TRITON_HINT
-from .scatter import _check_launch  # the output contract is scatter's
+from .scatter import _check_launch, check_block  # the output contract is scatter's
 
 try:
     import triton
@@ -145,10 +145,7 @@ def docpar_scores(
         TypeError: wrong argument types or dtypes.
         ValueError: wrong shapes, devices or values.
     """
-    if isinstance(block_d, bool) or not isinstance(block_d, int):
-        raise TypeError(f"block_d must be an int, not {type(block_d).__name__}")
-    if block_d < 1 or block_d & (block_d - 1):
-        raise ValueError(f"block_d must be a power of two (Triton block shapes are), not {block_d}")
+    check_block("block_d", block_d, 1)
     # The kernel stores every cell of out (0 where nothing matches): no zeroing needed.
     out = _check_launch(index, batch, d0, width, out)
     indptr, terms, weights = _check_forward(index, forward)

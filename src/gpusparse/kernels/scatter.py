@@ -111,10 +111,7 @@ def scatter_add_scores(
         TypeError: wrong argument types or dtypes.
         ValueError: wrong shapes, devices or values.
     """
-    if isinstance(block_pl, bool) or not isinstance(block_pl, int):
-        raise TypeError(f"block_pl must be an int, not {type(block_pl).__name__}")
-    if block_pl < 16 or block_pl & (block_pl - 1):
-        raise ValueError(f"block_pl must be a power of two ≥ 16 (Triton block shapes are), not {block_pl}")
+    check_block("block_pl", block_pl, 16)
     out = _check_launch(index, batch, d0, width, out)
     out.zero_()  # atomics add into it
     b, t = batch.padded_terms.shape
@@ -164,6 +161,14 @@ def _posting_ranges(index: Index, batch: QueryBatch, d0: int, width: int) -> tup
     lo = lower_bound(index.doc_ids, start, real_end, d0)
     hi = lower_bound(index.doc_ids, lo, real_end, d0 + width)
     return lo.contiguous(), hi.contiguous()
+
+
+def check_block(name: str, value: int, minimum: int) -> None:
+    """A block size must be an int and a power of two ≥ ``minimum`` (Triton block shapes are)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value < minimum or value & (value - 1):
+        raise ValueError(f"{name} must be a power of two ≥ {minimum} (Triton block shapes are), not {value}")
 
 
 def _check_launch(index: Index, batch: QueryBatch, d0: int, width: int, out: torch.Tensor | None) -> torch.Tensor:
