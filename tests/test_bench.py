@@ -114,11 +114,14 @@ def test_paper_chunked_merges_query_and_document_chunks(small):
     if not triton_available():
         pytest.skip("needs CUDA or TRITON_INTERPRET=1")
     index, docs, queries = small
+    if torch.cuda.is_available():  # Triton runs CPU tensors only under its interpreter
+        index, docs = index.to("cuda"), tuple(t.cuda() for t in docs)
     q = queries[:3]
     ref = index.search(q, 20, kernel="reference")
     system = PaperScatterChunked(query_chunk=2, doc_chunk=300)
     system.prepare(Workload(index, docs))
     scores, ids = system.search(q, 20)
+    scores, ids = scores.cpu(), ids.cpu()
     assert torch.allclose(scores, ref.scores, rtol=1e-5)
     assert compare(scores, ids, ref.scores, ref.ids, with_scores=True)["recall_vs_exact"] > 0.99
 
