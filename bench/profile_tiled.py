@@ -79,6 +79,7 @@ def main() -> None:
     p.add_argument("--tile-bits", type=int, nargs="+", default=[13, 14])
     p.add_argument("--threads", type=int, nargs="+", default=[512])
     p.add_argument("--unroll", type=int, nargs="+", default=[4])
+    p.add_argument("--min-blocks", type=int, nargs="+", default=[2])
     p.add_argument("--dense-min", type=float, nargs="+", default=[0.25], help="0 = all sparse")
     p.add_argument("--trace", action="store_true", help="print torch.profiler's top ops for one search")
     p.add_argument("--out", type=Path, required=True)
@@ -107,8 +108,9 @@ def main() -> None:
                     count = torch.zeros(b, dtype=torch.int32, device="cuda")
                     cand_doc = torch.empty((b, cap), dtype=torch.int32, device="cuda")
                     cand_val = torch.empty((b, cap), dtype=torch.int64, device="cuda")
-                    for threads, unroll in [(t, u) for t in args.threads for u in args.unroll]:
-                        cuda.THREADS, cuda.UNROLL = threads, unroll
+                    combos = [(t, u, mb) for t in args.threads for u in args.unroll for mb in args.min_blocks]
+                    for threads, unroll, min_blocks in combos:
+                        cuda.THREADS, cuda.UNROLL, cuda.MIN_BLOCKS = threads, unroll, min_blocks
                         bufs = (theta, count, cand_doc, cand_val)
                         k_ms = events(partial(run_kernel, tl, batch, terms32, fp, k, bufs))
                         run_kernel(tl, batch, terms32, fp, k, bufs)
@@ -126,6 +128,7 @@ def main() -> None:
                                 "dense_segments": tl.dense.shape[0],
                                 "threads": threads,
                                 "unroll": unroll,
+                                "min_blocks": min_blocks,
                                 "batch_size": b,
                                 "k": k,
                                 "kernel_ms": k_ms,
@@ -137,7 +140,8 @@ def main() -> None:
                             }
                         )
                         print(
-                            f"N={n:,} tile=2^{tb} dense>={dm} threads={threads} unroll={unroll} B={b} k={k}: "
+                            f"N={n:,} tile=2^{tb} dense>={dm} threads={threads} unroll={unroll} "
+                            f"min_blocks={min_blocks} B={b} k={k}: "
                             f"kernel {k_ms:.2f} ms, "
                             f"search {full_ms:.2f} ms, candidates mean {c.mean():.0f} max {c.max():.0f}",
                             flush=True,

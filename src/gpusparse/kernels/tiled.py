@@ -67,7 +67,10 @@ __device__ __forceinline__ void load_terms(
     __syncthreads();
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS) tiled_candidates(
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 2
+#endif
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidates(
     const i64* __restrict__ seg,              // [n_tiles * V + 1] start of each sparse (tile, term) segment
     const unsigned short* __restrict__ offs,  // [P] document offset inside the tile
     const float* __restrict__ wts,            // [P] document weight
@@ -278,6 +281,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) tiled_candidates(
 
 THREADS = 512  # measured: 512 beat 1024 at 8K-document tiles (bench/results)
 UNROLL = 4  # sparse postings per thread and step
+MIN_BLOCKS = 2  # resident blocks per SM the register allocation must allow (ncu: 2 gives 50% occupancy)
 
 
 def cupy_stream(dev: torch.device):  # -> a CuPy stream context
@@ -303,11 +307,17 @@ def available() -> bool:
 
 
 @functools.cache
-def _kernel(tile_bits: int, device_index: int, threads: int, unroll: int):  # -> cupy.RawKernel
+def _kernel(tile_bits: int, device_index: int, threads: int, unroll: int, min_blocks: int):  # -> cupy.RawKernel
     import cupy as cp
 
     with cp.cuda.Device(device_index):
-        options = ("--std=c++17", f"-DTILE_BITS={tile_bits}", f"-DTHREADS={threads}", f"-DUNROLL={unroll}")
+        options = (
+            "--std=c++17",
+            f"-DTILE_BITS={tile_bits}",
+            f"-DTHREADS={threads}",
+            f"-DUNROLL={unroll}",
+            f"-DMIN_BLOCKS={min_blocks}",
+        )
         module = cp.RawModule(code=CUDA_SOURCE, options=options)
         kernel = module.get_function("tiled_candidates")
         kernel.max_dynamic_shared_size_bytes = 8 << tile_bits
@@ -380,7 +390,7 @@ def tiled_candidates(
         return
     threads = min(THREADS, 1 << tile_bits)
     dev_index = dev.index if dev.index is not None else torch.cuda.current_device()
-    kernel = _kernel(tile_bits, dev_index, threads, UNROLL)
+    kernel = _kernel(tile_bits, dev_index, threads, UNROLL, MIN_BLOCKS)
     if dense.numel() == 0:  # CuPy wants real memory behind every pointer
         dense = torch.zeros((1, 1 << tile_bits), dtype=torch.float32, device=dev)
     args = [cp.from_dlpack(x) for x in (seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_delta)]
