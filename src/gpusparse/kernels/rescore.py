@@ -74,7 +74,7 @@ def exact_scores_cuda(
     """
     import cupy as cp
 
-    from .tiled import cupy_stream
+    from .tiled import cupy_stream, pointer
 
     dev = doc_ids.device
     expected = {
@@ -95,8 +95,8 @@ def exact_scores_cuda(
     if m == 0 or doc_ids.numel() == 0:
         return out.zero_()
     kernel = _kernel(dev.index if dev.index is not None else torch.cuda.current_device())
-    args = [cp.from_dlpack(x) for x in (doc_ids, scores, offsets, lengths, q_terms, q_weights)]
-    tail = [cp.from_dlpack(rows), cp.from_dlpack(docs), cp.int64(m), cp.from_dlpack(out)]
+    args = [pointer(x) for x in (doc_ids, scores, offsets, lengths, q_terms, q_weights)]
+    tail = [pointer(rows), pointer(docs), cp.int64(m), pointer(out)]
     blocks = (m + THREADS - 1) // THREADS
     with cp.cuda.Device(dev.index), cupy_stream(dev):
         kernel((blocks,), (THREADS,), (*args, cp.int32(q_terms.shape[1]), *tail))

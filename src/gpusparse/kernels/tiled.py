@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import torch
 
 CUDA_SOURCE = r"""
@@ -284,6 +285,15 @@ UNROLL = 4  # sparse postings per thread and step
 MIN_BLOCKS = 3  # resident blocks per SM the registers must allow: 3 beat 2 (ncu: 2 left occupancy at 50%)
 
 
+def pointer(tensor: torch.Tensor) -> np.uint64:
+    """A tensor's device address as a kernel argument (8 bytes, like the pointer parameter).
+
+    Cheaper than wrapping each tensor with ``cupy.from_dlpack`` (~60 µs each, measured: a
+    millisecond per launch); the caller has checked dtype, device and contiguity.
+    """
+    return np.uint64(tensor.data_ptr())
+
+
 def cupy_stream(dev: torch.device):  # -> a CuPy stream context
     """PyTorch's current stream on ``dev``, as a CuPy stream (launches then order with PyTorch's)."""
     import cupy as cp
@@ -393,8 +403,8 @@ def tiled_candidates(
     kernel = _kernel(tile_bits, dev_index, threads, UNROLL, MIN_BLOCKS)
     if dense.numel() == 0:  # CuPy wants real memory behind every pointer
         dense = torch.zeros((1, 1 << tile_bits), dtype=torch.float32, device=dev)
-    args = [cp.from_dlpack(x) for x in (seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_delta)]
+    args = [pointer(x) for x in (seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_delta)]
     ints = [cp.int32(t), cp.int32(n_terms), cp.int32(n_docs), cp.int32(k), cp.int32(first)]
-    outs = [cp.from_dlpack(x) for x in (theta, cand_count, cand_doc, cand_val)]
+    outs = [pointer(x) for x in (theta, cand_count, cand_doc, cand_val)]
     with cp.cuda.Device(dev.index), cupy_stream(dev):
         kernel((b, count), (threads,), (*args, *ints, *outs, cp.int32(cap)), shared_mem=8 << tile_bits)
