@@ -162,8 +162,9 @@ def fake_kernel(seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_
                     cand_val[q, slot] = acc[i]
 
 
+@pytest.mark.parametrize("single_wave", [False, True])
 @pytest.mark.parametrize("small_cap", [False, True])
-def test_waves_and_compaction_on_cpu(monkeypatch, small_cap):
+def test_waves_and_compaction_on_cpu(monkeypatch, small_cap, single_wave):
     """The GPU host path (waves, compaction, overflow rerun) with the kernel replaced by its contract."""
     import gpusparse.tiled as tiled_mod
     from gpusparse.kernels import tiled as cuda
@@ -172,6 +173,7 @@ def test_waves_and_compaction_on_cpu(monkeypatch, small_cap):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: type("P", (), {"multi_processor_count": 2}))
     if small_cap:
         monkeypatch.setattr(tiled_mod, "initial_capacity", lambda k, first_wave: 3)
+    monkeypatch.setattr(tiled_mod, "SINGLE_WAVE_MAX_CANDIDATES", 1 << 30 if single_wave else 0)
     rng = np.random.default_rng()
     docs = random_collection(rng, 700, 80, 10, quantized=True, empty_fraction=0.05)
     queries = random_collection(rng, 5, 80, 7, quantized=True, empty_fraction=0.1)

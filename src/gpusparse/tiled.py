@@ -31,6 +31,10 @@ if TYPE_CHECKING:
 
 DEFAULT_TILE_BITS = 13  # 8,192 documents: 64 KiB of accumulators in shared memory (measured best)
 DEFAULT_DENSE_MIN = 0.12  # segments covering 12% of a tile are stored densely (measured best)
+# A batch this small whose tiles may emit at most this many candidates a query (k per
+# tile) runs in a single wave: the waves' host syncs cost more than the extra candidates.
+SINGLE_WAVE_MAX_BATCH = 8
+SINGLE_WAVE_MAX_CANDIDATES = 1 << 16
 MAX_TILE_BITS = 16  # offsets are 16-bit
 _FIXED_POINT_TOP = 2.0**61  # headroom below 2**63 for the sum of rounded products
 
@@ -208,7 +212,10 @@ def _cuda_candidates(tl: TiledIndex, batch: QueryBatch, fp: FixedPoint, k: int) 
     terms32 = batch.padded_terms.to(torch.int32).contiguous()
     weights = batch.padded_weights.contiguous()
     n_sm = torch.cuda.get_device_properties(dev).multi_processor_count
-    first_wave = max(4, min(32, -(-2 * n_sm // max(b, 1))))
+    if b <= SINGLE_WAVE_MAX_BATCH and k * tl.n_tiles <= SINGLE_WAVE_MAX_CANDIDATES:
+        first_wave = tl.n_tiles  # small batches: one launch, no host sync between waves
+    else:
+        first_wave = max(4, min(32, -(-2 * n_sm // max(b, 1))))
     cap = initial_capacity(k, first_wave)
     while True:
         theta = torch.zeros(b, dtype=torch.int64, device=dev)
