@@ -122,7 +122,7 @@ def test_cuda_kernel_at_scale_and_with_candidate_overflow(monkeypatch):
 
 
 def fake_kernel(seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_delta, *, n_docs, n_terms, tile_bits,
-                k, tiles, theta, cand_count, cand_doc, cand_val):  # fmt: skip
+                k, tiles, select, theta, cand_count, cand_doc, cand_val):  # fmt: skip
     """The CUDA kernel's contract in PyTorch, block by block, so the host's waves run on a CPU."""
     b, t = q_terms.shape
     cap = cand_doc.shape[1]
@@ -147,7 +147,7 @@ def fake_kernel(seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_
                 acc.index_add_(0, offs[a:e].to(torch.int64) & 0xFFFF, contrib)
             if int(acc.max()) == 0:
                 continue
-            tau = int(torch.topk(acc, k).values[-1]) if k <= width else 0
+            tau = int(torch.topk(acc, k).values[-1]) if select and k <= width else 0
             old = int(theta[q])
             theta[q] = max(old, tau)
             th = max(old, tau)

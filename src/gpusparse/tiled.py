@@ -227,7 +227,7 @@ def _cuda_candidates(tl: TiledIndex, batch: QueryBatch, fp: FixedPoint, k: int) 
             n = min(wave, tl.n_tiles - done)
             cuda.tiled_candidates(
                 tl.seg, tl.offs, tl.wts, tl.dense_id, tl.dense, terms32, weights, fp.scale, fp.delta,
-                n_docs=tl.n_docs, n_terms=tl.n_terms, tile_bits=tl.tile_bits, k=k, tiles=(done, n),
+                n_docs=tl.n_docs, n_terms=tl.n_terms, tile_bits=tl.tile_bits, k=k, tiles=(done, n), select=done == 0,
                 theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
             )  # fmt: skip
             done += n

@@ -81,7 +81,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     const float* __restrict__ q_weights,      // [B, T]
     const double* __restrict__ q_scale,       // [B] power of two: fixed-point units per score unit
     const i64* __restrict__ q_delta,          // [B] error margin in units
-    const int T, const int V, const int n_docs, const int k, const int tile0,
+    const int T, const int V, const int n_docs, const int k, const int tile0, const int select,
     u64* __restrict__ theta,                  // [B] running lower bound of the k-th best score
     int* __restrict__ cand_count,             // [B]
     int* __restrict__ cand_doc,               // [B, cap]
@@ -216,9 +216,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     //    the top bit; 0 when fewer than k documents match).
     const int msb = 63 - __clzll((i64)vmax);
     const int s0 = msb >= 7 ? msb - 7 : 0;
+    //    Skipped (select == 0) once theta comes from earlier waves: it is then a far better
+    //    bound than one tile's k-th, and the two passes over the tile are saved.
     u64 tau = 0ull;
     int need = k;
-    for (int pass = 0; pass < 2; ++pass) {
+    for (int pass = 0; pass < (select ? 2 : 0); ++pass) {
         const int shift = pass == 0 ? s0 : (s0 >= 8 ? s0 - 8 : 0);
         const int bits = pass == 0 ? 8 : s0 - shift;
         if (pass == 1 && bits == 0) break;
@@ -350,6 +352,7 @@ def tiled_candidates(
     tile_bits: int,
     k: int,
     tiles: tuple[int, int] | None = None,
+    select: bool = True,
     theta: torch.Tensor,
     cand_count: torch.Tensor,
     cand_doc: torch.Tensor,
@@ -363,7 +366,8 @@ def tiled_candidates(
     ``q_weights`` float32 ``[B, T]``, ``q_scale`` float64 and ``q_delta`` int64 ``[B]``,
     ``theta`` int64 ``[B]`` (zeros, updated), ``cand_count`` int32 ``[B]`` (zeros, updated),
     ``cand_doc`` int32 and ``cand_val`` int64 ``[B, cap]`` (written). ``tiles = (first, count)``
-    restricts the launch to a range of tiles (default: all).
+    restricts the launch to a range of tiles (default: all). ``select=False`` skips each
+    block's own k-th selection and relies on ``theta`` alone (for waves after the first).
     """
     import cupy as cp
 
@@ -404,7 +408,7 @@ def tiled_candidates(
     if dense.numel() == 0:  # CuPy wants real memory behind every pointer
         dense = torch.zeros((1, 1 << tile_bits), dtype=torch.float32, device=dev)
     args = [pointer(x) for x in (seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_delta)]
-    ints = [cp.int32(t), cp.int32(n_terms), cp.int32(n_docs), cp.int32(k), cp.int32(first)]
+    ints = [cp.int32(t), cp.int32(n_terms), cp.int32(n_docs), cp.int32(k), cp.int32(first), cp.int32(select)]
     outs = [pointer(x) for x in (theta, cand_count, cand_doc, cand_val)]
     with cp.cuda.Device(dev.index), cupy_stream(dev):
         kernel((b, count), (threads,), (*args, *ints, *outs, cp.int32(cap)), shared_mem=8 << tile_bits)
