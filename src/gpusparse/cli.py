@@ -742,3 +742,74 @@ if __name__ == "__main__":  # pragma: no cover
 from .bench.cli import bench as _bench  # noqa: E402  (registered last; imports nothing heavy)
 
 main.add_command(_bench)
+
+
+# -- updates: add, delete, compact (gpusparse.segments) --------------------------------------
+
+
+def _segments_summary(index: Any) -> str:
+    n = len(index.segments)
+    return f"{index.n_docs:,} live documents in {n:,} segment{'s' if n != 1 else ''} (generation {index.generation})"
+
+
+@main.command("add")
+@click.argument("index_dir", type=click.Path(path_type=Path))
+@click.argument("vectors", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--upsert", is_flag=True, help="Replace documents whose ids are already in the index.")
+@unknown_option
+@progress_option
+@friendly_errors
+def add_cmd(index_dir: Path, vectors: tuple[Path, ...], upsert: bool, unknown_tokens: str, progress: bool) -> None:
+    """Add the documents in VECTORS to INDEX_DIR as a new segment, without a rebuild.
+
+    An id already in the index is an error unless --upsert. The change is atomic: a crash
+    leaves the index as it was before or after. A plain index folder is converted in place
+    to a segmented one on the first update.
+    """
+    from .formats import ReadStats, read_vectors
+    from .segments import SegmentedIndex
+
+    index = SegmentedIndex.load(index_dir)
+    stats = ReadStats()
+    coll = read_vectors(vectors, index.vocab, unknown=unknown_tokens, progress=progress, stats=stats)  # type: ignore[arg-type]
+    click.echo(f"read {stats.summary()}", err=True)
+    rep = index.add(coll, upsert=upsert)
+    replaced = f" ({rep.deleted:,} replaced)" if rep.deleted else ""
+    click.echo(f"added {rep.added:,} documents{replaced} -> {index_dir}: {_segments_summary(index)}", err=True)
+
+
+@main.command("delete")
+@click.argument("index_dir", type=click.Path(path_type=Path))
+@click.argument("ids_file", type=click.Path(path_type=Path))
+@friendly_errors
+def delete_cmd(index_dir: Path, ids_file: Path) -> None:
+    """Delete the documents whose ids are listed in IDS_FILE (one per line; '-' reads stdin).
+
+    Ids not in the index are counted, not an error. The documents stay on disk, marked
+    deleted, until `gpusparse compact`.
+    """
+    from .segments import SegmentedIndex
+
+    text = sys.stdin.read() if str(ids_file) == "-" else ids_file.read_text(encoding="utf-8")
+    ids = [line.strip() for line in text.splitlines() if line.strip()]
+    index = SegmentedIndex.load(index_dir)
+    rep = index.delete(ids)
+    unknown = f" ({rep.unknown:,} ids not found)" if rep.unknown else ""
+    click.echo(f"deleted {rep.deleted:,} documents{unknown} -> {index_dir}: {_segments_summary(index)}", err=True)
+
+
+@main.command("compact")
+@click.argument("index_dir", type=click.Path(path_type=Path))
+@friendly_errors
+def compact_cmd(index_dir: Path) -> None:
+    """Merge INDEX_DIR's segments into one and drop its deleted documents (same results)."""
+    from .segments import SegmentedIndex
+
+    index = SegmentedIndex.load(index_dir)
+    before = len(index.segments)
+    rep = index.compact()
+    click.echo(
+        f"compacted {before:,} segments, dropped {rep.deleted:,} deleted documents -> {index_dir}: "
+        f"{_segments_summary(index)}",
+        err=True,
+    )

@@ -1,0 +1,608 @@
+"""An updatable index: immutable segments, deletion bitmaps and an atomically switched manifest.
+
+A :class:`SegmentedIndex` wraps ordinary :class:`~gpusparse.Index` objects (one per segment)
+the way FAISS wraps indexes; the index itself is unchanged. Its folder holds::
+
+    CURRENT                      "MANIFEST-000007.json <sha256>": the live manifest
+    MANIFEST-000007.json         segments in order, their doc counts, the deletion files
+    segments/seg-000003-1a2b3c4d/   an ordinary index folder (Index.save), never modified
+    deletions/seg-000003-1a2b3c4d-000007.npy   packed bitmap of that segment's deleted docs
+    LOCK                         held (flock) by the one writer at a time
+
+**Global order.** Document ``j`` of segment ``s`` has global number ``base_s + j`` (bases in
+manifest order), so ranking by score descending, then global number ascending, is ranking by
+insertion order on ties: the same results as a fresh :meth:`Index.build` of the surviving
+documents in insertion order (an upserted document counts as inserted when re-added).
+
+**Crash safety.** A writer only creates new files (a new segment, new bitmaps, a new
+manifest, each fsynced), then replaces ``CURRENT`` atomically (temporary file, fsync,
+``os.replace``, fsync of the folder): that replace is the commit. A process killed anywhere
+leaves either the old or the new state readable; what it left behind (temporary folders,
+unreferenced segments, bitmaps and manifests) is ignored by readers and removed by the next
+writer. Every file is checked against a SHA-256: the manifest against ``CURRENT``, segment
+manifests and bitmaps against the manifest, segment arrays against their segment manifest.
+
+**Snapshots.** :meth:`SegmentedIndex.load` reads ``CURRENT``, then the manifest, then the
+files it names: a loaded index is a snapshot and does not see later commits (call
+:meth:`SegmentedIndex.refresh`). A load that races with a writer's clean-up retries on
+the newer state, so a reader sees the old or the new state, never a mix. Writes
+(:meth:`~SegmentedIndex.add`, :meth:`~SegmentedIndex.delete`, :meth:`~SegmentedIndex.compact`)
+apply to the latest committed state, not to the snapshot, and then move the snapshot to the
+state they committed.
+
+A plain index folder (format 1) opens as a one-segment snapshot; the first write converts it
+in place (its files are hard-linked into a segment; the folder stays a plain index until the
+commit).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import io
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from . import __version__
+from .collection import SparseCollection
+from .errors import IndexFormatError, InputError
+from .index import MAX_DOCS, Index
+from .search import as_queries
+from .storage import MANIFEST, _fsync_dir, _sha256, _write_synced, read_manifest
+from .topk import decode_keys, encode_keys
+from .vocab import Vocabulary
+
+FORMAT = "gpusparse-segmented-index"
+FORMAT_VERSION = 1
+CURRENT = "CURRENT"
+LOCK = "LOCK"
+SEGMENTS = "segments"
+DELETIONS = "deletions"
+_LOAD_RETRIES = 20
+
+
+class SegmentedResults(NamedTuple):
+    """Top-k results over all segments: ``scores`` float32, ``positions`` int64 global numbers
+    (``-1`` padded) and ``ids`` the string ids (``None`` padded), all ``[n_queries, k]``."""
+
+    scores: torch.Tensor
+    positions: torch.Tensor
+    ids: list[list[str | None]]
+
+
+@dataclass
+class Segment:
+    """One immutable segment of a snapshot: its index, base offset and deletion bitmap."""
+
+    name: str
+    index: Index
+    base: int
+    deleted: np.ndarray  # bool [n_docs]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_deleted(self) -> int:
+        return int(self.deleted.sum())
+
+
+@dataclass(frozen=True)
+class UpdateReport:
+    """What a write did: ``generation`` committed, documents ``added``, ``deleted``
+    (upserts included) and ``unknown`` ids asked to be deleted that were not live."""
+
+    generation: int
+    added: int = 0
+    deleted: int = 0
+    unknown: int = 0
+
+
+class SegmentedIndex:
+    """An index that grows by segments and deletes by bitmap; see the module docstring.
+
+    Create with :meth:`create`, open with :meth:`load`, update with :meth:`add`,
+    :meth:`delete`, :meth:`compact`; query with :meth:`search` / :meth:`retrieve`.
+    """
+
+    def __init__(self, path: Path, generation: int, segments: list[Segment], vocab: Vocabulary, **opts: Any) -> None:
+        self.path = path
+        self.generation = generation
+        self.segments = segments
+        self.vocab = vocab
+        self._opts = opts  # device, mmap, verify: how segments are loaded
+
+    # -- opening ------------------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls, path: str | Path, documents: SparseCollection | Vocabulary, *, device: str | torch.device = "cpu"
+    ) -> SegmentedIndex:
+        """A new index folder at ``path`` holding ``documents`` (or empty, over a vocabulary)."""
+        path = Path(path)
+        if path.exists() and any(path.iterdir()):
+            raise FileExistsError(f"{path} already exists and is not empty")
+        vocab = documents if isinstance(documents, Vocabulary) else documents.vocab
+        (path / SEGMENTS).mkdir(parents=True, exist_ok=True)
+        (path / DELETIONS).mkdir(exist_ok=True)
+        with _locked(path):
+            entries = []
+            if isinstance(documents, SparseCollection) and len(documents):
+                entries.append(_write_segment(path, Index.build(documents), 1))
+            _commit(path, 1, entries, vocab)
+        return cls.load(path, device=device)
+
+    @classmethod
+    def load(
+        cls, path: str | Path, *, device: str | torch.device = "cpu", mmap: bool = True, verify: bool = True
+    ) -> SegmentedIndex:
+        """A snapshot of the index at ``path`` (a segmented folder or a plain index folder).
+
+        Raises:
+            IndexFormatError: missing, torn or corrupted files (named in the message).
+        """
+        path = Path(path)
+        opts = {"device": torch.device(device), "mmap": mmap, "verify": verify}
+        return cls(path, *_load_state(path, {}, opts), **opts)
+
+    def refresh(self) -> SegmentedIndex:
+        """Move this snapshot to the latest committed state (unchanged segments are reused)."""
+        self.generation, self.segments, self.vocab = _load_state(self.path, self._by_name(), self._opts)
+        return self
+
+    def _by_name(self) -> dict[str, Index]:
+        return {s.name: s.index for s in self.segments}
+
+    # -- contents -----------------------------------------------------------------------
+
+    @property
+    def n_docs(self) -> int:
+        """Live (not deleted) documents."""
+        return sum(s.index.n_docs - s.n_deleted for s in self.segments)
+
+    @property
+    def n_positions(self) -> int:
+        """Global numbers in use: documents of all segments, deleted ones included."""
+        return sum(s.index.n_docs for s in self.segments)
+
+    @property
+    def ids(self) -> list[str]:
+        """String ids of the live documents, in global (insertion) order."""
+        return [i for s in self.segments for i, d in zip(s.index.ids, s.deleted, strict=True) if not d]
+
+    def id_at(self, position: int) -> str:
+        """The string id at a global number."""
+        for s in self.segments:
+            if s.base <= position < s.base + s.index.n_docs:
+                return s.index.ids[position - s.base]
+        raise IndexError(f"no document at global number {position}")
+
+    def __repr__(self) -> str:
+        return (
+            f"SegmentedIndex({str(self.path)!r}, generation={self.generation}, segments={len(self.segments)}, "
+            f"n_docs={self.n_docs})"
+        )
+
+    # -- search -------------------------------------------------------------------------
+
+    def search(self, queries: object, k: int = 1000, **kwargs: Any) -> SegmentedResults:
+        """Exact top-``k`` over all segments, deleted documents left out.
+
+        Each segment is searched for ``k`` plus its deleted count (at most its size), so
+        its live top-``k`` is among the results; the lists are merged by score descending,
+        then global number ascending. ``kwargs`` go to :meth:`Index.search`.
+        """
+        if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
+            raise ValueError(f"k must be a positive integer, not {k!r}")
+        q = as_queries(queries, self.vocab)
+        n_q = len(q)
+        keys = [torch.zeros((n_q, 0), dtype=torch.int64)]
+        for s in self.segments:
+            live = s.index.n_docs - s.n_deleted
+            if live == 0:
+                continue
+            kk = min(k + s.n_deleted, s.index.n_docs)
+            res = s.index.search(q, kk, **kwargs)
+            local = res.ids
+            ok = local >= 0
+            if s.n_deleted:
+                gone = torch.from_numpy(s.deleted)[local.clamp_min(0)]
+                ok &= ~gone
+            scores = torch.where(ok, res.scores, torch.zeros_like(res.scores))
+            glob = torch.where(ok, local + s.base, torch.full_like(local, MAX_DOCS))
+            keys.append(torch.where(ok, encode_keys(scores, glob), torch.zeros_like(local)))
+        allk = torch.cat(keys, dim=1)
+        out_s = torch.zeros((n_q, k), dtype=torch.float32)
+        out_p = torch.full((n_q, k), -1, dtype=torch.int64)
+        if allk.shape[1]:
+            top = torch.topk(allk, min(k, allk.shape[1]), dim=1, largest=True, sorted=True).values
+            s, p = decode_keys(top)
+            hit = top > 0
+            kk = top.shape[1]
+            out_s[:, :kk] = torch.where(hit, s, torch.zeros_like(s))
+            out_p[:, :kk] = torch.where(hit, p, torch.full_like(p, -1))
+        names = self._names_of(out_p)
+        return SegmentedResults(out_s, out_p, names)
+
+    def _names_of(self, positions: torch.Tensor) -> list[list[str | None]]:
+        bases = np.array([s.base for s in self.segments], dtype=np.int64)
+        rows = []
+        for row in positions.tolist():
+            out: list[str | None] = []
+            for p in row:
+                if p < 0:
+                    out.append(None)
+                    continue
+                s = self.segments[int(np.searchsorted(bases, p, side="right")) - 1]
+                out.append(s.index.ids[p - s.base])
+            rows.append(out)
+        return rows
+
+    def retrieve(self, queries: SparseCollection, k: int = 1000, **kwargs: Any) -> dict[str, list[tuple[str, float]]]:
+        """``{query id: [(document id, score), ...]}``, as :meth:`Index.retrieve`."""
+        q = as_queries(queries, self.vocab)
+        res = self.search(q, k, **kwargs)
+        return {
+            qid: [(d, float(s)) for d, s in zip(res.ids[i], res.scores[i].tolist(), strict=True) if d is not None]
+            for i, qid in enumerate(q.ids)
+        }
+
+    # -- updates ------------------------------------------------------------------------
+
+    def _latest(self) -> tuple[int, list[Segment]]:
+        """The latest committed state, for a writer holding the lock (a plain index is
+        given its segment folder first)."""
+        gen, segs, _ = _load_state(self.path, self._by_name(), self._opts)
+        if gen == 0:
+            _convert_plain(self.path, segs[0])
+        return gen, segs
+
+    def add(self, documents: SparseCollection, *, upsert: bool = False) -> UpdateReport:
+        """Add ``documents`` as a new segment, in one commit.
+
+        An id already live is refused (:class:`InputError`) unless ``upsert``, which deletes
+        the old document in the same commit (the new one ranks as inserted now).
+        """
+        documents = _in_vocab(documents, self.vocab)
+        with _locked(self.path):
+            gen, segs = self._latest()
+            live = _live_positions(segs)
+            clash = [i for i in documents.ids if i in live]
+            if clash and not upsert:
+                raise InputError(
+                    f"{len(clash):,} id(s) already in the index, e.g. {clash[0]!r} (delete them first, or upsert)",
+                    field="id",
+                )
+            if sum(s.index.n_docs for s in segs) + len(documents) > MAX_DOCS:
+                raise ValueError(f"more than {MAX_DOCS} documents in all segments: compact first")
+            changed = _mark_deleted(segs, [live[i] for i in clash])
+            entries = [_entry_of(s) for s in segs]
+            _write_bitmaps(self.path, segs, changed, entries, gen + 1)
+            if len(documents):
+                entries.append(_write_segment(self.path, Index.build(documents), gen + 1))
+            _commit(self.path, gen + 1, entries, self.vocab)
+            self.refresh()
+            _collect_garbage(self.path)
+        return UpdateReport(gen + 1, added=len(documents), deleted=len(clash))
+
+    def delete(self, ids: Iterable[str]) -> UpdateReport:
+        """Mark the live documents with these string ids deleted; unknown ids are counted."""
+        wanted = list(dict.fromkeys(ids))
+        with _locked(self.path):
+            gen, segs = self._latest()
+            live = _live_positions(segs)
+            found = [live[i] for i in wanted if i in live]
+            changed = _mark_deleted(segs, found)
+            entries = [_entry_of(s) for s in segs]
+            _write_bitmaps(self.path, segs, changed, entries, gen + 1)
+            _commit(self.path, gen + 1, entries, self.vocab)
+            self.refresh()
+            _collect_garbage(self.path)
+        return UpdateReport(gen + 1, deleted=len(found), unknown=len(wanted) - len(found))
+
+    def compact(self) -> UpdateReport:
+        """Merge all segments into one, without the deleted documents (same search results)."""
+        with _locked(self.path):
+            gen, segs = self._latest()
+            parts = [_live_documents(s) for s in segs]
+            parts = [p for p in parts if len(p)]
+            entries = []
+            if parts:
+                merged = SparseCollection.concat(parts) if len(parts) > 1 else parts[0]
+                entries.append(_write_segment(self.path, Index.build(merged), gen + 1))
+            _commit(self.path, gen + 1, entries, self.vocab)
+            self.refresh()
+            _collect_garbage(self.path)
+        return UpdateReport(gen + 1, deleted=sum(s.n_deleted for s in segs))
+
+
+# -- state on disk ------------------------------------------------------------------------
+
+
+def is_segmented(path: str | Path) -> bool:
+    """Whether ``path`` is a segmented index folder (it has a ``CURRENT`` file)."""
+    return (Path(path) / CURRENT).is_file()
+
+
+def _read_current(path: Path) -> tuple[str, str]:
+    try:
+        text = (path / CURRENT).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise IndexFormatError(f"{path}: no {CURRENT} file") from None
+    parts = text.split()
+    if len(parts) != 2 or not parts[0].startswith("MANIFEST-"):
+        raise IndexFormatError(f"{path}/{CURRENT}: unreadable ({text[:60]!r})")
+    return parts[0], parts[1]
+
+
+def _load_state(path: Path, reuse: dict[str, Index], opts: dict[str, Any]) -> tuple[int, list[Segment], Vocabulary]:
+    """``(generation, segments, vocabulary)`` of the committed state, retried if a writer's
+    clean-up removes files while we read them."""
+    if not path.is_dir():
+        raise IndexFormatError(f"{path}: no such index folder")
+    for attempt in range(_LOAD_RETRIES):
+        current = _read_current(path) if is_segmented(path) else None
+        try:
+            if current is not None:
+                return _load_manifest(path, current, reuse, opts)
+            if (path / MANIFEST).is_file():
+                return _load_plain(path, reuse, opts)
+            raise IndexFormatError(f"{path}: not a GPUSparse index (no {CURRENT} or {MANIFEST})")
+        except (IndexFormatError, OSError):
+            now = _read_current(path) if is_segmented(path) else None
+            if attempt + 1 == _LOAD_RETRIES or now == current:
+                raise  # nothing moved under us: the files really are bad
+    raise AssertionError("unreachable")
+
+
+def _load_plain(path: Path, reuse: dict[str, Index], opts: dict[str, Any]) -> tuple[int, list[Segment], Vocabulary]:
+    index = reuse.get("") or Index.load(path, **opts)
+    return 0, [Segment("", index, 0, np.zeros(index.n_docs, dtype=bool))], index.vocab
+
+
+def _load_manifest(
+    path: Path, current: tuple[str, str], reuse: dict[str, Index], opts: dict[str, Any]
+) -> tuple[int, list[Segment], Vocabulary]:
+    name, digest = current
+    mpath = path / name
+    data = mpath.read_bytes()
+    if _sha(data) != digest:
+        raise IndexFormatError(f"{mpath}: does not match its checksum in {CURRENT} (corrupted)")
+    try:
+        m = json.loads(data)
+    except ValueError as exc:
+        raise IndexFormatError(f"{mpath}: unreadable manifest ({exc})") from None
+    if not isinstance(m, dict) or m.get("format") != FORMAT or not isinstance(m.get("format_version"), int):
+        raise IndexFormatError(f"{mpath}: not a GPUSparse segmented-index manifest")
+    if m["format_version"] > FORMAT_VERSION:
+        raise IndexFormatError(
+            f"{path}: segmented format {m['format_version']} was written by a newer GPUSparse "
+            f"({m.get('created_by', '?')}); this version reads format {FORMAT_VERSION}: upgrade gpusparse"
+        )
+    vocab = None
+    segs, base = [], 0
+    for e in m["segments"]:
+        sdir = path / SEGMENTS / e["name"]
+        smanifest = sdir / MANIFEST
+        if not smanifest.is_file():
+            raise IndexFormatError(f"{path}: segment {e['name']} is missing")
+        if _sha256(smanifest) != e["manifest_sha256"]:
+            raise IndexFormatError(f"{smanifest}: does not match its checksum in {name} (corrupted)")
+        index = reuse.get(e["name"])
+        if index is None:
+            try:
+                index = Index.load(sdir, **opts)
+            except IndexFormatError as exc:
+                raise IndexFormatError(f"segment {e['name']}: {exc}") from None
+        if index.n_docs != e["n_docs"]:
+            raise IndexFormatError(f"{sdir}: {index.n_docs} documents, the manifest says {e['n_docs']}")
+        deleted = np.zeros(index.n_docs, dtype=bool)
+        if e.get("deleted"):
+            deleted = _read_bitmap(path, e["deleted"], index.n_docs)
+        vocab = vocab or index.vocab
+        segs.append(Segment(e["name"], index, base, deleted, e))
+        base += index.n_docs
+    if vocab is None:
+        vocab = Vocabulary.load(path / m["vocab"]) if m.get("vocab") else Vocabulary.bert()
+    if vocab.fingerprint != m["vocab_fingerprint"]:
+        raise IndexFormatError(f"{mpath}: the segments' vocabulary does not match the manifest's")
+    return int(m["generation"]), segs, vocab
+
+
+def _read_bitmap(path: Path, meta: dict[str, Any], n: int) -> np.ndarray:
+    f = path / DELETIONS / meta["file"]
+    if not f.is_file():
+        raise IndexFormatError(f"{path}: deletion file {meta['file']} is missing")
+    data = f.read_bytes()
+    if _sha(data) != meta["sha256"]:
+        raise IndexFormatError(f"{f}: does not match its checksum (corrupted)")
+    bits = np.load(io.BytesIO(data), allow_pickle=False)
+    deleted = np.unpackbits(bits, count=n).astype(bool)
+    if int(deleted.sum()) != meta["count"]:
+        raise IndexFormatError(f"{f}: {int(deleted.sum())} deletions, the manifest says {meta['count']}")
+    return deleted
+
+
+def _sha(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
+
+
+# -- writing ------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """One writer at a time (an advisory ``flock``, released if the process dies)."""
+    if not path.is_dir():
+        raise IndexFormatError(f"{path}: no such index folder")
+    with (path / LOCK).open("a") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
+def _in_vocab(documents: SparseCollection, vocab: Vocabulary) -> SparseCollection:
+    if not isinstance(documents, SparseCollection):
+        raise TypeError("documents must be a SparseCollection")
+    if documents.vocab == vocab:
+        return documents
+    if documents.vocab.is_integer and len(documents.vocab) <= len(vocab):  # anonymous term ids
+        return SparseCollection(documents.indptr, documents.indices, documents.values, documents.ids, vocab)
+    raise InputError(
+        f"the documents' vocabulary ({documents.vocab.fingerprint[:12]}, {len(documents.vocab)} tokens) is not "
+        f"the index's ({vocab.fingerprint[:12]}, {len(vocab)} tokens)",
+        field="vocabulary",
+    )
+
+
+def _live_positions(segs: list[Segment]) -> dict[str, tuple[int, int]]:
+    """Live string id → (segment number, local id)."""
+    out: dict[str, tuple[int, int]] = {}
+    for si, s in enumerate(segs):
+        for j, (i, d) in enumerate(zip(s.index.ids, s.deleted, strict=True)):
+            if not d:
+                out[i] = (si, j)
+    return out
+
+
+def _mark_deleted(segs: list[Segment], where: list[tuple[int, int]]) -> set[int]:
+    """Set the bits (copies of the bitmaps: snapshots share none); the segments changed."""
+    changed: set[int] = set()
+    for si, j in where:
+        if si not in changed:
+            segs[si].deleted = segs[si].deleted.copy()
+            changed.add(si)
+        segs[si].deleted[j] = True
+    return changed
+
+
+def _entry_of(s: Segment) -> dict[str, Any]:
+    """A segment's manifest entry as committed (``_write_bitmaps`` replaces ``deleted``)."""
+    return {
+        "name": s.name,
+        "n_docs": s.index.n_docs,
+        "manifest_sha256": s.meta.get("manifest_sha256"),
+        "deleted": s.meta.get("deleted"),
+    }
+
+
+def _write_bitmaps(path: Path, segs: list[Segment], changed: set[int], entries: list[dict], gen: int) -> None:
+    for si in sorted(changed):
+        s = segs[si]
+        buf = io.BytesIO()
+        np.save(buf, np.packbits(s.deleted))
+        fname = f"{s.name}-{gen:06d}-{uuid.uuid4().hex[:8]}.npy"
+        _write_synced(path / DELETIONS / fname, buf.getvalue())
+        entries[si]["deleted"] = {"file": fname, "sha256": _sha(buf.getvalue()), "count": s.n_deleted}
+    if changed:
+        _fsync_dir(path / DELETIONS)
+
+
+def _write_segment(path: Path, index: Index, gen: int) -> dict[str, Any]:
+    name = f"seg-{gen:06d}-{uuid.uuid4().hex[:8]}"
+    sdir = path / SEGMENTS / name
+    index.save(sdir)  # atomic: temporary folder, then rename
+    return {"name": name, "n_docs": index.n_docs, "manifest_sha256": _sha256(sdir / MANIFEST), "deleted": None}
+
+
+def _commit(path: Path, gen: int, entries: list[dict[str, Any]], vocab: Vocabulary) -> None:
+    """Write manifest ``gen`` and switch ``CURRENT`` to it: the commit point."""
+    manifest: dict[str, Any] = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "created_by": f"gpusparse {__version__}",
+        "generation": gen,
+        "n_docs": sum(e["n_docs"] - (e["deleted"] or {}).get("count", 0) for e in entries),
+        "vocab_fingerprint": vocab.fingerprint,
+        "segments": entries,
+    }
+    if not entries:  # an empty index still needs its vocabulary
+        vname = f"vocab-{gen:06d}-{uuid.uuid4().hex[:8]}.txt"
+        vocab.save(path / vname)
+        with (path / vname).open("rb+") as fh:
+            os.fsync(fh.fileno())
+        manifest["vocab"] = vname
+    data = json.dumps(manifest, indent=2).encode()
+    name = f"MANIFEST-{gen:06d}.json"
+    tmp = path / f".{name}.tmp-{uuid.uuid4().hex[:8]}"
+    _write_synced(tmp, data)
+    os.replace(tmp, path / name)
+    tmp = path / f".{CURRENT}.tmp-{uuid.uuid4().hex[:8]}"
+    _write_synced(tmp, f"{name} {_sha(data)}\n".encode())
+    _fsync_dir(path)
+    os.replace(tmp, path / CURRENT)  # the commit
+    _fsync_dir(path)
+
+
+def _convert_plain(path: Path, seg: Segment) -> None:
+    """Hard-link (or copy) the plain index in ``path`` into a new segment folder; the
+    folder stays a plain index until the writer commits."""
+    plain = read_manifest(path)
+    for sub in (SEGMENTS, DELETIONS):
+        (path / sub).mkdir(exist_ok=True)
+    name = f"seg-000000-{uuid.uuid4().hex[:8]}"
+    tmp = path / SEGMENTS / f".{name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    for fname in [*plain["files"], MANIFEST]:
+        try:
+            os.link(path / fname, tmp / fname)
+        except OSError:
+            shutil.copy2(path / fname, tmp / fname)
+    _fsync_dir(tmp)
+    tmp.rename(path / SEGMENTS / name)
+    _fsync_dir(path / SEGMENTS)
+    seg.name = name
+    seg.meta = {"name": name, "n_docs": seg.index.n_docs, "manifest_sha256": _sha256(path / SEGMENTS / name / MANIFEST)}
+
+
+def _live_documents(s: Segment) -> SparseCollection:
+    """The segment's live documents as a collection, in order (weights bit for bit)."""
+    from .verify import documents_from_index_arrays
+
+    idx = s.index
+    arrays = {k: v.cpu().numpy() for k, v in idx.arrays().items()}
+    mat = documents_from_index_arrays(
+        arrays["doc_ids"], arrays["scores"], arrays["offsets"], arrays["lengths"], idx.n_docs
+    )
+    keep = np.flatnonzero(~s.deleted)
+    mat = mat[keep]
+    ids = [idx.ids[j] for j in keep]
+    return SparseCollection(mat.indptr, mat.indices, mat.data, ids, idx.vocab, check_ids=False)
+
+
+def _collect_garbage(path: Path) -> None:
+    """Remove what no committed state needs: old manifests, unreferenced segments and
+    bitmaps, temporary files of crashed writers, and a converted plain index's files.
+    Called by writers, under the lock, after a commit."""
+    name, _ = _read_current(path)
+    m = json.loads((path / name).read_bytes())
+    segs = {e["name"] for e in m["segments"]}
+    bitmaps = {e["deleted"]["file"] for e in m["segments"] if e.get("deleted")}
+    for p in (path / SEGMENTS).iterdir():
+        if p.name not in segs:
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    for p in (path / DELETIONS).iterdir():
+        if p.name not in bitmaps:
+            p.unlink(missing_ok=True)
+    if (path / MANIFEST).is_file():  # a converted plain index: its manifest first, then its files
+        plain = json.loads((path / MANIFEST).read_bytes())
+        (path / MANIFEST).unlink()
+        for fname in plain.get("files", {}):
+            (path / fname).unlink(missing_ok=True)
+    for p in path.iterdir():
+        stale_manifest = p.name.startswith("MANIFEST-") and p.name != name
+        stale_vocab = p.name.startswith("vocab-") and p.name != m.get("vocab")
+        if stale_manifest or stale_vocab or (p.name.startswith(".") and ".tmp-" in p.name):
+            p.unlink(missing_ok=True)
+    _fsync_dir(path)
