@@ -118,6 +118,7 @@ class SegmentedIndex:
         self.segments = segments
         self.vocab = vocab
         self._opts = opts  # device, mmap, verify: how segments are loaded
+        self._all_ids: list[str] | None = None
 
     # -- opening ------------------------------------------------------------------------
 
@@ -155,6 +156,7 @@ class SegmentedIndex:
     def refresh(self) -> SegmentedIndex:
         """Move this snapshot to the latest committed state (unchanged segments are reused)."""
         self.generation, self.segments, self.vocab = _load_state(self.path, self._by_name(), self._opts)
+        self._all_ids = None
         return self
 
     def _by_name(self) -> dict[str, Index]:
@@ -232,18 +234,10 @@ class SegmentedIndex:
         return SegmentedResults(out_s, out_p, names)
 
     def _names_of(self, positions: torch.Tensor) -> list[list[str | None]]:
-        bases = np.array([s.base for s in self.segments], dtype=np.int64)
-        rows = []
-        for row in positions.tolist():
-            out: list[str | None] = []
-            for p in row:
-                if p < 0:
-                    out.append(None)
-                    continue
-                s = self.segments[int(np.searchsorted(bases, p, side="right")) - 1]
-                out.append(s.index.ids[p - s.base])
-            rows.append(out)
-        return rows
+        if self._all_ids is None:  # global number -> string id, built once per snapshot
+            self._all_ids = [i for s in self.segments for i in s.index.ids]
+        names = self._all_ids
+        return [[names[p] if p >= 0 else None for p in row] for row in positions.tolist()]
 
     def retrieve(self, queries: SparseCollection, k: int = 1000, **kwargs: Any) -> dict[str, list[tuple[str, float]]]:
         """``{query id: [(document id, score), ...]}``, as :meth:`Index.retrieve`."""
