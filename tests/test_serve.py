@@ -1,0 +1,367 @@
+"""The search server: exact answers under concurrent load, batching, backpressure, errors, shutdown.
+
+Real-socket tests run uvicorn on 127.0.0.1 (a free port) in a background thread; the
+quick validation tests use Starlette's TestClient. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+
+import uvicorn  # noqa: E402
+from fastapi.testclient import TestClient  # noqa: E402
+
+from gpusparse import Index, read_vectors  # noqa: E402
+from gpusparse.serve import DynamicBatcher, PendingRequest, create_app  # noqa: E402
+
+from .shared_data import SPLADE_TINY, needs_shared, tiny_encoder  # noqa: E402
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample" / "cranfield"
+
+
+@cache
+def cranfield() -> tuple[Index, list[dict[str, float]]]:
+    """The shipped Cranfield sample indexed, and its queries as {token: weight} dicts."""
+    index = Index.build(read_vectors(SAMPLE / "corpus.jsonl.gz"))
+    queries = read_vectors(SAMPLE / "queries.jsonl.gz", index.vocab)
+    return index, [queries.row(i) for i in range(len(queries))]
+
+
+class SlowIndex:
+    """An index whose searches take at least ``delay`` seconds (to fill the queue)."""
+
+    def __init__(self, index: Index, delay: float, gate: threading.Event | None = None) -> None:
+        self._index, self.delay, self.gate = index, delay, gate
+        self.vocab, self.n_docs, self.ids, self.device = index.vocab, index.n_docs, index.ids, index.device
+        self.batch_sizes: list[int] = []
+
+    def search(self, queries, k, **kwargs):
+        self.batch_sizes.append(len(queries))
+        if self.gate is not None:
+            self.gate.wait(20)
+        time.sleep(self.delay)
+        return self._index.search(queries, k, **kwargs)
+
+
+class LiveServer:
+    """uvicorn serving ``app`` on a free loopback port, in a thread."""
+
+    def __init__(self, app) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10, backlog=512)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> LiveServer:
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(15)
+        if self.thread.is_alive():
+            raise RuntimeError("the server did not stop")
+
+    def __exit__(self, *exc) -> None:
+        if self.thread.is_alive():
+            self.stop()
+        self.sock.close()
+
+
+def expected(index: Index, queries: list[dict[str, float]], k: int) -> list[dict]:
+    """What the server must answer: offline ``index.search``, padding dropped."""
+    res = index.search(queries, k)
+    out = []
+    for srow, irow in zip(res.scores.tolist(), res.ids.tolist(), strict=True):
+        keep = [j for j, d in enumerate(irow) if d >= 0]
+        out.append({"ids": [index.ids[irow[j]] for j in keep], "scores": [srow[j] for j in keep]})
+    return out
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Check Prometheus text format 0.0.4 line by line; ``{series: value}``."""
+    series: dict[str, float] = {}
+    typed: set[str] = set()
+    sample = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*"\})? (\S+)$')
+    assert text.endswith("\n")
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            assert kind in ("counter", "gauge", "histogram")
+            assert name not in typed
+            typed.add(name)
+            continue
+        if line.startswith("# HELP "):
+            continue
+        m = sample.match(line)
+        assert m, f"not a sample line: {line!r}"
+        name = m.group(1)
+        base = re.sub(r"_(bucket|sum|count)$", "", name)
+        assert name in typed or base in typed, f"{name} has no # TYPE line"
+        series[name + (m.group(2) or "")] = float(m.group(3))
+    return series
+
+
+# -- exact answers under concurrent load (real sockets) -------------------------------------
+
+
+def test_concurrent_clients_get_offline_results_and_batches_form():
+    index, queries = cranfield()
+    app = create_app(index, max_batch_size=64, max_wait_ms=20, queue_size=512)
+    rng = random.Random(7)
+    requests = []
+    for _ in range(200):
+        picks = rng.sample(range(len(queries)), rng.randint(1, 3))
+        requests.append(([queries[i] for i in picks], rng.choice([1, 5, 10, 50])))
+
+    with LiveServer(app) as live:
+        local = threading.local()
+
+        def call(req):
+            if not hasattr(local, "client"):
+                local.client = httpx.Client(base_url=live.url, timeout=20)
+            qs, k = req
+            body = {"queries": qs, "k": k} if len(qs) > 1 else {"query": qs[0], "k": k}
+            return local.client.post("/search", json=body)
+
+        with ThreadPoolExecutor(32) as pool:
+            responses = list(pool.map(call, requests, timeout=60))
+        metrics = parse_metrics(httpx.get(f"{live.url}/metrics", timeout=10).text)
+        health = httpx.get(f"{live.url}/health", timeout=10)
+
+    for (qs, k), r in zip(requests, responses, strict=True):
+        assert r.status_code == 200, r.text
+        assert r.json() == {"k": k, "results": expected(index, qs, k)}
+    n_queries = sum(len(qs) for qs, _ in requests)
+    assert metrics['gpusparse_requests_total{status="200"}'] == 200
+    assert metrics["gpusparse_queries_total"] == n_queries
+    assert metrics["gpusparse_batch_size_sum"] == n_queries
+    batches = metrics["gpusparse_batch_size_count"]
+    assert metrics['gpusparse_batch_size_bucket{le="+Inf"}'] == batches
+    # Dynamic batching happened: fewer batches than requests, some of more than one query.
+    assert batches < 200
+    assert metrics['gpusparse_batch_size_bucket{le="1"}'] < batches
+    assert metrics["gpusparse_request_latency_seconds_count"] == 200
+    assert metrics["gpusparse_queue_depth"] == 0
+    assert health.status_code == 200 and health.json()["documents"] == index.n_docs
+
+
+def test_overload_gets_429_and_no_response_is_lost():
+    index, queries = cranfield()
+    slow = SlowIndex(index, delay=0.05)
+    app = create_app(slow, max_batch_size=1, max_wait_ms=0, queue_size=2)
+    with LiveServer(app) as live:
+
+        def call(i):
+            with httpx.Client(base_url=live.url, timeout=20) as client:
+                return client.post("/search", json={"query": queries[i], "k": 5})
+
+        with ThreadPoolExecutor(24) as pool:
+            responses = list(pool.map(call, range(48), timeout=60))
+        metrics = parse_metrics(httpx.get(f"{live.url}/metrics", timeout=10).text)
+        still_alive = httpx.get(f"{live.url}/health", timeout=10).status_code
+
+    codes = [r.status_code for r in responses]
+    assert set(codes) <= {200, 429}, codes
+    assert codes.count(429) > 0 and codes.count(200) > 0
+    for i, r in enumerate(responses):
+        if r.status_code == 200:
+            assert r.json()["results"] == expected(index, [queries[i]], 5)
+        else:
+            assert "queue is full" in r.json()["detail"]
+    assert metrics['gpusparse_requests_total{status="429"}'] == codes.count(429)
+    assert metrics['gpusparse_requests_total{status="200"}'] == codes.count(200)
+    assert still_alive == 200
+
+
+def test_graceful_shutdown_answers_in_flight_requests():
+    index, queries = cranfield()
+    gate = threading.Event()
+    slow = SlowIndex(index, delay=0.05, gate=gate)  # the first batch waits at the gate
+    app = create_app(slow, max_batch_size=2, max_wait_ms=0, queue_size=64)
+    live = LiveServer(app)
+    with live:
+
+        def call(i):
+            with httpx.Client(base_url=live.url, timeout=20) as client:
+                return client.post("/search", json={"query": queries[i], "k": 3})
+
+        with ThreadPoolExecutor(6) as pool:
+            futures = [pool.submit(call, i) for i in range(6)]
+            deadline = time.monotonic() + 10
+            while app.state.metrics.in_flight < 6 and time.monotonic() < deadline:  # all six received
+                time.sleep(0.01)
+            assert app.state.metrics.in_flight == 6 and len(slow.batch_sizes) == 1
+            live.server.should_exit = True  # what SIGTERM does
+            time.sleep(0.2)
+            gate.set()
+            live.stop()
+            responses = [f.result(timeout=30) for f in futures]
+        assert app.state.batcher.closing
+    for i, r in enumerate(responses):
+        assert r.status_code == 200, r.text
+        assert r.json()["results"] == expected(index, [queries[i]], 3)
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{live.url}/health", timeout=2)
+
+
+# -- invalid requests -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def client():
+    index, _ = cranfield()
+    with TestClient(create_app(index, max_wait_ms=1, max_query_terms=8, max_queries_per_request=4)) as c:
+        yield c
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        ({"query": {"zzzqqqx": 1.0}}, 400, "unknown token 'zzzqqqx'"),
+        ({"queries": [{"wing": 1.0}, {"wing": 1.0, "blorfx": 2.0}]}, 400, "query 1: unknown token 'blorfx'"),
+        ({"query": {"wing": 1.0}, "k": 0}, 422, "k: Input should be greater than or equal to 1"),
+        ({"query": {"wing": 1.0}, "k": -3}, 422, "k: Input should be greater than or equal to 1"),
+        ({"query": {"wing": 1.0}, "k": 1399}, 400, "k = 1399 is larger than the collection (1,398 documents)"),
+        ({"query": {f"a{i}" if i else "wing": 1.0 for i in range(9)}}, 400, "9 query terms; at most 8"),
+        ({"query": {}}, 400, "empty query vector"),
+        ({"query": "   "}, 400, "empty query text"),
+        ({"queries": []}, 400, "no queries"),
+        ({"k": 3}, 400, "give exactly one of 'query' and 'queries'"),
+        ({"query": {"wing": 1.0}, "queries": [{"wing": 1.0}]}, 400, "give exactly one of"),
+        ({"queries": [{"wing": 1.0}] * 5}, 400, "5 queries in one request; at most 4"),
+        ({"query": {"wing": -1.0}}, 400, "negative weight"),
+        ({"query": {"wing": "heavy"}}, 422, "query.wing: Input should be a valid number"),
+        ({"query": "wing flutter"}, 400, "text queries need an encoder"),
+        ({"query": {"wing": 1.0}, "kk": 3}, 422, "kk: Extra inputs are not permitted"),
+        ({"query": {"wing": 0.0}}, 400, "every weight is zero"),
+    ],
+)
+def test_invalid_requests_get_4xx_with_a_message(client, body, status, message):
+    r = client.post("/search", json=body)
+    assert r.status_code == status, r.text
+    assert message in r.json()["detail"]
+
+
+def test_bad_json_gets_400(client):
+    r = client.post("/search", content=b'{"query": {"wing": 1.0', headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert r.json()["detail"].startswith("malformed JSON")
+
+
+def test_valid_request_health_openapi_and_metrics(client):
+    index, _ = cranfield()
+    r = client.post("/search", json={"queries": [{"wing": 1.0}, {"flutter": 0.5, "wing": 2.0}], "k": 1398})
+    assert r.status_code == 200
+    assert r.json()["results"] == expected(index, [{"wing": 1.0}, {"flutter": 0.5, "wing": 2.0}], 1398)
+    assert client.get("/health").json()["status"] == "ok"
+    schema = client.get("/openapi.json").json()
+    assert {"/search", "/health", "/metrics"} <= set(schema["paths"])
+    assert "429" in schema["paths"]["/search"]["post"]["responses"]
+    r = client.get("/metrics")
+    assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    metrics = parse_metrics(r.text)
+    assert metrics['gpusparse_requests_total{status="200"}'] >= 1
+
+
+# -- the batcher on its own -----------------------------------------------------------------
+
+
+def test_batcher_is_fifo_keeps_requests_whole_and_skips_cancelled():
+    served: list[list[int]] = []
+    gate = threading.Event()
+
+    def run(batch):
+        gate.wait(5)
+        served.append([r.k for r in batch])
+        for r in batch:
+            r.deliver(None)
+
+    b = DynamicBatcher(run, max_batch_size=4, max_wait_s=0.0, queue_size=10)
+    sizes = [1, 3, 2, 2, 5, 1]  # k doubles as the request's number
+    reqs = [PendingRequest([("q",)] * n, k, lambda _: None) for k, n in enumerate(sizes)]  # type: ignore[list-item]
+    b.submit(reqs[0])
+    time.sleep(0.1)  # the worker holds request 0 at the gate
+    for r in reqs[1:]:
+        b.submit(r)
+    reqs[3].cancelled = True
+    gate.set()
+    b.close(timeout=5)
+    assert served == [[0], [1], [2], [4], [5]]  # 3 + 2 > 4 splits; a 5-query request goes alone
+
+
+def test_batcher_refuses_when_full_and_when_closing():
+    from gpusparse.serve import QueueFullError, ShuttingDownError
+
+    block = threading.Event()
+    b = DynamicBatcher(lambda batch: block.wait(5), max_batch_size=1, max_wait_s=0.0, queue_size=1)
+    b.submit(PendingRequest([("q",)], 1, lambda _: None))  # type: ignore[list-item]
+    time.sleep(0.1)  # taken by the worker
+    b.submit(PendingRequest([("q",)], 2, lambda _: None))  # type: ignore[list-item]
+    with pytest.raises(QueueFullError):
+        b.submit(PendingRequest([("q",)], 3, lambda _: None))  # type: ignore[list-item]
+    block.set()
+    b.close(timeout=5)
+    with pytest.raises(ShuttingDownError):
+        b.submit(PendingRequest([("q",)], 4, lambda _: None))  # type: ignore[list-item]
+
+
+def test_request_timeout_gets_504():
+    index, queries = cranfield()
+    slow = SlowIndex(index, delay=0.5)
+    with TestClient(create_app(slow, max_batch_size=1, max_wait_ms=0, request_timeout_s=0.1)) as c:
+        r = c.post("/search", json={"query": queries[0], "k": 3})
+    assert r.status_code == 504
+    assert "not answered within 0.1 s" in r.json()["detail"]
+
+
+def test_create_app_checks_its_settings():
+    index, _ = cranfield()
+    for kwargs in ({"max_batch_size": 0}, {"queue_size": -1}, {"max_wait_ms": -1}, {"request_timeout_s": 0}):
+        with pytest.raises(ValueError):
+            create_app(index, **kwargs)
+
+
+# -- text queries (splade-tiny) -------------------------------------------------------------
+
+
+@needs_shared
+def test_text_queries_are_encoded_on_the_server():
+    index, _ = cranfield()
+    encoder = tiny_encoder()
+    texts = ["what similarity laws must be obeyed when constructing aeroelastic models", "boundary layer transition"]
+    with TestClient(create_app(index, encoder=encoder, max_wait_ms=1)) as c:
+        answers = [c.post("/search", json={"query": t, "k": 10}) for t in texts]  # one text per batch
+        mixed = c.post("/search", json={"queries": [texts[1], {"wing": 1.5}], "k": 4})
+    for t, r in zip(texts, answers, strict=True):
+        assert r.status_code == 200, r.text
+        q = encoder.encode_queries([t])
+        assert r.json()["results"] == expected(index, [q.row(0)], 10)
+    assert mixed.status_code == 200
+    got = mixed.json()["results"]
+    assert got[1] == expected(index, [{"wing": 1.5}], 4)[0]
+    assert len(got[0]["ids"]) == 4
+    assert json.loads(json.dumps(got))  # plain JSON
+    assert SPLADE_TINY.is_dir()
