@@ -227,7 +227,7 @@ def test_writer_killed_at_random_points_loses_no_commit(tmp_path):
     SegmentedIndex.create(path, docs_for(["seed-0", "seed-1"]))
     ctx, rng = _context(), np.random.default_rng(2026)
     live, qs = ["seed-0", "seed-1"], queries(7)
-    states = {"old": 0, "new": 0}
+    states = {"old": 0, "new": 0, "mid_op": 0}
     deadline = time.monotonic() + 40
     trials = 0
     while trials < 25 and time.monotonic() < deadline:
@@ -244,6 +244,7 @@ def test_writer_killed_at_random_points_loses_no_commit(tmp_path):
                 inflight = rec
             else:
                 live, inflight = _apply(live, inflight), None
+        states["mid_op"] += inflight is not None
         index = SegmentedIndex.load(path)
         got = index.ids
         if inflight is not None and got == _apply(live, inflight) != live:
@@ -256,6 +257,7 @@ def test_writer_killed_at_random_points_loses_no_commit(tmp_path):
         assert hits <= set(got)
         trials += 1
     assert trials >= 20, f"only {trials} trials in time"
+    assert states["mid_op"] >= 5, states  # most kills land inside an add, delete or compact
     assert_same_as_fresh(SegmentedIndex.load(path), live, qs)
     index = SegmentedIndex.load(path)
     index.delete([])  # the next writer cleans what the crashes left
@@ -329,3 +331,10 @@ def test_cli_errors_are_one_line(tmp_path):
     _assert_one_line_error(_cli("delete", tmp_path / "idx", tmp_path / "no.txt"), "no.txt")
     (tmp_path / "idx" / "CURRENT").write_text("garbage")
     _assert_one_line_error(_cli("compact", tmp_path / "idx"), "CURRENT")
+
+
+def test_plain_loader_names_a_segmented_folder(tmp_path):
+    SegmentedIndex.create(tmp_path / "idx", docs_for(["a"]))
+    with pytest.raises(IndexFormatError, match=r"segmented index.*SegmentedIndex\.load"):
+        Index.load(tmp_path / "idx")
+    _assert_one_line_error(_cli("info", tmp_path / "idx"), "a segmented index")

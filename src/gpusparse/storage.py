@@ -146,6 +146,11 @@ def _read_manifest(path: Path) -> dict[str, Any]:
         raise IndexFormatError(f"{path}: no such index folder")
     mpath = path / MANIFEST
     if not mpath.is_file():
+        if (path / "CURRENT").is_file():  # gpusparse.segments: updated with add/delete/compact
+            raise IndexFormatError(
+                f"{path}: a segmented index (updated by gpusparse add/delete/compact); "
+                "open it with gpusparse.segments.SegmentedIndex.load"
+            )
         raise IndexFormatError(f"{path}: not a GPUSparse index (no {MANIFEST})")
     try:
         manifest = json.loads(mpath.read_text(encoding="utf-8"))
