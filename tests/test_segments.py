@@ -177,11 +177,15 @@ def test_torn_segment_file_is_refused(two_segments, damage):
         SegmentedIndex.load(two_segments)
 
 
-@pytest.mark.parametrize("target", ["manifest", "current", "deletions", "segment-manifest", "missing-segment"])
+@pytest.mark.parametrize(
+    "target", ["manifest", "missing-manifest", "current", "deletions", "segment-manifest", "missing-segment"]
+)
 def test_torn_metadata_is_refused(two_segments, target):
     if target == "manifest":
         f = next(two_segments.glob("MANIFEST-*.json"))
         f.write_bytes(f.read_bytes()[:-10])
+    elif target == "missing-manifest":
+        next(two_segments.glob("MANIFEST-*.json")).unlink()
     elif target == "current":
         (two_segments / "CURRENT").write_text("MANIFEST-0000")
     elif target == "deletions":

@@ -366,7 +366,10 @@ def _load_manifest(
 ) -> tuple[int, list[Segment], Vocabulary]:
     name, digest = current
     mpath = path / name
-    data = mpath.read_bytes()
+    try:
+        data = mpath.read_bytes()
+    except FileNotFoundError:
+        raise IndexFormatError(f"{path}: {name}, named by {CURRENT}, is missing") from None
     if _sha(data) != digest:
         raise IndexFormatError(f"{mpath}: does not match its checksum in {CURRENT} (corrupted)")
     try:
@@ -380,6 +383,9 @@ def _load_manifest(
             f"{path}: segmented format {m['format_version']} was written by a newer GPUSparse "
             f"({m.get('created_by', '?')}); this version reads format {FORMAT_VERSION}: upgrade gpusparse"
         )
+    for key in ("generation", "vocab_fingerprint", "segments"):
+        if key not in m:
+            raise IndexFormatError(f"{mpath}: manifest lacks {key!r}")
     vocab = None
     segs, base = [], 0
     for e in m["segments"]:
