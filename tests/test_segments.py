@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gpusparse import Index, IndexFormatError, InputError, SparseCollection, write_jsonl
 from gpusparse.cli import main
@@ -70,6 +73,37 @@ def test_random_updates_match_fresh_build(tmp_path, seed):
             assert len(index.segments) == (1 if live else 0)
         assert_same_as_fresh(index, live, qs)
     assert_same_as_fresh(SegmentedIndex.load(tmp_path / "idx", mmap=False), live, qs)
+
+
+_OPS = st.one_of(
+    st.tuples(st.just("add"), st.integers(0, 6), st.integers(0, 2)),  # new documents, upserted ones
+    st.tuples(st.just("delete"), st.lists(st.integers(0, 40), max_size=5), st.booleans()),  # picks, unknown id
+    st.tuples(st.just("compact"), st.none(), st.none()),
+)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(_OPS, min_size=1, max_size=7), start=st.integers(0, 5))
+def test_property_updates_match_fresh_build(ops, start):
+    qs = queries(11, n=6)
+    with tempfile.TemporaryDirectory() as tmp:
+        first = [f"h0-{j}" for j in range(start)]
+        index = SegmentedIndex.create(Path(tmp) / "idx", docs_for(first) if first else VOCAB)
+        live = list(first)
+        for n, (kind, a, b) in enumerate(ops, start=1):
+            if kind == "add":
+                new, again = [f"h{n}-{j}" for j in range(a)], live[:b]
+                index.add(docs_for(new + again), upsert=True)
+                live = [i for i in live if i not in again] + new + again
+            elif kind == "delete":
+                gone = sorted({live[i % len(live)] for i in a}) if live else []
+                rep = index.delete(gone + (["nope"] if b else []))
+                assert (rep.deleted, rep.unknown) == (len(gone), int(b))
+                live = [i for i in live if i not in gone]
+            else:
+                index.compact()
+        assert_same_as_fresh(index, live, qs)
+        assert_same_as_fresh(SegmentedIndex.load(Path(tmp) / "idx"), live, qs)
 
 
 def test_many_segments_and_compact_give_the_same_results(tmp_path):
