@@ -365,3 +365,31 @@ def test_text_queries_are_encoded_on_the_server():
     assert len(got[0]["ids"]) == 4
     assert json.loads(json.dumps(got))  # plain JSON
     assert SPLADE_TINY.is_dir()
+
+
+# -- the command line -----------------------------------------------------------------------
+
+
+def test_cli_serve_one_line_errors(monkeypatch, tmp_path):
+    import sys
+
+    from click.testing import CliRunner
+
+    import gpusparse.serve
+    from gpusparse.cli import main
+
+    def never(*args, **kwargs):
+        raise AssertionError("the command should have stopped before serving")
+
+    monkeypatch.setattr(gpusparse.serve, "serve", never)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # so 'scatter' is refused on the CPU
+    index, _ = cranfield()
+    index.save(tmp_path / "index")
+    r = CliRunner().invoke(main, ["serve", str(tmp_path / "index"), "--kernel", "scatter", "--device", "cpu"])
+    assert r.exit_code == 2 and "Invalid value for --kernel" in r.stderr
+    r = CliRunner().invoke(main, ["serve", str(tmp_path / "missing")])
+    assert r.exit_code == 1 and r.stderr.startswith("gpusparse: error: ") and len(r.stderr.splitlines()) == 1
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # as if not installed
+    r = CliRunner().invoke(main, ["serve", str(tmp_path / "index")])
+    assert r.exit_code == 1
+    assert r.stderr == "gpusparse: error: gpusparse serve needs fastapi and uvicorn: pip install 'gpusparse[serve]'\n"
