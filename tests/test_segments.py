@@ -376,3 +376,28 @@ def test_plain_loader_names_a_segmented_folder(tmp_path):
     with pytest.raises(IndexFormatError, match=r"segmented index.*SegmentedIndex\.load"):
         Index.load(tmp_path / "idx")
     _assert_one_line_error(_cli("info", tmp_path / "idx"), "a segmented index")
+
+
+def test_cli_search_and_info_on_an_updated_index(tmp_path):
+    """gpusparse search/info read a segmented folder: the run equals a fresh build's of the survivors."""
+    ids = [f"d{i}" for i in range(40)]
+    Index.build(docs_for(ids)).save(tmp_path / "idx")
+    write_jsonl(docs_for(["n1", "n2", "n3"]), tmp_path / "new.jsonl")
+    assert _cli("add", tmp_path / "idx", tmp_path / "new.jsonl").exit_code == 0
+    (tmp_path / "gone.txt").write_text("d3\nd17\nn2\n")
+    assert _cli("delete", tmp_path / "idx", tmp_path / "gone.txt").exit_code == 0
+    survivors = [i for i in [*ids, "n1", "n2", "n3"] if i not in {"d3", "d17", "n2"}]
+    Index.build(docs_for(survivors)).save(tmp_path / "fresh")
+    queries = docs_for([f"q{i}" for i in range(12)])
+    write_jsonl(queries, tmp_path / "q.jsonl")
+    runs = {}
+    for name in ("idx", "fresh"):
+        out = tmp_path / f"{name}.trec"
+        res = _cli("search", tmp_path / name, tmp_path / "q.jsonl", "-k", 50, "-o", out, "--device", "cpu")
+        assert res.exit_code == 0, res.stderr
+        runs[name] = out.read_text()
+    assert runs["idx"] == runs["fresh"] and runs["idx"]
+    info = _cli("info", tmp_path / "idx", "--json")
+    assert info.exit_code == 0, info.stderr
+    data = json.loads(info.stdout)
+    assert data["documents"] == len(survivors) and data["deleted_documents"] == 3 and data["segments"] == 2

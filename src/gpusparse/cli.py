@@ -199,16 +199,25 @@ def search_cmd(
     dev = _device(device) or ("cuda" if torch.cuda.is_available() else "cpu")
     if tag.split() != [tag]:
         raise click.BadParameter("must be one word", param_hint="--tag")
-    index = Index.load(index_dir, device=dev, verify=verify)
+    from .segments import SegmentedIndex, is_segmented
+
+    # An index updated with add/delete/compact is a segmented folder: search its snapshot.
+    segmented = is_segmented(index_dir)
+    loader = SegmentedIndex if segmented else Index
+    index = loader.load(index_dir, device=dev, verify=verify)
     stats = ReadStats()
     qs = read_vectors(queries, index.vocab, unknown=unknown_tokens, progress=progress, stats=stats)  # type: ignore[arg-type]
     click.echo(f"read {stats.summary()}", err=True)
     t0 = time.perf_counter()
     res = index.search(qs, k, batch_size=batch_size, kernel=kernel, memory_budget=budget, progress=progress)
     dt = time.perf_counter() - t0
+    if segmented:
+        doc_names, ranked = index.position_ids, res.positions
+    else:
+        doc_names, ranked = index.ids, res.ids
     tmp = output.with_name(f".{output.name}.tmp-{uuid.uuid4().hex[:8]}")
     try:
-        n = write_trec_run(tmp, qs.ids, index.ids, res.scores.numpy(), res.ids.numpy(), tag=tag)
+        n = write_trec_run(tmp, qs.ids, doc_names, res.scores.numpy(), ranked.numpy(), tag=tag)
         os.replace(tmp, output)
     finally:
         tmp.unlink(missing_ok=True)
@@ -225,8 +234,29 @@ def search_cmd(
 @friendly_errors
 def info_cmd(index_dir: Path, as_json: bool) -> None:
     """Print an index's statistics: documents, terms, postings, padding, bytes."""
+    from .segments import SegmentedIndex, is_segmented
     from .storage import read_manifest
 
+    if is_segmented(index_dir):  # updated with add/delete/compact
+        seg = SegmentedIndex.load(index_dir)
+        info_seg = {
+            "path": str(index_dir),
+            "generation": seg.generation,
+            "segments": len(seg.segments),
+            "documents": seg.n_docs,
+            "deleted_documents": seg.n_positions - seg.n_docs,
+            "vocabulary_terms": len(seg.vocab),
+            "postings": sum(s.index.stats().n_postings for s in seg.segments),
+        }
+        if as_json:
+            click.echo(json.dumps(info_seg, indent=2))
+            return
+        click.echo(f"index          {index_dir} (segmented, generation {seg.generation})")
+        click.echo(f"segments       {len(seg.segments):,} (gpusparse compact merges them)")
+        click.echo(f"documents      {seg.n_docs:,} live, {info_seg['deleted_documents']:,} deleted")
+        click.echo(f"vocabulary     {len(seg.vocab):,} terms")
+        click.echo(f"postings       {info_seg['postings']:,} (deleted documents' included until compaction)")
+        return
     m = read_manifest(index_dir)
     n_bytes = sum(f["bytes"] for f in m["files"].values())
     info = {

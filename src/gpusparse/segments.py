@@ -179,6 +179,13 @@ class SegmentedIndex:
         """String ids of the live documents, in global (insertion) order."""
         return [i for s in self.segments for i, d in zip(s.index.ids, s.deleted, strict=True) if not d]
 
+    @property
+    def position_ids(self) -> list[str]:
+        """String ids by global number (deleted documents included), as ``search`` numbers them."""
+        if self._all_ids is None:
+            self._all_ids = [i for s in self.segments for i in s.index.ids]
+        return self._all_ids
+
     def id_at(self, position: int) -> str:
         """The string id at a global number."""
         for s in self.segments:
@@ -234,9 +241,7 @@ class SegmentedIndex:
         return SegmentedResults(out_s, out_p, names)
 
     def _names_of(self, positions: torch.Tensor) -> list[list[str | None]]:
-        if self._all_ids is None:  # global number -> string id, built once per snapshot
-            self._all_ids = [i for s in self.segments for i in s.index.ids]
-        names = self._all_ids
+        names = self.position_ids  # built once per snapshot
         return [[names[p] if p >= 0 else None for p in row] for row in positions.tolist()]
 
     def retrieve(self, queries: SparseCollection, k: int = 1000, **kwargs: Any) -> dict[str, list[tuple[str, float]]]:
