@@ -206,6 +206,10 @@ def main() -> None:
             after = scrape(url)
             n_batches = after["gpusparse_batch_size_count"] - before["gpusparse_batch_size_count"]
             n_queries = after["gpusparse_batch_size_sum"] - before["gpusparse_batch_size_sum"]
+            n_lat = after["gpusparse_request_latency_seconds_count"] - before["gpusparse_request_latency_seconds_count"]
+            t_lat = after["gpusparse_request_latency_seconds_sum"] - before["gpusparse_request_latency_seconds_sum"]
+            # Inside the server (validation, queue, batch, answer): what the client adds is the rest.
+            row["server_mean_ms"] = round(t_lat / n_lat * 1000, 3) if n_lat else None
             row["batches"] = int(n_batches)
             row["mean_batch_size"] = round(n_queries / n_batches, 2) if n_batches else None
             rows.append(row)
