@@ -881,6 +881,11 @@ def compact_cmd(index_dir: Path) -> None:
     help="Seconds before an unanswered request gets 504.",
 )
 @click.option("--max-query-terms", default=1024, show_default=True, type=click.IntRange(min=1), help="Per vector.")
+@click.option(
+    "--limit-concurrency",
+    type=click.IntRange(min=1),
+    help="Open connections and requests in progress at most; more get 503 [default: no limit].",
+)
 @click.option("--memory-budget", default="1GiB", show_default=True, help="Bytes of search temporaries.")
 @click.option("--verify/--no-verify", default=True, show_default=True, help="Check the index files' checksums.")
 @friendly_errors
@@ -897,6 +902,7 @@ def serve_cmd(
     queue_size: int,
     request_timeout: float,
     max_query_terms: int,
+    limit_concurrency: int | None,
     memory_budget: str,
     verify: bool,
 ) -> None:
@@ -949,4 +955,4 @@ def serve_cmd(
     click.echo(
         f"serving {index.n_docs:,} documents from {index_dir} on {dev} ({texts}) at http://{host}:{port}", err=True
     )
-    serve(app, host=host, port=port)
+    serve(app, host=host, port=port, limit_concurrency=limit_concurrency)

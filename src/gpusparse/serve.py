@@ -604,9 +604,28 @@ def _version() -> str:
     return __version__
 
 
-def serve(app: Any, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
-    """Run ``app`` with uvicorn until interrupted (SIGINT/SIGTERM drain in-flight requests)."""
+def serve(
+    app: Any,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "info",
+    limit_concurrency: int | None = None,
+) -> None:
+    """Run ``app`` with uvicorn until interrupted (SIGINT/SIGTERM drain in-flight requests).
+
+    ``limit_concurrency`` bounds open connections and requests in progress (uvicorn answers
+    503 beyond it): backpressure before a request is even read, for when the HTTP layer
+    rather than the search is the bottleneck.
+    """
     require_server_stack()
     import uvicorn
 
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=60)
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        timeout_graceful_shutdown=60,
+        limit_concurrency=limit_concurrency,
+    )
