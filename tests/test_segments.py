@@ -375,7 +375,9 @@ def test_plain_loader_names_a_segmented_folder(tmp_path):
     SegmentedIndex.create(tmp_path / "idx", docs_for(["a"]))
     with pytest.raises(IndexFormatError, match=r"segmented index.*SegmentedIndex\.load"):
         Index.load(tmp_path / "idx")
-    _assert_one_line_error(_cli("info", tmp_path / "idx"), "a segmented index")
+    # Commands that read plain folders only say so in one line (info and search read both).
+    write_jsonl(docs_for(["q"]), tmp_path / "q.jsonl")
+    _assert_one_line_error(_cli("verify", tmp_path / "idx", tmp_path / "q.jsonl"), "a segmented index")
 
 
 def test_cli_search_and_info_on_an_updated_index(tmp_path):
