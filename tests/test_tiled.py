@@ -167,10 +167,7 @@ def fake_kernel(seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_
 def test_waves_and_compaction_on_cpu(monkeypatch, small_cap, single_wave):
     """The GPU host path (waves, compaction, overflow rerun) with the kernel replaced by its contract."""
     import gpusparse.tiled as tiled_mod
-    from gpusparse.kernels import tiled as cuda
 
-    monkeypatch.setattr(cuda, "tiled_candidates", fake_kernel)
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: type("P", (), {"multi_processor_count": 2}))
     if small_cap:
         monkeypatch.setattr(tiled_mod, "initial_capacity", lambda k, first_wave: 3)
     monkeypatch.setattr(tiled_mod, "SINGLE_WAVE_MAX_CANDIDATES", 1 << 30 if single_wave else 0)
@@ -182,7 +179,8 @@ def test_waves_and_compaction_on_cpu(monkeypatch, small_cap, single_wave):
     scores = dense_scores(docs, queries)
     for k in (1, 7, 60, 700):
         fp = fixed_point(index, batch)
-        docs_c, vals_c = tiled_mod._cuda_candidates(tiled_mod.tiled(index, 5, 0.1), batch, fp, k)
+        tl = tiled_mod.tiled(index, 5, 0.1)
+        docs_c, vals_c = tiled_mod.candidates(tl, batch, fp, k, launch=fake_kernel, n_sm=2)
         s, i = tiled_mod.finalize_candidates(index, batch, fp, docs_c, vals_c, k)
         ref_s, ref_i = reference_topk(scores, k)
         np.testing.assert_array_equal(i.numpy(), ref_i)

@@ -18,6 +18,7 @@ sum are rescored canonically. No ``[B, N]`` buffer is ever allocated.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -190,14 +191,18 @@ def tiled_search(
     fp = fixed_point(index, batch)
     dev = index.device
     if dev.type == "cuda" and cuda.available() and not emulated:
-        docs, vals = _cuda_candidates(tl, batch, fp, k)
+        launch, n_sm = cuda.tiled_candidates, torch.cuda.get_device_properties(dev).multi_processor_count
     else:
-        docs, vals = emulate(index, tl, batch, fp, k)
+        launch, n_sm = torch_tiled_candidates, 1
+    docs, vals = candidates(tl, batch, fp, k, launch=launch, n_sm=n_sm)
     return finalize_candidates(index, batch, fp, docs, vals, k)
 
 
-def _cuda_candidates(tl: TiledIndex, batch: QueryBatch, fp: FixedPoint, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Candidates from the CUDA kernel, launched in waves of tiles: ``(docs, values)`` ``[B, C]``.
+def candidates(
+    tl: TiledIndex, batch: QueryBatch, fp: FixedPoint, k: int, *, launch: Callable[..., None], n_sm: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Candidates from ``launch`` (the CUDA kernel or :func:`torch_tiled_candidates`), in waves
+    of tiles: ``(docs, values)`` ``[B, C]`` (``-1``/0 padded). ``n_sm``: the GPU's multiprocessors.
 
     A block only knows its own tile's k-th score; the k-th of everything seen so far is a far
     better threshold. So tiles go in waves of growing size (at least enough blocks to fill the
@@ -205,13 +210,10 @@ def _cuda_candidates(tl: TiledIndex, batch: QueryBatch, fp: FixedPoint, k: int) 
     and ``theta`` is raised to their k-th value, which the next wave's blocks start from.
     Candidates then stay near k per wave instead of near k per tile.
     """
-    from .kernels import tiled as cuda
-
     dev = tl.seg.device
     b = batch.padded_terms.shape[0]
     terms32 = batch.padded_terms.to(torch.int32).contiguous()
     weights = batch.padded_weights.contiguous()
-    n_sm = torch.cuda.get_device_properties(dev).multi_processor_count
     if b <= SINGLE_WAVE_MAX_BATCH and k * tl.n_tiles <= SINGLE_WAVE_MAX_CANDIDATES:
         first_wave = tl.n_tiles  # small batches: one launch, no host sync between waves
     else:
@@ -225,7 +227,7 @@ def _cuda_candidates(tl: TiledIndex, batch: QueryBatch, fp: FixedPoint, k: int) 
         done, wave, overflow = 0, first_wave, False
         while done < tl.n_tiles:
             n = min(wave, tl.n_tiles - done)
-            cuda.tiled_candidates(
+            launch(
                 tl.seg, tl.offs, tl.wts, tl.dense_id, tl.dense, terms32, weights, fp.scale, fp.delta,
                 n_docs=tl.n_docs, n_terms=tl.n_terms, tile_bits=tl.tile_bits, k=k, tiles=(done, n), select=done == 0,
                 theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
@@ -266,9 +268,7 @@ def _compact(
     if most >= k:
         kth = torch.topk(vals, k, dim=1, sorted=False).values.min(dim=1).values
         theta.copy_(torch.maximum(theta, kth))
-    d = fp.delta + (theta >> 22)
-    thr = torch.where(theta > d, theta - d, torch.ones_like(theta)).clamp_min(1)
-    keep = present & (vals >= thr[:, None])
+    keep = present & (vals >= emission_threshold(theta, fp.delta)[:, None])
     new_count = keep.sum(1)
     dest = torch.cumsum(keep, 1) - 1  # slot of each kept candidate
     r, c = keep.nonzero(as_tuple=True)
@@ -287,76 +287,76 @@ def initial_capacity(k: int, first_wave: int) -> int:
     return max(4 * k + 4096, first_wave * (k + 256), 1 << 15)
 
 
-def emulate(
-    index: Index, tl: TiledIndex, batch: QueryBatch, fp: FixedPoint, k: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernel's algorithm in PyTorch, tile after tile: ``(docs, values)`` ``[B, C]`` (``-1``/0 padded).
+def emission_threshold(theta: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """Smallest value a candidate needs: ``theta`` less the margin and one float32 ulp, at least 1.
 
-    The tile's ``tau`` here is its exact k-th value (the kernel's radix passes give a value
-    at or below it); any ``tau`` reached by k documents of the tile is a valid bound. After
-    each tile ``theta`` is raised to the k-th of all candidates so far, as the GPU does after
-    each wave of tiles.
+    The CUDA kernel applies the same rule (see :mod:`gpusparse.kernels.tiled`).
+    """
+    d = delta + (theta >> 22)
+    return torch.where(theta > d, theta - d, torch.ones_like(theta)).clamp_min(1)
+
+
+def torch_tiled_candidates(
+    seg: torch.Tensor,
+    offs: torch.Tensor,
+    wts: torch.Tensor,
+    dense_id: torch.Tensor,
+    dense: torch.Tensor,
+    q_terms: torch.Tensor,
+    q_weights: torch.Tensor,
+    q_scale: torch.Tensor,
+    q_delta: torch.Tensor,
+    *,
+    n_docs: int,
+    n_terms: int,
+    tile_bits: int,
+    k: int,
+    tiles: tuple[int, int],
+    select: bool,
+    theta: torch.Tensor,
+    cand_count: torch.Tensor,
+    cand_doc: torch.Tensor,
+    cand_val: torch.Tensor,
+) -> None:
+    """The CUDA kernel's contract (:func:`gpusparse.kernels.tiled.tiled_candidates`) in PyTorch.
+
+    Tile after tile, all queries at once: the same fixed-point sums, ``tau`` the tile's exact
+    k-th value (the kernel's radix passes give a value at or below it; any value that k
+    documents of the tile reach is a valid bound), the same emission rule. Candidates past a
+    query's capacity are counted but not stored, as on the GPU.
     """
     from .search import expand_ranges
 
-    dev = index.device
-    b = batch.padded_terms.shape[0]
-    tile = 1 << tl.tile_bits
-    theta = torch.zeros(b, dtype=torch.int64, device=dev)
-    rows, terms, weights = batch.rows, batch.terms, batch.weights.to(torch.float64)
-    wq = weights * fp.scale[rows]
-    out_docs, out_vals, out_rows = [], [], []
-    for t in range(tl.n_tiles):
+    dev = seg.device
+    b, cap, tile = q_terms.shape[0], cand_doc.shape[1], 1 << tile_bits
+    rows, cols = (q_terms >= 0).nonzero(as_tuple=True)
+    terms = q_terms[rows, cols].to(torch.int64)
+    wq = q_weights[rows, cols].to(torch.float64) * q_scale[rows]
+    for t in range(tiles[0], tiles[0] + tiles[1]):
         base = t * tile
-        width = min(tile, tl.n_docs - base)
-        lo = tl.seg[t * tl.n_terms + terms]
-        hi = tl.seg[t * tl.n_terms + terms + 1]
+        width = min(tile, n_docs - base)
         acc = torch.zeros(b * width, dtype=torch.int64, device=dev)
-        did = tl.dense_id[t * tl.n_terms + terms].to(torch.int64)
+        did = dense_id[t * n_terms + terms].to(torch.int64)
         for p in (did >= 0).nonzero().flatten().tolist():
-            col = torch.round(wq[p] * tl.dense[did[p], :width].to(torch.float64)).to(torch.int64)
+            col = torch.round(wq[p] * dense[did[p], :width].to(torch.float64)).to(torch.int64)
             acc[rows[p] * width : (rows[p] + 1) * width] += col
+        lo, hi = seg[t * n_terms + terms], seg[t * n_terms + terms + 1]
         for pair, pos in expand_ranges(lo, hi, 1 << 22):
-            off = tl.offs[pos].to(torch.int64) & 0xFFFF
-            contrib = torch.round(wq[pair] * tl.wts[pos].to(torch.float64)).to(torch.int64)
+            off = offs[pos].to(torch.int64) & 0xFFFF
+            contrib = torch.round(wq[pair] * wts[pos].to(torch.float64)).to(torch.int64)
             acc.index_add_(0, rows[pair] * width + off, contrib)
         acc = acc.view(b, width)
-        if k <= width:
-            kth = torch.topk(acc, k, dim=1).values[:, -1]
-            tau = torch.where(kth > 0, kth, torch.zeros_like(kth))
-        else:
-            tau = torch.zeros(b, dtype=torch.int64, device=dev)
-        theta = torch.maximum(theta, tau)
-        d = fp.delta + (theta >> 22)
-        thr = torch.where(theta > d, theta - d, torch.ones_like(theta)).clamp_min(1)
-        r, c = (acc >= thr[:, None]).nonzero(as_tuple=True)
-        out_rows.append(r)
-        out_docs.append(c + base)
-        out_vals.append(acc[r, c])
-        # As after each wave on the GPU: theta becomes the k-th of all candidates so far.
-        rows_all, vals_all = torch.cat(out_rows), torch.cat(out_vals)
-        _, packed = _pack(rows_all, vals_all, vals_all, b)
-        if packed.shape[1] >= k:
-            theta = torch.maximum(theta, torch.topk(packed, k, dim=1).values[:, -1])
-    rows_all = torch.cat(out_rows) if out_rows else torch.zeros(0, dtype=torch.int64, device=dev)
-    return _pack(
-        rows_all, torch.cat(out_docs) if out_docs else rows_all, torch.cat(out_vals) if out_vals else rows_all, b
-    )
-
-
-def _pack(rows: torch.Tensor, docs: torch.Tensor, vals: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Flat (row, doc, value) triples → ``[B, C]`` arrays padded with ``-1`` / 0."""
-    dev = rows.device
-    counts = torch.bincount(rows, minlength=b)
-    width = max(int(counts.max()) if b else 0, 1)
-    order = torch.argsort(rows, stable=True)
-    rows, docs, vals = rows[order], docs[order], vals[order]
-    col = torch.arange(rows.numel(), device=dev) - (torch.cumsum(counts, 0) - counts)[rows]
-    out_d = torch.full((b, width), -1, dtype=torch.int64, device=dev)
-    out_v = torch.zeros((b, width), dtype=torch.int64, device=dev)
-    out_d[rows, col] = docs
-    out_v[rows, col] = vals
-    return out_d, out_v
+        tau = torch.zeros(b, dtype=torch.int64, device=dev)
+        if select and k <= width:
+            tau = torch.topk(acc, k, dim=1).values[:, -1].clamp_min(0)
+        theta.copy_(torch.maximum(theta, tau))
+        r, c = (acc >= emission_threshold(theta, q_delta)[:, None]).nonzero(as_tuple=True)  # row-major
+        per_row = torch.bincount(r, minlength=b)
+        slot = cand_count[r].to(torch.int64) + torch.arange(r.numel(), device=dev) - (per_row.cumsum(0) - per_row)[r]
+        ok = slot < cap
+        cand_doc[r[ok], slot[ok]] = (c[ok] + base).to(torch.int32)
+        cand_val[r[ok], slot[ok]] = acc[r[ok], c[ok]]
+        cand_count += per_row.to(torch.int32)
 
 
 def finalize_candidates(
