@@ -15,7 +15,7 @@ Contract of every search path (kernels included):
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import scipy.sparse as sp
@@ -278,6 +278,25 @@ def select_exact_topk(
     return topk_by_key(scores, docs, k)
 
 
+def chunked_exact_topk(
+    index: Index,
+    batch: QueryBatch,
+    k: int,
+    doc_chunk: int,
+    fill: Callable[[int, int], torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact top-k over documents in chunks: ``fill(d0, width)`` gives approximate scores
+    ``[B, width]`` of documents ``d0 .. d0 + width - 1``; each chunk's exact top-k
+    (:func:`select_exact_topk`) is merged into the running one. ``(scores, ids)`` ``[B, k]``."""
+    bq, n = batch.padded_terms.shape[0], index.n_docs
+    best = None
+    for d0 in range(0, n, doc_chunk):
+        width = min(doc_chunk, n - d0)
+        top = select_exact_topk(index, batch, fill(d0, width), k, d0)
+        best = top if best is None else merge_topk(best, top, k)
+    return finalize(best, k, bq, index.device)
+
+
 def reference_search(
     index: Index, queries: SparseCollection, k: int, *, doc_chunk: int, max_postings: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -293,23 +312,20 @@ def reference_search(
     starts = index.offsets[batch.terms]
     ends = starts + index.lengths[batch.terms].to(torch.int64)
     weights64 = batch.weights.to(torch.float64)
-    best = None
-    for d0 in range(0, max(n, 1), doc_chunk):
-        d1 = min(n, d0 + doc_chunk)
-        width = d1 - d0
-        if d0 == 0 and d1 == n:
+
+    def fill(d0: int, width: int) -> torch.Tensor:
+        if d0 == 0 and width == n:
             lo, hi = starts, ends
         else:
             lo = lower_bound(index.doc_ids, starts, ends, d0)
-            hi = lower_bound(index.doc_ids, lo, ends, d1)
+            hi = lower_bound(index.doc_ids, lo, ends, d0 + width)
         acc = torch.zeros(bq * width, dtype=torch.float64, device=dev)
         for pair, pos in expand_ranges(lo, hi, max_postings):
             target = batch.rows[pair] * width + (index.doc_ids[pos].to(torch.int64) - d0)
             acc.index_add_(0, target, weights64[pair] * index.scores[pos].to(torch.float64))
-        top = select_exact_topk(index, batch, acc.view(bq, width), k, d0)
-        del acc
-        best = top if best is None else merge_topk(best, top, k)
-    return finalize(best, k, bq, dev)
+        return acc.view(bq, width)
+
+    return chunked_exact_topk(index, batch, k, doc_chunk, fill)
 
 
 def kernel_search(
@@ -326,17 +342,14 @@ def kernel_search(
     batch = query_batch(queries, dev)
     forward = _forward(index) if kernel == "docpar" else None
     buf = torch.empty(bq * min(doc_chunk, max(n, 1)), dtype=torch.float32, device=dev)
-    best = None
-    for d0 in range(0, n, doc_chunk):
-        width = min(doc_chunk, n - d0)
+
+    def fill(d0: int, width: int) -> torch.Tensor:
         out = buf[: bq * width].view(bq, width)
         if kernel == "scatter":
-            scatter_add_scores(index, batch, d0, width, out)
-        else:
-            docpar_scores(index, batch, d0, width, forward, out)
-        top = select_exact_topk(index, batch, out, k, d0)
-        best = top if best is None else merge_topk(best, top, k)
-    return finalize(best, k, bq, dev)
+            return scatter_add_scores(index, batch, d0, width, out)
+        return docpar_scores(index, batch, d0, width, forward, out)
+
+    return chunked_exact_topk(index, batch, k, doc_chunk, fill)
 
 
 def _forward(index: Index) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
