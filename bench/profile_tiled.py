@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from gpusparse import Index, SparseCollection, Vocabulary
 from gpusparse.kernels import tiled as cuda
+from gpusparse.quantize import quantize_queries
 from gpusparse.search import query_batch
 from gpusparse.synthetic import generate
 from gpusparse.tiled import fixed_point, initial_capacity, tiled, tiled_search
@@ -48,14 +49,14 @@ def wall(fn, reps: int = 10, warmup: int = 2) -> float:
     return statistics.median(out)
 
 
-def run_kernel(tl, batch, terms32, fp, k, bufs) -> None:
+def run_kernel(tl, batch, terms32, fp, k, bufs, acc) -> None:
     """One launch of the tiled kernel into preallocated candidate buffers."""
     theta, count, cand_doc, cand_val = bufs
     theta.zero_()
     count.zero_()
     cuda.tiled_candidates(
-        tl.seg, tl.offs, tl.wts, tl.dense_id, tl.dense, terms32, batch.padded_weights, fp.scale, fp.delta,
-        n_docs=tl.n_docs, n_terms=tl.n_terms, tile_bits=tl.tile_bits, k=k,
+        tl.seg, tl.offs, tl.wts, tl.dense_id, tl.dense, terms32, batch.padded_weights, fp.scale * tl.step, fp.delta,
+        n_docs=tl.n_docs, n_terms=tl.n_terms, tile_bits=tl.tile_bits, k=k, acc=acc,
         theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
     )  # fmt: skip
 
@@ -81,17 +82,25 @@ def main() -> None:
     p.add_argument("--unroll", type=int, nargs="+", default=[4])
     p.add_argument("--min-blocks", type=int, nargs="+", default=[2])
     p.add_argument("--dense-min", type=float, nargs="+", default=[0.25], help="0 = all sparse")
+    p.add_argument("--acc", nargs="+", default=["carry", "split", "u32"], help="accumulator modes")
+    p.add_argument("--quantize", type=int, nargs="+", default=[0], help="0 = float32 weights, 8 = 8-bit impacts")
+    p.add_argument(
+        "--phases", action="store_true", help="also time the kernel without its dense / sparse phase (wrong results)"
+    )
+    p.add_argument("--check", action="store_true", help="check each search against the reference kernel")
     p.add_argument("--trace", action="store_true", help="print torch.profiler's top ops for one search")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--commit", default="unknown")
     args = p.parse_args()
     rows = []
     vocab = Vocabulary.bert()
-    for n in args.sizes:
+    for n, qbits in [(n, qb) for n in args.sizes for qb in args.quantize]:
         (di, dt_, dw), (qi, qt, qw) = generate(n, max(args.batches), seed=0, device="cuda")
-        index = Index.from_csr(di, dt_, dw, vocab, device="cuda")
+        index = Index.from_csr(di, dt_, dw, vocab, device="cuda", quantize=qbits or None)
         del di, dt_, dw
         queries = SparseCollection(qi.cpu().numpy(), qt.cpu().numpy(), qw.cpu().numpy(), vocab=vocab)
+        if qbits:
+            queries = quantize_queries(queries, qbits)
         for tb, dm in [(tb, dm) for tb in args.tile_bits for dm in args.dense_min]:
             torch.cuda.synchronize()
             t0 = time.perf_counter()
@@ -100,9 +109,10 @@ def main() -> None:
             build_s = time.perf_counter() - t0
             for b in args.batches:
                 batch = query_batch(queries[:b], index.device)
-                fp = fixed_point(index, batch)
                 terms32 = batch.padded_terms.to(torch.int32).contiguous()
-                for k in args.ks:
+                for k, acc in [(k, a) for k in args.ks for a in args.acc]:
+                    fp = fixed_point(index, batch, acc)
+                    ref = index.search(queries[:b], k, kernel="scatter") if args.check else None
                     cap = initial_capacity(k, tl.n_tiles)  # one launch over all tiles
                     theta = torch.zeros(b, dtype=torch.int64, device="cuda")
                     count = torch.zeros(b, dtype=torch.int32, device="cuda")
@@ -112,12 +122,23 @@ def main() -> None:
                     for threads, unroll, min_blocks in combos:
                         cuda.THREADS, cuda.UNROLL, cuda.MIN_BLOCKS = threads, unroll, min_blocks
                         bufs = (theta, count, cand_doc, cand_val)
-                        k_ms = events(partial(run_kernel, tl, batch, terms32, fp, k, bufs))
-                        run_kernel(tl, batch, terms32, fp, k, bufs)
+                        launch = partial(run_kernel, tl, batch, terms32, fp, k, bufs, acc)
+                        k_ms = events(launch)
+                        phase_ms = {}
+                        if args.phases:
+                            for skip in ("PROFILE_SKIP_DENSE", "PROFILE_SKIP_SPARSE"):
+                                cuda.PROFILE_DEFINES = (skip,)
+                                phase_ms[skip.removeprefix("PROFILE_").lower()] = events(launch)
+                            cuda.PROFILE_DEFINES = ()
+                        launch()
                         torch.cuda.synchronize()
                         c = count.to(torch.float64)
-                        search = partial(tiled_search, index, batch, k, tile_bits=tb, dense_min=dm or None)
+                        search = partial(tiled_search, index, batch, k, tile_bits=tb, dense_min=dm or None, acc=acc)
                         full_ms = wall(search)
+                        exact = None
+                        if ref is not None:
+                            s_, i_ = search()
+                            exact = bool(torch.equal(i_.cpu(), ref.ids) and torch.equal(s_.cpu(), ref.scores))
                         if args.trace:
                             trace(search, f"B={b} k={k} tile=2^{tb} dense>={dm}")
                         rows.append(
@@ -131,7 +152,11 @@ def main() -> None:
                                 "min_blocks": min_blocks,
                                 "batch_size": b,
                                 "k": k,
+                                "acc": acc,
+                                "quantize_bits": qbits,
+                                "exact": exact,
                                 "kernel_ms": k_ms,
+                                **{f"kernel_ms_{name}": v for name, v in phase_ms.items()},
                                 "search_ms": full_ms,
                                 "candidates_mean": float(c.mean()),
                                 "candidates_max": float(c.max()),
@@ -140,9 +165,11 @@ def main() -> None:
                             }
                         )
                         print(
-                            f"N={n:,} tile=2^{tb} dense>={dm} threads={threads} unroll={unroll} "
-                            f"min_blocks={min_blocks} B={b} k={k}: "
-                            f"kernel {k_ms:.2f} ms, "
+                            f"N={n:,} q{qbits} tile=2^{tb} dense>={dm} threads={threads} unroll={unroll} "
+                            f"min_blocks={min_blocks} B={b} k={k} acc={acc}: "
+                            f"kernel {k_ms:.2f} ms "
+                            + " ".join(f"{name} {v:.2f}" for name, v in phase_ms.items())
+                            + f", exact {exact}, "
                             f"search {full_ms:.2f} ms, candidates mean {c.mean():.0f} max {c.max():.0f}",
                             flush=True,
                         )

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from gpusparse import Index, SparseCollection
+from gpusparse.kernels.tiled import ACC_TOP, SPLIT_MAX_TERMS
 from gpusparse.search import query_batch
-from gpusparse.tiled import build_tiled, fixed_point, tiled_search
+from gpusparse.tiled import build_tiled, choose_acc, fixed_point, tiled_search
 
 from .reference import dense_scores, random_collection, reference_topk
 
@@ -55,14 +56,15 @@ def test_layout(tile_bits, dense_min):
             np.testing.assert_array_equal(tl.wts.numpy()[a:b], dense[d, term])
 
 
-def test_fixed_point_margin_bounds_the_error():
-    """|F − scale·S| ≤ delta/2 for the rounded integer sums F of every document."""
+@pytest.mark.parametrize("acc", ["carry", "split", "u32"])
+def test_fixed_point_margin_bounds_the_error(acc):
+    """|F − scale·S| ≤ delta/2 for the rounded integer sums F of every document, within the accumulator."""
     rng = np.random.default_rng()
     docs = random_collection(rng, 400, 50, 12)
     queries = random_collection(rng, 6, 50, 9)
     index = Index.build(docs)
     batch = query_batch(queries, index.device)
-    fp = fixed_point(index, batch)
+    fp = fixed_point(index, batch, acc)
     exact = dense_scores(docs, queries)
     dense_d = docs.to_scipy().toarray().astype(np.float64)
     dense_q = queries.to_scipy().toarray().astype(np.float64)
@@ -71,14 +73,24 @@ def test_fixed_point_margin_bounds_the_error():
         prods = np.round(dense_q[q][None, :] * scale * dense_d)  # what the kernel adds
         f = prods.sum(1)
         assert (np.abs(f - exact[q] * scale) <= float(fp.delta[q]) / 2).all()
-        assert f.max() < 2.0**62
+        assert f.max() < 2 * ACC_TOP[acc]
 
 
 @pytest.mark.parametrize("emulated", [True, False], ids=["pytorch", "cuda"])
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("quantized", [True, False], ids=["ties", "continuous"])
-@pytest.mark.parametrize(("tile_bits", "dense_min"), [(2, None), (5, 0.05), (9, 0.02), (13, 0.01), (14, None)])
-def test_tiled_search_is_exact(tile_bits, dense_min, quantized, device, emulated):
+@pytest.mark.parametrize(
+    ("tile_bits", "dense_min", "acc"),
+    [
+        (2, None, "split"),
+        (5, 0.05, "u32"),
+        (9, 0.02, "carry"),
+        (13, 0.01, "u32"),
+        (14, None, "split"),
+        (6, 0.1, "carry"),
+    ],
+)
+def test_tiled_search_is_exact(tile_bits, dense_min, acc, quantized, device, emulated):
     if not emulated and (device != "cuda" or not cuda_kernel_available()):
         pytest.skip("the CUDA kernel needs a GPU and CuPy")
     rng = np.random.default_rng()
@@ -88,10 +100,32 @@ def test_tiled_search_is_exact(tile_bits, dense_min, quantized, device, emulated
     batch = query_batch(queries, index.device)
     scores = dense_scores(docs, queries)
     for k in (1, 3, 10, 100, 900, 1000):
-        s, i = tiled_search(index, batch, k, tile_bits=tile_bits, dense_min=dense_min, emulated=emulated)
+        s, i = tiled_search(index, batch, k, tile_bits=tile_bits, dense_min=dense_min, acc=acc, emulated=emulated)
         ref_s, ref_i = reference_topk(scores, k)
         np.testing.assert_array_equal(i.cpu().numpy(), ref_i)
         np.testing.assert_array_equal(s.cpu().numpy(), ref_s)
+
+
+def test_accumulator_choice():
+    assert choose_acc(None, 50) == "split"
+    assert choose_acc("split", SPLIT_MAX_TERMS + 1) == "carry"  # its low halves would overflow
+    assert choose_acc("u32", 5000) == "u32"
+    with pytest.raises(ValueError, match="acc must be one of"):
+        choose_acc("fast", 3)
+
+
+def test_emulation_refuses_an_overflowing_accumulator():
+    """A scale too large for the mode is caught, not wrapped silently (the CUDA kernel would wrap)."""
+    docs = SparseCollection.from_dicts([{"capital": 3.0, "paris": 2.0}, {"paris": 1.0}])
+    queries = SparseCollection.from_dicts([{"capital": 2.0, "paris": 2.0}])
+    index = Index.build(docs)
+    batch = query_batch(queries, index.device)
+    fp = fixed_point(index, batch, "carry")  # a 2**61 scale handed to a 32-bit accumulator
+    tl = build_tiled(index, 4)
+    with pytest.raises(OverflowError, match="u32"):
+        from gpusparse.tiled import candidates, torch_tiled_candidates
+
+        candidates(tl, batch, fp, 1, launch=torch_tiled_candidates, n_sm=1, acc="u32")
 
 
 def test_tiled_kernel_name_in_search():
@@ -113,16 +147,17 @@ def test_cuda_kernel_at_scale_and_with_candidate_overflow(monkeypatch):
     index = Index.build(docs, device="cuda")
     ref = index.search(queries, 1000, kernel="reference")
     for tile_bits, dense_min in ((12, None), (13, 0.25), (13, 0.02), (14, 0.1)):
-        batch = query_batch(queries, index.device)
-        s, i = tiled_search(index, batch, 1000, tile_bits=tile_bits, dense_min=dense_min)
-        assert torch.equal(i.cpu(), ref.ids) and torch.equal(s.cpu(), ref.scores)
+        for acc in ("carry", "split", "u32"):
+            batch = query_batch(queries, index.device)
+            s, i = tiled_search(index, batch, 1000, tile_bits=tile_bits, dense_min=dense_min, acc=acc)
+            assert torch.equal(i.cpu(), ref.ids) and torch.equal(s.cpu(), ref.scores), (tile_bits, dense_min, acc)
     monkeypatch.setattr(tiled_mod, "initial_capacity", lambda k, first_wave: 8)  # forces the rerun path
     s, i = tiled_search(index, query_batch(queries, index.device), 1000)
     assert torch.equal(i.cpu(), ref.ids) and torch.equal(s.cpu(), ref.scores)
 
 
 def fake_kernel(seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_delta, *, n_docs, n_terms, tile_bits,
-                k, tiles, select, theta, cand_count, cand_doc, cand_val):  # fmt: skip
+                k, tiles, select, acc, theta, cand_count, cand_doc, cand_val):  # fmt: skip
     """The CUDA kernel's contract in PyTorch, block by block, so the host's waves run on a CPU."""
     b, t = q_terms.shape
     cap = cand_doc.shape[1]
@@ -162,9 +197,10 @@ def fake_kernel(seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_
                     cand_val[q, slot] = acc[i]
 
 
+@pytest.mark.parametrize("acc", ["carry", "u32"])
 @pytest.mark.parametrize("single_wave", [False, True])
 @pytest.mark.parametrize("small_cap", [False, True])
-def test_waves_and_compaction_on_cpu(monkeypatch, small_cap, single_wave):
+def test_waves_and_compaction_on_cpu(monkeypatch, small_cap, single_wave, acc):
     """The GPU host path (waves, compaction, overflow rerun) with the kernel replaced by its contract."""
     import gpusparse.tiled as tiled_mod
 
@@ -178,9 +214,9 @@ def test_waves_and_compaction_on_cpu(monkeypatch, small_cap, single_wave):
     batch = query_batch(queries, index.device)
     scores = dense_scores(docs, queries)
     for k in (1, 7, 60, 700):
-        fp = fixed_point(index, batch)
+        fp = fixed_point(index, batch, acc)
         tl = tiled_mod.tiled(index, 5, 0.1)
-        docs_c, vals_c = tiled_mod.candidates(tl, batch, fp, k, launch=fake_kernel, n_sm=2)
+        docs_c, vals_c = tiled_mod.candidates(tl, batch, fp, k, launch=fake_kernel, n_sm=2, acc=acc)
         s, i = tiled_mod.finalize_candidates(index, batch, fp, docs_c, vals_c, k)
         ref_s, ref_i = reference_topk(scores, k)
         np.testing.assert_array_equal(i.numpy(), ref_i)

@@ -109,6 +109,13 @@ unknown_option = click.option(
 )
 @unknown_option
 @click.option("--device", default="cpu", show_default=True, help="Where to build: cpu or cuda[:N].")
+@click.option(
+    "--quantize",
+    type=click.IntRange(1, 8),
+    default=None,
+    metavar="BITS",
+    help="Store BITS-bit impacts (8 as Lucene, PISA and BMP); queries are quantized alike at search time.",
+)
 @click.option("--overwrite", is_flag=True, help="Replace an existing index at --output.")
 @progress_option
 @friendly_errors
@@ -118,6 +125,7 @@ def index_cmd(
     vocab: str,
     unknown_tokens: str,
     device: str,
+    quantize: int | None,
     overwrite: bool,
     progress: bool,
 ) -> None:
@@ -136,10 +144,17 @@ def index_cmd(
     stats = ReadStats()
     coll = read_vectors(vectors, Vocabulary.resolve(vocab), unknown=unknown_tokens, progress=progress, stats=stats)  # type: ignore[arg-type]
     click.echo(f"read {stats.summary()}", err=True)
-    index = Index.build(coll, device=_device(device) or "cpu", progress=progress)
+    n_weights = coll.nnz
+    index = Index.build(coll, device=_device(device) or "cpu", progress=progress, quantize=quantize)
     del coll
     index.save(output, overwrite=overwrite)
     st = index.stats()
+    if index.quantization is not None:
+        click.echo(
+            f"quantized to {quantize}-bit impacts, step {index.quantization.step:g}: "
+            f"{n_weights - st.n_postings:,} of {n_weights:,} weights fell below half a step and were dropped",
+            err=True,
+        )
     click.echo(
         f"indexed {st.n_docs:,} documents, {st.n_postings:,} postings over {st.n_nonempty_terms:,} terms "
         f"({st.bytes / 2**20:,.1f} MiB) in {time.perf_counter() - t0:.1f} s -> {output}",
@@ -270,6 +285,7 @@ def info_cmd(index_dir: Path, as_json: bool) -> None:
         "padded_postings": m["n_padded"],
         "padding_overhead": (m["n_padded"] - m["n_postings"]) / m["n_postings"] if m["n_postings"] else 0.0,
         "bytes_on_disk": n_bytes,
+        "quantization": m.get("quantization"),
     }
     if as_json:
         click.echo(json.dumps(info, indent=2))
@@ -279,6 +295,9 @@ def info_cmd(index_dir: Path, as_json: bool) -> None:
     click.echo(f"vocabulary     {m['n_terms']:,} terms")
     click.echo(f"postings       {m['n_postings']:,} (+{info['padding_overhead']:.1%} padding to multiples of 32)")
     click.echo(f"size on disk   {n_bytes / 2**20:,.1f} MiB")
+    if m.get("quantization"):
+        qz = m["quantization"]
+        click.echo(f"quantization   {qz['bits']}-bit impacts, step {qz['step']:g} (queries quantized alike)")
 
 
 # -- text to metrics: encode, eval, pipeline, verify -----------------------------------------
@@ -726,6 +745,10 @@ def verify_cmd(
     budget = parse_size(memory_budget)
     index = Index.load(index_dir)
     qs = read_vectors(queries, index.vocab, unknown=unknown_tokens, progress=progress)  # type: ignore[arg-type]
+    if index.quantization is not None:  # exact for the vectors the index actually searches
+        from .quantize import quantize_queries
+
+        qs = quantize_queries(qs, index.quantization.bits)
     if run_file is not None:
         run = read_trec_run(run_file)
         name = str(run_file)
@@ -743,6 +766,10 @@ def verify_cmd(
         name = f"search of {index_dir} ({dev})"
     if docs:
         coll = read_vectors(list(docs), index.vocab, unknown=unknown_tokens, progress=progress)  # type: ignore[arg-type]
+        if index.quantization is not None:
+            from .quantize import quantize_collection
+
+            coll, _ = quantize_collection(coll, index.quantization.bits, index.quantization.step)
         matrix, doc_ids = coll.to_scipy(), coll.ids
     else:
         arrays = {k: v.numpy() for k, v in index.arrays().items()}

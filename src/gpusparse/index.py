@@ -30,6 +30,7 @@ from .vocab import Vocabulary
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from .quantize import Quantization
     from .search import SearchResults
 
 PAD = 32
@@ -170,6 +171,7 @@ class Index:
         vocab: Vocabulary,
         n_docs: int | None = None,
         n_empty_docs: int | None = None,
+        quantization: Quantization | None = None,
     ) -> None:
         missing = [k for k in _ARRAYS if k not in arrays]
         if missing:
@@ -188,6 +190,8 @@ class Index:
         if len(self.offsets) != len(vocab):
             raise ValueError(f"index has {len(self.offsets)} terms but the vocabulary {len(vocab)}")
         self._n_empty_docs = n_empty_docs
+        # Set when document weights are quantized levels (queries are then quantized too).
+        self.quantization = quantization
         # Derived structures built on demand (e.g. the doc-parallel kernel's forward index).
         self.cache: dict[str, object] = {}
 
@@ -201,16 +205,28 @@ class Index:
         device: str | torch.device = "cpu",
         progress: bool = False,
         chunk_postings: int = DEFAULT_BUILD_CHUNK,
+        quantize: int | None = None,
     ) -> Index:
         """Index ``collection`` (row ``i`` becomes internal document ``i``).
 
-        Also accepts a scipy sparse matrix (columns are term ids).
+        Also accepts a scipy sparse matrix (columns are term ids). ``quantize=8`` stores
+        8-bit impacts (see :mod:`gpusparse.quantize`): weights become ``level · step``
+        (weights below half a step are dropped) and queries are quantized the same way at
+        search time; the result is exact for the quantized vectors.
         """
         if not isinstance(collection, SparseCollection):
             collection = SparseCollection.from_scipy(collection)
+        quantization = None
+        if quantize is not None:
+            from .quantize import quantize_collection
+
+            collection, report = quantize_collection(collection, quantize)
+            quantization = report.quantization
         arrays = build_inverted_index(collection, device=device, progress=progress, chunk_postings=chunk_postings)
         n_empty = int(np.count_nonzero(collection.row_lengths == 0))
-        return cls(arrays, ids=list(collection.ids), vocab=collection.vocab, n_empty_docs=n_empty)
+        return cls(
+            arrays, ids=list(collection.ids), vocab=collection.vocab, n_empty_docs=n_empty, quantization=quantization
+        )
 
     @classmethod
     def from_csr(
@@ -223,18 +239,27 @@ class Index:
         ids: list[str] | None = None,
         device: str | torch.device = "cpu",
         chunk_postings: int = DEFAULT_BUILD_CHUNK,
+        quantize: int | None = None,
     ) -> Index:
         """Index canonical CSR arrays directly (e.g. a collection generated on the GPU).
 
         Rows must have sorted, unique term ids ``< len(vocab)`` and positive weights; they
         are not copied into a :class:`SparseCollection` first. Without ``ids`` documents are
-        named ``"0"``, ``"1"``, ...
+        named ``"0"``, ``"1"``, ... ``quantize``: as in :meth:`build`.
         """
         n = int(indptr.shape[0]) - 1
+        quantization = None
+        if quantize is not None:
+            from .quantize import quantize_csr
+
+            (indptr, indices, values), report = quantize_csr(
+                torch.as_tensor(indptr), torch.as_tensor(indices), torch.as_tensor(values), quantize
+            )
+            quantization = report.quantization
         arrays = build_inverted_index(
             (indptr, indices, values, len(vocab)), device=device, chunk_postings=chunk_postings
         )
-        return cls(arrays, ids=ids, vocab=vocab, n_docs=n)
+        return cls(arrays, ids=ids, vocab=vocab, n_docs=n, quantization=quantization)
 
     @classmethod
     def load(
@@ -277,7 +302,14 @@ class Index:
         if self.doc_ids.device == device:
             return self
         arrays = {k: getattr(self, k).to(device) for k in _ARRAYS}
-        return Index(arrays, ids=self._ids, vocab=self.vocab, n_docs=self._n_docs, n_empty_docs=self._n_empty_docs)
+        return Index(
+            arrays,
+            ids=self._ids,
+            vocab=self.vocab,
+            n_docs=self._n_docs,
+            n_empty_docs=self._n_empty_docs,
+            quantization=self.quantization,
+        )
 
     # -- queries ------------------------------------------------------------------------
 

@@ -140,6 +140,10 @@ def search(
         raise ValueError("memory_budget must be at least 64 KiB")
     dev = index.device if device is None else torch.device(device)
     q = as_queries(queries, index.vocab)
+    if index.quantization is not None:  # the index holds quantized impacts: so do its queries
+        from .quantize import quantize_queries
+
+        q = quantize_queries(q, index.quantization.bits)
     name = choose_kernel(kernel, dev)
     idx = index.to(dev)
     n_q = len(q)

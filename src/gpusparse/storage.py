@@ -75,6 +75,8 @@ def save_index(index: Index, path: str | Path, *, overwrite: bool = False) -> No
             "vocab_fingerprint": index.vocab.fingerprint,
             "files": files,
         }
+        if index.quantization is not None:
+            manifest["quantization"] = index.quantization.to_dict()
         _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=2).encode())
         _fsync_dir(tmp)
         if path.exists():
@@ -133,7 +135,15 @@ def load_index(cls: type[Index], path: str | Path, *, device: str | torch.device
     vocab = Vocabulary.load(path / "vocab.txt")
     if vocab.fingerprint != manifest["vocab_fingerprint"]:
         raise IndexFormatError(f"{path}: vocab.txt does not match the manifest's fingerprint")
-    return cls(arrays, ids=ids, vocab=vocab, n_empty_docs=manifest.get("n_empty_docs"))
+    quantization = None
+    if manifest.get("quantization") is not None:
+        from .quantize import Quantization
+
+        try:
+            quantization = Quantization.from_dict(manifest["quantization"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise IndexFormatError(f"{path}: bad quantization in the manifest ({exc})") from None
+    return cls(arrays, ids=ids, vocab=vocab, n_empty_docs=manifest.get("n_empty_docs"), quantization=quantization)
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:

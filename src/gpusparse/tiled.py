@@ -37,7 +37,9 @@ DEFAULT_DENSE_MIN = 0.12  # segments covering 12% of a tile are stored densely (
 SINGLE_WAVE_MAX_BATCH = 8
 SINGLE_WAVE_MAX_CANDIDATES = 1 << 16
 MAX_TILE_BITS = 16  # offsets are 16-bit
-_FIXED_POINT_TOP = 2.0**61  # headroom below 2**63 for the sum of rounded products
+# Accumulator mode of the CUDA kernel (see gpusparse.kernels.tiled.ACC_MODES); "carry" is
+# the fallback for queries with more terms than "split" allows.
+DEFAULT_ACC = "split"
 
 
 @dataclass(frozen=True)
@@ -49,9 +51,10 @@ class TiledIndex:
     n_terms: int
     seg: torch.Tensor  # int64 [n_tiles * n_terms + 1]
     offs: torch.Tensor  # int16 [P] (unsigned offset inside the tile)
-    wts: torch.Tensor  # float32 [P]
+    wts: torch.Tensor  # float32 [P], or uint8 levels (weight = level · step) of a quantized index
     dense_id: torch.Tensor  # int32 [n_tiles * n_terms]: row of `dense`, or -1 for a sparse segment
-    dense: torch.Tensor  # float32 [n_dense, 2**tile_bits]: weights by offset, 0 where absent
+    dense: torch.Tensor  # wts's dtype [n_dense, 2**tile_bits]: weights by offset, 0 where absent
+    step: float = 1.0  # what a stored weight is worth (1 for float32 weights)
 
     @property
     def n_tiles(self) -> int:
@@ -80,8 +83,11 @@ def build_tiled(
     ``chunk`` postings plus a ``[n_tiles, V]`` count matrix.
 
     Segments holding at least ``dense_min`` of a tile's documents are stored densely instead
-    (one float32 per document of the tile): the kernel adds them with coalesced reads into
+    (one weight per document of the tile): the kernel adds them with coalesced reads into
     registers, without shared-memory atomics. ``None`` keeps every segment sparse.
+
+    A quantized index (:mod:`gpusparse.quantize`) stores its weights as uint8 levels: 3
+    bytes a sparse posting, 1 a dense slot.
     """
     if not 1 <= tile_bits <= MAX_TILE_BITS:
         raise ValueError(f"tile_bits must be in 1..{MAX_TILE_BITS}")
@@ -97,9 +103,19 @@ def build_tiled(
         counts += torch.bincount(tile * n_terms + term, minlength=n_tiles * n_terms)
     is_dense = counts >= max(1, int(dense_min * (1 << tile_bits))) if dense_min is not None else counts < 0
     n_dense = int(is_dense.sum())
+    quant = index.quantization
+    wdtype, step = (torch.uint8, quant.step) if quant is not None else (torch.float32, 1.0)
+
+    def stored(scores: torch.Tensor) -> torch.Tensor:
+        if quant is None:
+            return scores
+        from .quantize import levels
+
+        return levels(scores, step, quant.bits).to(torch.uint8)  # exact: scores are level · step
+
     dense_id = torch.full((n_tiles * n_terms,), -1, dtype=torch.int32, device=dev)
     dense_id[is_dense] = torch.arange(n_dense, dtype=torch.int32, device=dev)
-    dense = torch.zeros((n_dense, 1 << tile_bits), dtype=torch.float32, device=dev)
+    dense = torch.zeros((n_dense, 1 << tile_bits), dtype=wdtype, device=dev)
     sparse_counts = torch.where(is_dense, torch.zeros_like(counts), counts)
     seg = torch.zeros(n_tiles * n_terms + 1, dtype=torch.int64, device=dev)
     torch.cumsum(sparse_counts, 0, out=seg[1:])
@@ -107,7 +123,7 @@ def build_tiled(
     before = torch.cumsum(counts.view(n_tiles, n_terms), 0) - counts.view(n_tiles, n_terms)
     n_sparse = int(seg[-1])
     offs = torch.empty(n_sparse, dtype=torch.int16, device=dev)
-    wts = torch.empty(n_sparse, dtype=torch.float32, device=dev)
+    wts = torch.empty(n_sparse, dtype=wdtype, device=dev)
     mask = (1 << tile_bits) - 1
     for a, b, term, pos in _real_postings(index, lengths, list_start, total, chunk):
         doc = index.doc_ids[pos].to(torch.int64)
@@ -116,13 +132,13 @@ def build_tiled(
         off = doc & mask
         did = dense_id[key].to(torch.int64)
         d = did >= 0
-        dense[did[d], off[d]] = index.scores[pos[d]]
+        dense[did[d], off[d]] = stored(index.scores[pos[d]])
         s = ~d
         rank = torch.arange(a, b, device=dev)[s] - list_start[term[s]]  # rank inside the term's list
         new = seg[key[s]] + rank - before[tile[s], term[s]]
         offs[new] = torch.where(off[s] >= 1 << 15, off[s] - (1 << 16), off[s]).to(torch.int16)
-        wts[new] = index.scores[pos[s]]
-    return TiledIndex(tile_bits, n_docs, n_terms, seg, offs, wts, dense_id, dense)
+        wts[new] = stored(index.scores[pos[s]])
+    return TiledIndex(tile_bits, n_docs, n_terms, seg, offs, wts, dense_id, dense, step)
 
 
 def _real_postings(index: Index, lengths: torch.Tensor, list_start: torch.Tensor, total: int, chunk: int):
@@ -152,10 +168,21 @@ class FixedPoint:
     delta: torch.Tensor  # int64 [B], in units
 
 
-def fixed_point(index: Index, batch: QueryBatch) -> FixedPoint:
+def choose_acc(acc: str | None, n_terms: int) -> str:
+    """The accumulator mode for a batch whose longest query has ``n_terms`` terms."""
+    from .kernels.tiled import ACC_MODES, SPLIT_MAX_TERMS
+
+    acc = acc or DEFAULT_ACC
+    if acc not in ACC_MODES:
+        raise ValueError(f"acc must be one of {sorted(ACC_MODES)}, got {acc!r}")
+    return "carry" if acc == "split" and n_terms > SPLIT_MAX_TERMS else acc
+
+
+def fixed_point(index: Index, batch: QueryBatch, acc: str = "carry") -> FixedPoint:
     """Choose each query's scale so its largest possible score fits, and its error margin.
 
-    ``ub = Σ w_q[t] · max_scores[t]`` bounds every score; ``scale = 2**floor(log2(2**61 / ub))``.
+    ``ub = Σ w_q[t] · max_scores[t]`` bounds every score; ``scale = 2**floor(log2(top / ub))``
+    with ``top`` the accumulator mode's limit (``2**61`` for "carry", ``2**31`` for "u32").
     The integer sum ``F`` is within ``n/2`` units of ``scale · S`` (S the exact score), the
     canonical float64 sum within ``2·(n+1)·2**-53 · scale · S``; twice their sum, plus slack,
     is the margin between any two of them.
@@ -163,7 +190,9 @@ def fixed_point(index: Index, batch: QueryBatch) -> FixedPoint:
     valid = batch.padded_terms >= 0
     terms = torch.where(valid, batch.padded_terms, torch.zeros_like(batch.padded_terms))
     ub = (batch.padded_weights.to(torch.float64) * index.max_scores[terms].to(torch.float64) * valid).sum(1)
-    exp = torch.floor(torch.log2(_FIXED_POINT_TOP / ub.clamp_min(1e-300)))
+    from .kernels.tiled import ACC_TOP
+
+    exp = torch.floor(torch.log2(ACC_TOP[acc] / ub.clamp_min(1e-300)))
     scale = torch.where(ub > 0, torch.exp2(exp.clamp(-1000, 1000)), torch.ones_like(ub))
     n = batch.n_terms.to(torch.float64)
     canon = (ub * scale) * 2 * (n + 1) * 2.0**-53
@@ -178,28 +207,38 @@ def tiled_search(
     *,
     tile_bits: int = DEFAULT_TILE_BITS,
     dense_min: float | None = DEFAULT_DENSE_MIN,
+    acc: str | None = None,
     emulated: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact top-k of a query batch with the tiled engine: ``(scores, ids)`` ``[B, k]`` on the device.
 
     Uses the CUDA kernel on a GPU with CuPy, and the same algorithm in PyTorch elsewhere
-    (or when ``emulated``).
+    (or when ``emulated``). ``acc``: the kernel's accumulator mode (default
+    :data:`DEFAULT_ACC`); it sets the fixed-point scale, so the PyTorch path follows it too.
     """
     from .kernels import tiled as cuda
 
     tl = tiled(index, tile_bits, dense_min)
-    fp = fixed_point(index, batch)
+    acc = choose_acc(acc, batch.padded_terms.shape[1])
+    fp = fixed_point(index, batch, acc)
     dev = index.device
     if dev.type == "cuda" and cuda.available() and not emulated:
         launch, n_sm = cuda.tiled_candidates, torch.cuda.get_device_properties(dev).multi_processor_count
     else:
         launch, n_sm = torch_tiled_candidates, 1
-    docs, vals = candidates(tl, batch, fp, k, launch=launch, n_sm=n_sm)
+    docs, vals = candidates(tl, batch, fp, k, launch=launch, n_sm=n_sm, acc=acc)
     return finalize_candidates(index, batch, fp, docs, vals, k)
 
 
 def candidates(
-    tl: TiledIndex, batch: QueryBatch, fp: FixedPoint, k: int, *, launch: Callable[..., None], n_sm: int
+    tl: TiledIndex,
+    batch: QueryBatch,
+    fp: FixedPoint,
+    k: int,
+    *,
+    launch: Callable[..., None],
+    n_sm: int,
+    acc: str = "carry",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Candidates from ``launch`` (the CUDA kernel or :func:`torch_tiled_candidates`), in waves
     of tiles: ``(docs, values)`` ``[B, C]`` (``-1``/0 padded). ``n_sm``: the GPU's multiprocessors.
@@ -214,6 +253,7 @@ def candidates(
     b = batch.padded_terms.shape[0]
     terms32 = batch.padded_terms.to(torch.int32).contiguous()
     weights = batch.padded_weights.contiguous()
+    q_scale = fp.scale * tl.step  # per stored weight unit (exact: both are powers of two)
     if b <= SINGLE_WAVE_MAX_BATCH and k * tl.n_tiles <= SINGLE_WAVE_MAX_CANDIDATES:
         first_wave = tl.n_tiles  # small batches: one launch, no host sync between waves
     else:
@@ -228,9 +268,9 @@ def candidates(
         while done < tl.n_tiles:
             n = min(wave, tl.n_tiles - done)
             launch(
-                tl.seg, tl.offs, tl.wts, tl.dense_id, tl.dense, terms32, weights, fp.scale, fp.delta,
+                tl.seg, tl.offs, tl.wts, tl.dense_id, tl.dense, terms32, weights, q_scale, fp.delta,
                 n_docs=tl.n_docs, n_terms=tl.n_terms, tile_bits=tl.tile_bits, k=k, tiles=(done, n), select=done == 0,
-                theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
+                acc=acc, theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
             )  # fmt: skip
             done += n
             wave = max(8 * wave, -(-4 * n_sm // max(b, 1)))  # few waves: each costs a sync
@@ -313,6 +353,7 @@ def torch_tiled_candidates(
     k: int,
     tiles: tuple[int, int],
     select: bool,
+    acc: str = "carry",
     theta: torch.Tensor,
     cand_count: torch.Tensor,
     cand_doc: torch.Tensor,
@@ -323,8 +364,10 @@ def torch_tiled_candidates(
     Tile after tile, all queries at once: the same fixed-point sums, ``tau`` the tile's exact
     k-th value (the kernel's radix passes give a value at or below it; any value that k
     documents of the tile reach is a valid bound), the same emission rule. Candidates past a
-    query's capacity are counted but not stored, as on the GPU.
+    query's capacity are counted but not stored, as on the GPU. The sums are exact int64
+    here, which every ``acc`` mode also gives within its range (checked).
     """
+    from .kernels.tiled import ACC_TOP
     from .search import expand_ranges
 
     dev = seg.device
@@ -335,27 +378,30 @@ def torch_tiled_candidates(
     for t in range(tiles[0], tiles[0] + tiles[1]):
         base = t * tile
         width = min(tile, n_docs - base)
-        acc = torch.zeros(b * width, dtype=torch.int64, device=dev)
+        sums = torch.zeros(b * width, dtype=torch.int64, device=dev)
         did = dense_id[t * n_terms + terms].to(torch.int64)
         for p in (did >= 0).nonzero().flatten().tolist():
             col = torch.round(wq[p] * dense[did[p], :width].to(torch.float64)).to(torch.int64)
-            acc[rows[p] * width : (rows[p] + 1) * width] += col
+            sums[rows[p] * width : (rows[p] + 1) * width] += col
         lo, hi = seg[t * n_terms + terms], seg[t * n_terms + terms + 1]
         for pair, pos in expand_ranges(lo, hi, 1 << 22):
             off = offs[pos].to(torch.int64) & 0xFFFF
             contrib = torch.round(wq[pair] * wts[pos].to(torch.float64)).to(torch.int64)
-            acc.index_add_(0, rows[pair] * width + off, contrib)
-        acc = acc.view(b, width)
+            sums.index_add_(0, rows[pair] * width + off, contrib)
+        top = sums.max() if sums.numel() else 0
+        if top >= 2 * ACC_TOP[acc]:
+            raise OverflowError(f"fixed-point sum {int(top)} exceeds the {acc!r} accumulator")
+        sums = sums.view(b, width)
         tau = torch.zeros(b, dtype=torch.int64, device=dev)
         if select and k <= width:
-            tau = torch.topk(acc, k, dim=1).values[:, -1].clamp_min(0)
+            tau = torch.topk(sums, k, dim=1).values[:, -1].clamp_min(0)
         theta.copy_(torch.maximum(theta, tau))
-        r, c = (acc >= emission_threshold(theta, q_delta)[:, None]).nonzero(as_tuple=True)  # row-major
+        r, c = (sums >= emission_threshold(theta, q_delta)[:, None]).nonzero(as_tuple=True)  # row-major
         per_row = torch.bincount(r, minlength=b)
         slot = cand_count[r].to(torch.int64) + torch.arange(r.numel(), device=dev) - (per_row.cumsum(0) - per_row)[r]
         ok = slot < cap
         cand_doc[r[ok], slot[ok]] = (c[ok] + base).to(torch.int32)
-        cand_val[r[ok], slot[ok]] = acc[r[ok], c[ok]]
+        cand_val[r[ok], slot[ok]] = sums[r[ok], c[ok]]
         cand_count += per_row.to(torch.int32)
 
 

@@ -34,8 +34,31 @@ CUDA_SOURCE = r"""
 #endif
 #define TILE (1 << TILE_BITS)
 #define PER (TILE / THREADS)  // documents each thread owns in the dense phase
-#define ACC(i) (((u64)hi[i] << 32) | (u64)lo[i])
 typedef unsigned long long u64;
+// How a document's fixed-point sum is held in shared memory (see ACC_MODES in Python):
+//   0 "carry": 64 bits as lo/hi 32-bit halves; the hi atomic waits for the lo atomic's
+//     result to know the carry (a dependent round trip per posting).
+//   1 "split": the sum is below 2**53; lo takes each value's low SPLIT bits and hi the rest,
+//     so neither atomic needs the other's result (lo cannot overflow: at most 2**(32-SPLIT)
+//     additions per document, i.e. the query has fewer terms than that).
+//   2 "u32": the sum is below 2**32 (a coarser scale); one atomic per posting, half the
+//     shared memory.
+#ifndef ACC_MODE
+#define ACC_MODE 0
+#endif
+#define SPLIT 22
+#if ACC_MODE == 0
+#define ACC(i) (((u64)hi[i] << 32) | (u64)lo[i])
+#elif ACC_MODE == 1
+#define ACC(i) (((u64)hi[i] << SPLIT) + (u64)lo[i])
+#else
+#define ACC(i) ((u64)lo[i])
+#endif
+// Document weights: float32, or 8-bit levels of a quantized index (the query's scale then
+// includes the index's step).
+#ifndef WT
+#define WT float
+#endif
 typedef long long i64;
 
 #define MAXT 256  // query terms whose metadata sits in shared memory at once
@@ -74,9 +97,9 @@ __device__ __forceinline__ void load_terms(
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidates(
     const i64* __restrict__ seg,              // [n_tiles * V + 1] start of each sparse (tile, term) segment
     const unsigned short* __restrict__ offs,  // [P] document offset inside the tile
-    const float* __restrict__ wts,            // [P] document weight
+    const WT* __restrict__ wts,               // [P] document weight
     const int* __restrict__ dense_id,         // [n_tiles * V] row of `dense` for a dense segment, else -1
-    const float* __restrict__ dense,          // [n_dense, TILE] weights by offset (0 = absent)
+    const WT* __restrict__ dense,             // [n_dense, TILE] weights by offset (0 = absent)
     const int* __restrict__ q_terms,          // [B, T] term ids, -1 padding at the end of a row
     const float* __restrict__ q_weights,      // [B, T]
     const double* __restrict__ q_scale,       // [B] power of two: fixed-point units per score unit
@@ -92,7 +115,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     // native for 32 bits, while a 64-bit one compiles to a compare-and-swap loop.
     extern __shared__ unsigned int smem[];
     unsigned int* lo = smem;
-    unsigned int* hi = smem + TILE;
+    unsigned int* hi = smem + TILE;  // unused (not allocated) in mode 2
     __shared__ unsigned int hist[256];
     __shared__ double s_w[MAXT];
     __shared__ i64 s_start[MAXT];
@@ -126,19 +149,29 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     for (int j0 = 0; j0 < T; j0 += MAXT) {
         const int nj = min(MAXT, T - j0);
         load_terms(terms + j0, qw + j0, nj, scale, did_tile, seg_tile, s_w, s_did, s_start, s_len);
+#ifdef PROFILE_SKIP_DENSE  // profiling only (bench/profile_tiled.py): results are wrong
+        continue;
+#endif
         for (int j = 0; j < nj; ++j) {
             const int did = s_did[j];
             if (did < 0) continue;
             const double w = s_w[j];
-            const float* col = dense + (i64)did * TILE;
+            const WT* col = dense + (i64)did * TILE;
 #pragma unroll
             for (int r = 0; r < PER; ++r) reg[r] += (u64)__double2ll_rn(w * (double)col[tid + r * THREADS]);
         }
     }
 #pragma unroll
     for (int r = 0; r < PER; ++r) {
+#if ACC_MODE == 0
         lo[tid + r * THREADS] = (unsigned int)reg[r];
         hi[tid + r * THREADS] = (unsigned int)(reg[r] >> 32);
+#elif ACC_MODE == 1
+        lo[tid + r * THREADS] = (unsigned int)reg[r] & ((1u << SPLIT) - 1u);
+        hi[tid + r * THREADS] = (unsigned int)(reg[r] >> SPLIT);
+#else
+        lo[tid + r * THREADS] = (unsigned int)reg[r];
+#endif
     }
 
     // 1b. Sparse segments: one flat loop over all their postings, so that every thread has
@@ -152,7 +185,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
             s_pref[nj] = total;
         }
         __syncthreads();
+#ifdef PROFILE_SKIP_SPARSE  // profiling only: results are wrong
+        const int total = 0;
+#else
         const int total = s_pref[nj];
+#endif
         int j = 0;
         // UNROLL postings per thread and step: all their loads are issued before the first
         // atomic, so several global loads are in flight per thread.
@@ -169,7 +206,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
                     wq[u] = s_w[j];
                 }
             }
-            float wd[UNROLL];
+            WT wd[UNROLL];
             unsigned int o[UNROLL];
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
@@ -184,10 +221,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
                 // float32 x float32 is exact in float64 (wq holds w_q * scale, a power of two);
                 // one rounding to the integer unit.
                 const u64 v = (u64)__double2ll_rn(wq[u] * (double)wd[u]);
+#if ACC_MODE == 0
                 const unsigned int add_lo = (unsigned int)v;
                 const unsigned int old = atomicAdd(&lo[o[u]], add_lo);
                 const unsigned int add_hi = (unsigned int)(v >> 32) + (old + add_lo < old ? 1u : 0u);  // carry
                 if (add_hi) atomicAdd(&hi[o[u]], add_hi);
+#elif ACC_MODE == 1
+                // results unused: no round trip; the compiler may issue them back to back
+                atomicAdd(&lo[o[u]], (unsigned int)v & ((1u << SPLIT) - 1u));
+                const unsigned int add_hi = (unsigned int)(v >> SPLIT);
+                if (add_hi) atomicAdd(&hi[o[u]], add_hi);
+#else
+                atomicAdd(&lo[o[u]], (unsigned int)v);
+#endif
             }
         }
     }
@@ -285,6 +331,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
 THREADS = 512  # measured: 512 beat 1024 at 8K-document tiles (bench/results)
 UNROLL = 4  # sparse postings per thread and step
 MIN_BLOCKS = 3  # resident blocks per SM the registers must allow: 3 beat 2 (ncu: 2 left occupancy at 50%)
+# Accumulator modes (see CUDA_SOURCE) and the largest fixed-point value each holds: a query's
+# scale keeps its score bound at or below ``top`` (rounding adds at most n/2 units).
+ACC_MODES = {"carry": 0, "split": 1, "u32": 2}
+ACC_TOP = {"carry": 2.0**61, "split": 2.0**52, "u32": 2.0**31}
+SPLIT_MAX_TERMS = 1022  # "split": (terms + 1) low parts of 22 bits fit 32 bits
+_WEIGHT_TYPES = {torch.float32: "float", torch.uint8: "unsigned char"}
+# Extra -D options for profiling builds only (bench/profile_tiled.py: PROFILE_SKIP_DENSE,
+# PROFILE_SKIP_SPARSE time one phase without the other; their results are wrong).
+PROFILE_DEFINES: tuple[str, ...] = ()
 
 
 def pointer(tensor: torch.Tensor) -> np.uint64:
@@ -319,7 +374,16 @@ def available() -> bool:
 
 
 @functools.cache
-def _kernel(tile_bits: int, device_index: int, threads: int, unroll: int, min_blocks: int):  # -> cupy.RawKernel
+def _kernel(
+    tile_bits: int,
+    device_index: int,
+    threads: int,
+    unroll: int,
+    min_blocks: int,
+    acc: str,
+    weight_type: str,
+    defines: tuple[str, ...] = (),
+):  # -> cupy.RawKernel
     import cupy as cp
 
     with cp.cuda.Device(device_index):
@@ -329,11 +393,20 @@ def _kernel(tile_bits: int, device_index: int, threads: int, unroll: int, min_bl
             f"-DTHREADS={threads}",
             f"-DUNROLL={unroll}",
             f"-DMIN_BLOCKS={min_blocks}",
+            f"-DACC_MODE={ACC_MODES[acc]}",
+            f"-DWT={weight_type.replace(' ', '_')}",
+            *(f"-D{d}" for d in defines),
         )
-        module = cp.RawModule(code=CUDA_SOURCE, options=options)
+        source = "typedef unsigned char unsigned_char;\n" + CUDA_SOURCE
+        module = cp.RawModule(code=source, options=options)
         kernel = module.get_function("tiled_candidates")
-        kernel.max_dynamic_shared_size_bytes = 8 << tile_bits
+        kernel.max_dynamic_shared_size_bytes = shared_bytes(tile_bits, acc)
     return kernel
+
+
+def shared_bytes(tile_bits: int, acc: str) -> int:
+    """Dynamic shared memory of one block: the tile's accumulators."""
+    return (4 if acc == "u32" else 8) << tile_bits
 
 
 def tiled_candidates(
@@ -353,6 +426,7 @@ def tiled_candidates(
     k: int,
     tiles: tuple[int, int] | None = None,
     select: bool = True,
+    acc: str = "carry",
     theta: torch.Tensor,
     cand_count: torch.Tensor,
     cand_doc: torch.Tensor,
@@ -361,13 +435,15 @@ def tiled_candidates(
     """Launch :data:`CUDA_SOURCE`'s kernel on the current PyTorch stream (see the module docstring).
 
     All tensors must be contiguous on one CUDA device: ``seg`` int64 ``[n_tiles·V + 1]``,
-    ``offs`` int16 (read as unsigned) and ``wts`` float32 ``[P]``, ``dense_id`` int32
-    ``[n_tiles·V]``, ``dense`` float32 ``[n_dense, 2**tile_bits]``, ``q_terms`` int32 and
+    ``offs`` int16 (read as unsigned) and ``wts`` float32 or uint8 ``[P]``, ``dense_id`` int32
+    ``[n_tiles·V]``, ``dense`` (``wts``'s dtype) ``[n_dense, 2**tile_bits]``, ``q_terms`` int32 and
     ``q_weights`` float32 ``[B, T]``, ``q_scale`` float64 and ``q_delta`` int64 ``[B]``,
     ``theta`` int64 ``[B]`` (zeros, updated), ``cand_count`` int32 ``[B]`` (zeros, updated),
     ``cand_doc`` int32 and ``cand_val`` int64 ``[B, cap]`` (written). ``tiles = (first, count)``
     restricts the launch to a range of tiles (default: all). ``select=False`` skips each
     block's own k-th selection and relies on ``theta`` alone (for waves after the first).
+    ``acc`` is the accumulator mode (:data:`ACC_MODES`); the caller's scales must keep every
+    sum within its :data:`ACC_TOP`, and "split" needs at most :data:`SPLIT_MAX_TERMS` terms.
     """
     import cupy as cp
 
@@ -377,9 +453,9 @@ def tiled_candidates(
     expected = {
         "seg": (seg, torch.int64),
         "offs": (offs, torch.int16),
-        "wts": (wts, torch.float32),
+        "wts": (wts, wts.dtype if wts.dtype in _WEIGHT_TYPES else torch.float32),
         "dense_id": (dense_id, torch.int32),
-        "dense": (dense, torch.float32),
+        "dense": (dense, wts.dtype),
         "q_terms": (q_terms, torch.int32),
         "q_weights": (q_weights, torch.float32),
         "q_scale": (q_scale, torch.float64),
@@ -393,6 +469,10 @@ def tiled_candidates(
     for name, (tensor, dtype) in expected.items():
         if tensor.dtype != dtype or tensor.device != dev or not tensor.is_contiguous():
             raise ValueError(f"{name} must be a contiguous {dtype} tensor on {dev}")
+    if acc not in ACC_MODES:
+        raise ValueError(f"acc must be one of {sorted(ACC_MODES)}")
+    if acc == "split" and t > SPLIT_MAX_TERMS:
+        raise ValueError(f'acc="split" allows at most {SPLIT_MAX_TERMS} query terms, got {t}')
     if seg.numel() != n_tiles * n_terms + 1:
         raise ValueError("seg does not match n_docs, n_terms and tile_bits")
     first, count = (0, n_tiles) if tiles is None else tiles
@@ -404,11 +484,11 @@ def tiled_candidates(
         return
     threads = min(THREADS, 1 << tile_bits)
     dev_index = dev.index if dev.index is not None else torch.cuda.current_device()
-    kernel = _kernel(tile_bits, dev_index, threads, UNROLL, MIN_BLOCKS)
+    kernel = _kernel(tile_bits, dev_index, threads, UNROLL, MIN_BLOCKS, acc, _WEIGHT_TYPES[wts.dtype], PROFILE_DEFINES)
     if dense.numel() == 0:  # CuPy wants real memory behind every pointer
-        dense = torch.zeros((1, 1 << tile_bits), dtype=torch.float32, device=dev)
+        dense = torch.zeros((1, 1 << tile_bits), dtype=wts.dtype, device=dev)
     args = [pointer(x) for x in (seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_delta)]
     ints = [cp.int32(t), cp.int32(n_terms), cp.int32(n_docs), cp.int32(k), cp.int32(first), cp.int32(select)]
     outs = [pointer(x) for x in (theta, cand_count, cand_doc, cand_val)]
     with cp.cuda.Device(dev.index), cupy_stream(dev):
-        kernel((b, count), (threads,), (*args, *ints, *outs, cp.int32(cap)), shared_mem=8 << tile_bits)
+        kernel((b, count), (threads,), (*args, *ints, *outs, cp.int32(cap)), shared_mem=shared_bytes(tile_bits, acc))

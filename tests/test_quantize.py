@@ -1,0 +1,153 @@
+"""Quantized impacts: the quantizer, and exact search over quantized vectors on every path."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from gpusparse import Index, SparseCollection, write_jsonl
+from gpusparse.errors import IndexFormatError
+from gpusparse.quantize import power_of_two_step, quantize_collection, quantize_queries
+from gpusparse.search import available_kernels, query_batch
+from gpusparse.tiled import tiled, tiled_search
+
+from .reference import dense_scores, random_collection, reference_topk
+from .test_cli import ok, run
+
+
+def quantized_by_hand(coll: SparseCollection, step: float | None, bits: int = 8) -> np.ndarray:
+    """Dense float64 ``level · step`` matrix, written independently of gpusparse.quantize.
+
+    ``step=None``: one step per row (queries); else the shared step (documents).
+    """
+    dense = coll.to_scipy().toarray().astype(np.float64)
+    top = (1 << bits) - 1
+    if step is None:
+        row_max = dense.max(1, keepdims=True)
+        steps = np.where(row_max > 0, 2.0 ** np.ceil(np.log2(np.maximum(row_max, 1e-300) / top)), 1.0)
+    else:
+        steps = np.full((dense.shape[0], 1), step)
+    return np.rint(dense / steps) * steps
+
+
+def test_step_is_the_smallest_power_of_two_that_fits():
+    for m in (3.5, 1.0, 255.0, 256.0, 1e-6, 7.25):
+        s = power_of_two_step(m, 8)
+        assert math.frexp(s)[0] == 0.5  # a power of two
+        assert m / s <= 255 < m / (s / 2)
+    assert power_of_two_step(0.0, 8) == 1.0
+    with pytest.raises(ValueError, match="bits"):
+        power_of_two_step(1.0, 9)
+
+
+def test_quantize_collection_levels_and_dropped_weights():
+    docs = SparseCollection.from_dicts([{"a": 3.0, "b": 0.001, "c": 1.0}, {"b": 2.5}, {}])
+    q, report = quantize_collection(docs, 8)
+    assert report.quantization.step == power_of_two_step(3.0, 8) == 2.0**-6
+    assert report.n_weights == 4 and report.n_dropped == 1  # 0.001 < step / 2
+    assert q.row(0) == {"a": 3.0, "c": 1.0} and q.row(1) == {"b": 2.5} and q.row(2) == {}
+    levels = q.values / report.quantization.step
+    assert np.array_equal(levels, np.rint(levels)) and levels.max() <= 255
+
+
+def test_queries_are_quantized_one_by_one():
+    """A query's quantized form (and so its results) does not depend on the batch."""
+    rng = np.random.default_rng()
+    queries = random_collection(rng, 20, 60, 8)
+    whole = quantize_queries(queries, 8)
+    for i in range(len(queries)):
+        assert quantize_queries(queries[i : i + 1], 8).row(0) == whole.row(i)
+    np.testing.assert_array_equal(whole.to_scipy().toarray(), quantized_by_hand(queries, None))
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_every_kernel_is_exact_on_a_quantized_index(bits):
+    rng = np.random.default_rng()
+    docs = random_collection(rng, 700, 90, 12, empty_fraction=0.05)
+    queries = random_collection(rng, 9, 90, 8, empty_fraction=0.1)
+    index = Index.build(docs, quantize=bits)
+    step = index.quantization.step
+    assert index.quantization.bits == bits and step == power_of_two_step(float(docs.values.max()), bits)
+    scores = quantized_by_hand(queries, None, bits) @ quantized_by_hand(docs, step, bits).T
+    for k in (1, 10, 700):
+        ref_s, ref_i = reference_topk(scores, k)
+        for kernel in available_kernels():
+            res = index.search(queries, k, kernel=kernel)
+            np.testing.assert_array_equal(res.ids.numpy(), ref_i, err_msg=kernel)
+            np.testing.assert_array_equal(res.scores.numpy(), ref_s, err_msg=kernel)
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("acc", ["split", "u32"])
+def test_tiled_layout_stores_levels_and_stays_exact(acc, device):
+    rng = np.random.default_rng()
+    docs = random_collection(rng, 900, 120, 14, quantized=rng.random() < 0.5)
+    queries = random_collection(rng, 7, 120, 9)
+    index = Index.build(docs, device=device, quantize=8)
+    tl = tiled(index, 6, 0.05)
+    assert tl.wts.dtype == torch.uint8 and tl.dense.dtype == torch.uint8 and tl.step == index.quantization.step
+    assert tl.dense.shape[0] > 0 and tl.wts.numel() > 0  # both phases are exercised
+    qq = quantize_queries(queries, 8)
+    scores = dense_scores(SparseCollection.from_scipy(index_matrix(index)), qq)
+    batch = query_batch(qq, index.device)
+    for k in (1, 5, 100, 900):
+        s, i = tiled_search(index, batch, k, tile_bits=6, dense_min=0.05, acc=acc, emulated=device == "cpu")
+        ref_s, ref_i = reference_topk(scores, k)
+        np.testing.assert_array_equal(i.cpu().numpy(), ref_i)
+        np.testing.assert_array_equal(s.cpu().numpy(), ref_s)
+
+
+def index_matrix(index: Index):
+    """The index's documents as a scipy CSR matrix (from its own arrays)."""
+    from gpusparse.verify import documents_from_index_arrays
+
+    a = {k: v.cpu().numpy() for k, v in index.arrays().items()}
+    return documents_from_index_arrays(a["doc_ids"], a["scores"], a["offsets"], a["lengths"], index.n_docs)
+
+
+def test_quantization_survives_save_and_load(tmp_path):
+    rng = np.random.default_rng()
+    docs = random_collection(rng, 200, 40, 6)
+    queries = random_collection(rng, 5, 40, 5)
+    index = Index.build(docs, quantize=8)
+    index.save(tmp_path / "ix")
+    loaded = Index.load(tmp_path / "ix")
+    assert loaded.quantization == index.quantization
+    a, b = index.search(queries, 50), loaded.search(queries, 50)
+    assert torch.equal(a.ids, b.ids) and torch.equal(a.scores, b.scores)
+    manifest = tmp_path / "ix" / "manifest.json"
+    m = json.loads(manifest.read_text())
+    m["quantization"]["step"] = 0.3
+    manifest.write_text(json.dumps(m))
+    with pytest.raises(IndexFormatError, match="quantization"):
+        Index.load(tmp_path / "ix")
+
+
+def test_cli_index_quantize_info_search_and_verify(tmp_path):
+    rng = np.random.default_rng()
+    docs = random_collection(rng, 300, 50, 8)
+    docs.values[:3] = 1e-4  # below half a step: dropped, and said so
+    queries = random_collection(rng, 6, 50, 6)
+    write_jsonl(docs, tmp_path / "docs.jsonl")
+    write_jsonl(queries, tmp_path / "queries.jsonl")
+    res = ok("index", tmp_path / "docs.jsonl", "--output", tmp_path / "ix", "--quantize", "8")
+    assert "quantized to 8-bit impacts" in res.stderr and "3 of" in res.stderr
+    info = ok("info", tmp_path / "ix").stdout
+    assert "8-bit impacts" in info
+    ok("search", tmp_path / "ix", tmp_path / "queries.jsonl", "--k", "20", "--output", tmp_path / "run.trec")
+    rep = ok("verify", tmp_path / "ix", tmp_path / "queries.jsonl", "--run", tmp_path / "run.trec", "--json")
+    assert json.loads(rep.stdout)["exact"] is True
+    rep = ok(
+        "verify", tmp_path / "ix", tmp_path / "queries.jsonl", "--run", tmp_path / "run.trec",
+        "--docs", tmp_path / "docs.jsonl", "--json",
+    )  # fmt: skip
+    assert json.loads(rep.stdout)["exact"] is True
+    bad = run("index", tmp_path / "docs.jsonl", "--output", tmp_path / "ix2", "--quantize", "9")
+    assert bad.exit_code == 2 and "9" in bad.output
