@@ -13,7 +13,7 @@ from gpusparse import Index, SparseCollection, write_jsonl
 from gpusparse.errors import IndexFormatError
 from gpusparse.quantize import power_of_two_step, quantize_collection, quantize_queries
 from gpusparse.search import available_kernels, query_batch
-from gpusparse.tiled import tiled, tiled_search
+from gpusparse.tiled import fixed_point, integer_weights, tiled, tiled_search
 
 from .reference import dense_scores, random_collection, reference_topk
 from .test_cli import ok, run
@@ -85,8 +85,10 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("acc", ["split", "u32"])
-def test_tiled_layout_stores_levels_and_stays_exact(acc, device):
+@pytest.mark.parametrize("acc", ["carry", "u32"])
+@pytest.mark.parametrize("quantized_queries", [True, False])
+def test_tiled_layout_stores_levels_and_stays_exact(acc, device, quantized_queries):
+    """Integer products when the queries are quantized too; float64 ones when they are not."""
     rng = np.random.default_rng()
     docs = random_collection(rng, 900, 120, 14, quantized=rng.random() < 0.5)
     queries = random_collection(rng, 7, 120, 9)
@@ -94,9 +96,11 @@ def test_tiled_layout_stores_levels_and_stays_exact(acc, device):
     tl = tiled(index, 6, 0.05)
     assert tl.wts.dtype == torch.uint8 and tl.dense.dtype == torch.uint8 and tl.step == index.quantization.step
     assert tl.dense.shape[0] > 0 and tl.wts.numel() > 0  # both phases are exercised
-    qq = quantize_queries(queries, 8)
+    qq = quantize_queries(queries, 8) if quantized_queries else queries
     scores = dense_scores(SparseCollection.from_scipy(index_matrix(index)), qq)
     batch = query_batch(qq, index.device)
+    fp = fixed_point(index, batch, acc)
+    assert integer_weights(tl, batch, fp, acc) == (quantized_queries and acc == "u32")
     for k in (1, 5, 100, 900):
         s, i = tiled_search(index, batch, k, tile_bits=6, dense_min=0.05, acc=acc, emulated=device == "cpu")
         ref_s, ref_i = reference_topk(scores, k)
@@ -138,7 +142,10 @@ def test_cli_index_quantize_info_search_and_verify(tmp_path):
     write_jsonl(docs, tmp_path / "docs.jsonl")
     write_jsonl(queries, tmp_path / "queries.jsonl")
     res = ok("index", tmp_path / "docs.jsonl", "--output", tmp_path / "ix", "--quantize", "8")
-    assert "quantized to 8-bit impacts" in res.stderr and "3 of" in res.stderr
+    step = 2.0 ** np.ceil(np.log2(docs.values.max() / 255))
+    dropped = int((np.rint(docs.values / step) == 0).sum())
+    assert dropped >= 3
+    assert "quantized to 8-bit impacts" in res.stderr and f" {dropped:,} of {docs.nnz:,} weights" in res.stderr
     info = ok("info", tmp_path / "ix").stdout
     assert "8-bit impacts" in info
     ok("search", tmp_path / "ix", tmp_path / "queries.jsonl", "--k", "20", "--output", tmp_path / "run.trec")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gpusparse import Index, SparseCollection
-from gpusparse.kernels.tiled import ACC_TOP, SPLIT_MAX_TERMS
+from gpusparse.kernels.tiled import ACC_TOP
 from gpusparse.search import query_batch
 from gpusparse.tiled import build_tiled, choose_acc, fixed_point, tiled_search
 
@@ -56,7 +56,7 @@ def test_layout(tile_bits, dense_min):
             np.testing.assert_array_equal(tl.wts.numpy()[a:b], dense[d, term])
 
 
-@pytest.mark.parametrize("acc", ["carry", "split", "u32"])
+@pytest.mark.parametrize("acc", ["carry", "u32"])
 def test_fixed_point_margin_bounds_the_error(acc):
     """|F − scale·S| ≤ delta/2 for the rounded integer sums F of every document, within the accumulator."""
     rng = np.random.default_rng()
@@ -82,11 +82,11 @@ def test_fixed_point_margin_bounds_the_error(acc):
 @pytest.mark.parametrize(
     ("tile_bits", "dense_min", "acc"),
     [
-        (2, None, "split"),
+        (2, None, "u32"),
         (5, 0.05, "u32"),
         (9, 0.02, "carry"),
         (13, 0.01, "u32"),
-        (14, None, "split"),
+        (14, None, "u32"),
         (6, 0.1, "carry"),
     ],
 )
@@ -107,11 +107,9 @@ def test_tiled_search_is_exact(tile_bits, dense_min, acc, quantized, device, emu
 
 
 def test_accumulator_choice():
-    assert choose_acc(None, 50) == "split"
-    assert choose_acc("split", SPLIT_MAX_TERMS + 1) == "carry"  # its low halves would overflow
-    assert choose_acc("u32", 5000) == "u32"
+    assert choose_acc(None) == "u32" and choose_acc("carry") == "carry"
     with pytest.raises(ValueError, match="acc must be one of"):
-        choose_acc("fast", 3)
+        choose_acc("fast")
 
 
 def test_emulation_refuses_an_overflowing_accumulator():
@@ -147,7 +145,7 @@ def test_cuda_kernel_at_scale_and_with_candidate_overflow(monkeypatch):
     index = Index.build(docs, device="cuda")
     ref = index.search(queries, 1000, kernel="reference")
     for tile_bits, dense_min in ((12, None), (13, 0.25), (13, 0.02), (14, 0.1)):
-        for acc in ("carry", "split", "u32"):
+        for acc in ("carry", "u32"):
             batch = query_batch(queries, index.device)
             s, i = tiled_search(index, batch, 1000, tile_bits=tile_bits, dense_min=dense_min, acc=acc)
             assert torch.equal(i.cpu(), ref.ids) and torch.equal(s.cpu(), ref.scores), (tile_bits, dense_min, acc)
@@ -157,7 +155,7 @@ def test_cuda_kernel_at_scale_and_with_candidate_overflow(monkeypatch):
 
 
 def fake_kernel(seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_delta, *, n_docs, n_terms, tile_bits,
-                k, tiles, select, acc, theta, cand_count, cand_doc, cand_val):  # fmt: skip
+                k, tiles, select, acc, int_weights, theta, cand_count, cand_doc, cand_val):  # fmt: skip
     """The CUDA kernel's contract in PyTorch, block by block, so the host's waves run on a CPU."""
     b, t = q_terms.shape
     cap = cand_doc.shape[1]

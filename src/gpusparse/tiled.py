@@ -37,9 +37,9 @@ DEFAULT_DENSE_MIN = 0.12  # segments covering 12% of a tile are stored densely (
 SINGLE_WAVE_MAX_BATCH = 8
 SINGLE_WAVE_MAX_CANDIDATES = 1 << 16
 MAX_TILE_BITS = 16  # offsets are 16-bit
-# Accumulator mode of the CUDA kernel (see gpusparse.kernels.tiled.ACC_MODES); "carry" is
-# the fallback for queries with more terms than "split" allows.
-DEFAULT_ACC = "split"
+# Accumulator mode of the CUDA kernel (see gpusparse.kernels.tiled.ACC_MODES): "u32" measured
+# fastest (bench/NOTES.md); "carry" keeps 2**61 units of precision (fewer rescored candidates).
+DEFAULT_ACC = "u32"
 
 
 @dataclass(frozen=True)
@@ -168,14 +168,24 @@ class FixedPoint:
     delta: torch.Tensor  # int64 [B], in units
 
 
-def choose_acc(acc: str | None, n_terms: int) -> str:
-    """The accumulator mode for a batch whose longest query has ``n_terms`` terms."""
-    from .kernels.tiled import ACC_MODES, SPLIT_MAX_TERMS
+def choose_acc(acc: str | None) -> str:
+    """The accumulator mode: ``acc``, checked, or :data:`DEFAULT_ACC`."""
+    from .kernels.tiled import ACC_MODES
 
     acc = acc or DEFAULT_ACC
     if acc not in ACC_MODES:
         raise ValueError(f"acc must be one of {sorted(ACC_MODES)}, got {acc!r}")
-    return "carry" if acc == "split" and n_terms > SPLIT_MAX_TERMS else acc
+    return acc
+
+
+def integer_weights(tl: TiledIndex, batch: QueryBatch, fp: FixedPoint, acc: str) -> bool:
+    """Whether the kernel may multiply integers: 8-bit levels, "u32", and every scaled query
+    weight an integer (true for quantized queries: their step times the scale is a power of
+    two of at least 1). One small device reduction and a host sync."""
+    if tl.wts.dtype != torch.uint8 or acc != "u32":
+        return False
+    w = batch.padded_weights.to(torch.float64) * (fp.scale * tl.step)[:, None]
+    return bool((w == torch.round(w)).all())
 
 
 def fixed_point(index: Index, batch: QueryBatch, acc: str = "carry") -> FixedPoint:
@@ -183,14 +193,18 @@ def fixed_point(index: Index, batch: QueryBatch, acc: str = "carry") -> FixedPoi
 
     ``ub = Σ w_q[t] · max_scores[t]`` bounds every score; ``scale = 2**floor(log2(top / ub))``
     with ``top`` the accumulator mode's limit (``2**61`` for "carry", ``2**31`` for "u32").
-    The integer sum ``F`` is within ``n/2`` units of ``scale · S`` (S the exact score), the
-    canonical float64 sum within ``2·(n+1)·2**-53 · scale · S``; twice their sum, plus slack,
-    is the margin between any two of them.
+    The integer sum ``F`` is within ``n/2`` units of ``scale · S`` (S the exact score): each
+    product is rounded once to the unit (or, in the "u32" kernel's dense phase, m exact
+    products are summed in float64 below 2**32, error at most (m−1)·2**-21, then rounded
+    once: at most m/2 again). The canonical float64 sum is within
+    ``2·(n+1)·2**-53 · scale · S``; twice their sum, plus slack, is the margin between any
+    two of them.
     """
+    from .kernels.tiled import ACC_TOP
+
     valid = batch.padded_terms >= 0
     terms = torch.where(valid, batch.padded_terms, torch.zeros_like(batch.padded_terms))
     ub = (batch.padded_weights.to(torch.float64) * index.max_scores[terms].to(torch.float64) * valid).sum(1)
-    from .kernels.tiled import ACC_TOP
 
     exp = torch.floor(torch.log2(ACC_TOP[acc] / ub.clamp_min(1e-300)))
     scale = torch.where(ub > 0, torch.exp2(exp.clamp(-1000, 1000)), torch.ones_like(ub))
@@ -219,14 +233,15 @@ def tiled_search(
     from .kernels import tiled as cuda
 
     tl = tiled(index, tile_bits, dense_min)
-    acc = choose_acc(acc, batch.padded_terms.shape[1])
+    acc = choose_acc(acc)
     fp = fixed_point(index, batch, acc)
     dev = index.device
     if dev.type == "cuda" and cuda.available() and not emulated:
         launch, n_sm = cuda.tiled_candidates, torch.cuda.get_device_properties(dev).multi_processor_count
     else:
         launch, n_sm = torch_tiled_candidates, 1
-    docs, vals = candidates(tl, batch, fp, k, launch=launch, n_sm=n_sm, acc=acc)
+    int_w = integer_weights(tl, batch, fp, acc)
+    docs, vals = candidates(tl, batch, fp, k, launch=launch, n_sm=n_sm, acc=acc, int_weights=int_w)
     return finalize_candidates(index, batch, fp, docs, vals, k)
 
 
@@ -239,6 +254,7 @@ def candidates(
     launch: Callable[..., None],
     n_sm: int,
     acc: str = "carry",
+    int_weights: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Candidates from ``launch`` (the CUDA kernel or :func:`torch_tiled_candidates`), in waves
     of tiles: ``(docs, values)`` ``[B, C]`` (``-1``/0 padded). ``n_sm``: the GPU's multiprocessors.
@@ -270,7 +286,7 @@ def candidates(
             launch(
                 tl.seg, tl.offs, tl.wts, tl.dense_id, tl.dense, terms32, weights, q_scale, fp.delta,
                 n_docs=tl.n_docs, n_terms=tl.n_terms, tile_bits=tl.tile_bits, k=k, tiles=(done, n), select=done == 0,
-                acc=acc, theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
+                acc=acc, int_weights=int_weights, theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
             )  # fmt: skip
             done += n
             wave = max(8 * wave, -(-4 * n_sm // max(b, 1)))  # few waves: each costs a sync
@@ -354,6 +370,7 @@ def torch_tiled_candidates(
     tiles: tuple[int, int],
     select: bool,
     acc: str = "carry",
+    int_weights: bool = False,
     theta: torch.Tensor,
     cand_count: torch.Tensor,
     cand_doc: torch.Tensor,
@@ -365,7 +382,8 @@ def torch_tiled_candidates(
     k-th value (the kernel's radix passes give a value at or below it; any value that k
     documents of the tile reach is a valid bound), the same emission rule. Candidates past a
     query's capacity are counted but not stored, as on the GPU. The sums are exact int64
-    here, which every ``acc`` mode also gives within its range (checked).
+    here, which every ``acc`` mode also gives within its range (checked); ``int_weights``
+    changes nothing here (the products are then integers anyway).
     """
     from .kernels.tiled import ACC_TOP
     from .search import expand_ranges

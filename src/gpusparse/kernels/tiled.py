@@ -36,21 +36,17 @@ CUDA_SOURCE = r"""
 #define PER (TILE / THREADS)  // documents each thread owns in the dense phase
 typedef unsigned long long u64;
 // How a document's fixed-point sum is held in shared memory (see ACC_MODES in Python):
-//   0 "carry": 64 bits as lo/hi 32-bit halves; the hi atomic waits for the lo atomic's
-//     result to know the carry (a dependent round trip per posting).
-//   1 "split": the sum is below 2**53; lo takes each value's low SPLIT bits and hi the rest,
-//     so neither atomic needs the other's result (lo cannot overflow: at most 2**(32-SPLIT)
-//     additions per document, i.e. the query has fewer terms than that).
-//   2 "u32": the sum is below 2**32 (a coarser scale); one atomic per posting, half the
-//     shared memory.
+//   0 "carry": 64 bits as lo/hi 32-bit halves (shared-memory atomics are native for 32
+//     bits; a 64-bit one compiles to a compare-and-swap loop); each product is rounded to
+//     the integer unit and the dense phase sums integers.
+//   1 "u32": a scale that keeps every sum below 2**32; one atomic per posting, half the
+//     shared memory, and the dense phase sums exact float64 products in float64 registers
+//     (rounded once per document: one conversion per element instead of two).
 #ifndef ACC_MODE
 #define ACC_MODE 0
 #endif
-#define SPLIT 22
 #if ACC_MODE == 0
 #define ACC(i) (((u64)hi[i] << 32) | (u64)lo[i])
-#elif ACC_MODE == 1
-#define ACC(i) (((u64)hi[i] << SPLIT) + (u64)lo[i])
 #else
 #define ACC(i) ((u64)lo[i])
 #endif
@@ -59,6 +55,11 @@ typedef unsigned long long u64;
 #ifndef WT
 #define WT float
 #endif
+// INT_W (mode 1 only): every scaled query weight is an integer (a quantized index and
+// quantized queries), so products are exact 32-bit integer multiplications, no float64.
+#ifndef INT_W
+#define INT_W 0
+#endif
 typedef long long i64;
 
 #define MAXT 256  // query terms whose metadata sits in shared memory at once
@@ -66,10 +67,14 @@ typedef long long i64;
 #define UNROLL 4
 #endif
 
+// Dense rows are read VEC weights at a time (one vector load).
+#define VEC (PER >= 4 ? 4 : PER)
+template <typename T, int N> struct alignas(sizeof(T) * N) Pack { T v[N]; };
+
 // Loads the metadata of query terms [0, nj) of a chunk into shared memory (all threads).
 __device__ __forceinline__ void load_terms(
     const int* terms, const float* qw, int nj, double scale, const int* did_tile, const i64* seg_tile,
-    double* s_w, int* s_did, i64* s_start, int* s_len)
+    double* s_w, unsigned int* s_wi, int* s_did, i64* s_start, int* s_len)
 {
     __syncthreads();  // the previous chunk's metadata is no longer read
     for (int j = threadIdx.x; j < nj; j += THREADS) {
@@ -84,6 +89,7 @@ __device__ __forceinline__ void load_terms(
             }
         }
         s_w[j] = (double)qw[j] * scale;  // exact: scale is a power of two
+        s_wi[j] = INT_W ? (unsigned int)s_w[j] : 0u;  // exact when INT_W (checked by the caller)
         s_did[j] = did;
         s_start[j] = start;
         s_len[j] = len;
@@ -111,13 +117,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     u64* __restrict__ cand_val,               // [B, cap]
     const int cap)
 {
-    // The 64-bit accumulators are split in two 32-bit halves: shared-memory atomics are
-    // native for 32 bits, while a 64-bit one compiles to a compare-and-swap loop.
     extern __shared__ unsigned int smem[];
     unsigned int* lo = smem;
-    unsigned int* hi = smem + TILE;  // unused (not allocated) in mode 2
+    unsigned int* hi = smem + TILE;  // unused (not allocated) in mode 1
     __shared__ unsigned int hist[256];
     __shared__ double s_w[MAXT];
+    __shared__ unsigned int s_wi[MAXT];
     __shared__ i64 s_start[MAXT];
     __shared__ int s_did[MAXT], s_len[MAXT], s_pref[MAXT + 1];
     __shared__ u64 s_max, s_val;
@@ -141,44 +146,68 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     // The query's terms are handled in chunks of MAXT: their metadata (weight, dense row,
     // sparse segment) is loaded by all threads at once into shared memory, instead of by
     // every thread one term after the other (a chain of dependent global loads).
-    // 1a. Dense segments: each thread owns documents tid + r * THREADS and sums them in
-    //     registers from coalesced reads; the sums initialise the shared accumulators.
+    // 1a. Dense segments: each thread owns VEC consecutive documents in each group of
+    //     THREADS * VEC and sums them in registers from coalesced vector reads; the sums
+    //     initialise the shared accumulators.
+#if ACC_MODE == 1 && INT_W
+    unsigned int reg[PER];
+#elif ACC_MODE == 1
+    double reg[PER];
+#else
     u64 reg[PER];
+#endif
 #pragma unroll
-    for (int r = 0; r < PER; ++r) reg[r] = 0ull;
+    for (int r = 0; r < PER; ++r) reg[r] = 0;
     for (int j0 = 0; j0 < T; j0 += MAXT) {
         const int nj = min(MAXT, T - j0);
-        load_terms(terms + j0, qw + j0, nj, scale, did_tile, seg_tile, s_w, s_did, s_start, s_len);
+        load_terms(terms + j0, qw + j0, nj, scale, did_tile, seg_tile, s_w, s_wi, s_did, s_start, s_len);
 #ifdef PROFILE_SKIP_DENSE  // profiling only (bench/profile_tiled.py): results are wrong
         continue;
 #endif
         for (int j = 0; j < nj; ++j) {
             const int did = s_did[j];
             if (did < 0) continue;
+            const Pack<WT, VEC>* col = reinterpret_cast<const Pack<WT, VEC>*>(dense + (i64)did * TILE);
             const double w = s_w[j];
-            const WT* col = dense + (i64)did * TILE;
+            const unsigned int wi = s_wi[j];
 #pragma unroll
-            for (int r = 0; r < PER; ++r) reg[r] += (u64)__double2ll_rn(w * (double)col[tid + r * THREADS]);
+            for (int g = 0; g < PER / VEC; ++g) {
+                const Pack<WT, VEC> p = col[g * THREADS + tid];
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+#if ACC_MODE == 1 && INT_W
+                    reg[g * VEC + v] += wi * (unsigned int)p.v[v];
+#elif ACC_MODE == 1
+                    reg[g * VEC + v] = fma(w, (double)p.v[v], reg[g * VEC + v]);  // exact product
+#else
+                    reg[g * VEC + v] += (u64)__double2ll_rn(w * (double)p.v[v]);
+#endif
+                }
+            }
         }
     }
 #pragma unroll
-    for (int r = 0; r < PER; ++r) {
+    for (int g = 0; g < PER / VEC; ++g) {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            const int i = (g * THREADS + tid) * VEC + v;
 #if ACC_MODE == 0
-        lo[tid + r * THREADS] = (unsigned int)reg[r];
-        hi[tid + r * THREADS] = (unsigned int)(reg[r] >> 32);
-#elif ACC_MODE == 1
-        lo[tid + r * THREADS] = (unsigned int)reg[r] & ((1u << SPLIT) - 1u);
-        hi[tid + r * THREADS] = (unsigned int)(reg[r] >> SPLIT);
+            lo[i] = (unsigned int)reg[g * VEC + v];
+            hi[i] = (unsigned int)(reg[g * VEC + v] >> 32);
+#elif INT_W
+            lo[i] = reg[g * VEC + v];
 #else
-        lo[tid + r * THREADS] = (unsigned int)reg[r];
+            lo[i] = (unsigned int)__double2ll_rn(reg[g * VEC + v]);
 #endif
+        }
     }
 
     // 1b. Sparse segments: one flat loop over all their postings, so that every thread has
     //     independent loads in flight whatever the segments' lengths.
     for (int j0 = 0; j0 < T; j0 += MAXT) {
         const int nj = min(MAXT, T - j0);
-        load_terms(terms + j0, qw + j0, nj, scale, did_tile, seg_tile, s_w, s_did, s_start, s_len);
+        // one chunk (the usual case): its metadata is still there from the dense phase
+        if (T > MAXT) load_terms(terms + j0, qw + j0, nj, scale, did_tile, seg_tile, s_w, s_wi, s_did, s_start, s_len);
         if (tid == 0) {
             int total = 0;
             for (int j = 0; j < nj; ++j) { s_pref[j] = total; total += s_len[j]; }
@@ -196,6 +225,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
         for (int f0 = tid; f0 < total; f0 += UNROLL * THREADS) {
             i64 idx[UNROLL];
             double wq[UNROLL];
+            unsigned int wqi[UNROLL];
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
                 const int f = f0 + u * THREADS;
@@ -204,6 +234,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
                     while (s_pref[j + 1] <= f) ++j;  // f only grows: j advances, amortised O(1)
                     idx[u] = s_start[j] + (f - s_pref[j]);
                     wq[u] = s_w[j];
+                    wqi[u] = s_wi[j];
                 }
             }
             WT wd[UNROLL];
@@ -220,16 +251,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
                 if (idx[u] < 0) continue;
                 // float32 x float32 is exact in float64 (wq holds w_q * scale, a power of two);
                 // one rounding to the integer unit.
+#if INT_W
+                const u64 v = (u64)(wqi[u] * (unsigned int)wd[u]);
+#else
                 const u64 v = (u64)__double2ll_rn(wq[u] * (double)wd[u]);
+#endif
 #if ACC_MODE == 0
                 const unsigned int add_lo = (unsigned int)v;
                 const unsigned int old = atomicAdd(&lo[o[u]], add_lo);
                 const unsigned int add_hi = (unsigned int)(v >> 32) + (old + add_lo < old ? 1u : 0u);  // carry
-                if (add_hi) atomicAdd(&hi[o[u]], add_hi);
-#elif ACC_MODE == 1
-                // results unused: no round trip; the compiler may issue them back to back
-                atomicAdd(&lo[o[u]], (unsigned int)v & ((1u << SPLIT) - 1u));
-                const unsigned int add_hi = (unsigned int)(v >> SPLIT);
                 if (add_hi) atomicAdd(&hi[o[u]], add_hi);
 #else
                 atomicAdd(&lo[o[u]], (unsigned int)v);
@@ -333,9 +363,8 @@ UNROLL = 4  # sparse postings per thread and step
 MIN_BLOCKS = 3  # resident blocks per SM the registers must allow: 3 beat 2 (ncu: 2 left occupancy at 50%)
 # Accumulator modes (see CUDA_SOURCE) and the largest fixed-point value each holds: a query's
 # scale keeps its score bound at or below ``top`` (rounding adds at most n/2 units).
-ACC_MODES = {"carry": 0, "split": 1, "u32": 2}
-ACC_TOP = {"carry": 2.0**61, "split": 2.0**52, "u32": 2.0**31}
-SPLIT_MAX_TERMS = 1022  # "split": (terms + 1) low parts of 22 bits fit 32 bits
+ACC_MODES = {"carry": 0, "u32": 1}
+ACC_TOP = {"carry": 2.0**61, "u32": 2.0**31}
 _WEIGHT_TYPES = {torch.float32: "float", torch.uint8: "unsigned char"}
 # Extra -D options for profiling builds only (bench/profile_tiled.py: PROFILE_SKIP_DENSE,
 # PROFILE_SKIP_SPARSE time one phase without the other; their results are wrong).
@@ -382,6 +411,7 @@ def _kernel(
     min_blocks: int,
     acc: str,
     weight_type: str,
+    int_weights: bool,
     defines: tuple[str, ...] = (),
 ):  # -> cupy.RawKernel
     import cupy as cp
@@ -395,6 +425,7 @@ def _kernel(
             f"-DMIN_BLOCKS={min_blocks}",
             f"-DACC_MODE={ACC_MODES[acc]}",
             f"-DWT={weight_type.replace(' ', '_')}",
+            f"-DINT_W={int(int_weights)}",
             *(f"-D{d}" for d in defines),
         )
         source = "typedef unsigned char unsigned_char;\n" + CUDA_SOURCE
@@ -427,6 +458,7 @@ def tiled_candidates(
     tiles: tuple[int, int] | None = None,
     select: bool = True,
     acc: str = "carry",
+    int_weights: bool = False,
     theta: torch.Tensor,
     cand_count: torch.Tensor,
     cand_doc: torch.Tensor,
@@ -443,7 +475,9 @@ def tiled_candidates(
     restricts the launch to a range of tiles (default: all). ``select=False`` skips each
     block's own k-th selection and relies on ``theta`` alone (for waves after the first).
     ``acc`` is the accumulator mode (:data:`ACC_MODES`); the caller's scales must keep every
-    sum within its :data:`ACC_TOP`, and "split" needs at most :data:`SPLIT_MAX_TERMS` terms.
+    sum within its :data:`ACC_TOP`. ``int_weights`` (with "u32" only): every
+    ``q_weights · q_scale`` is an integer (checked by the caller), so the kernel multiplies
+    integers.
     """
     import cupy as cp
 
@@ -471,8 +505,8 @@ def tiled_candidates(
             raise ValueError(f"{name} must be a contiguous {dtype} tensor on {dev}")
     if acc not in ACC_MODES:
         raise ValueError(f"acc must be one of {sorted(ACC_MODES)}")
-    if acc == "split" and t > SPLIT_MAX_TERMS:
-        raise ValueError(f'acc="split" allows at most {SPLIT_MAX_TERMS} query terms, got {t}')
+    if int_weights and acc != "u32":
+        raise ValueError('int_weights needs acc="u32"')
     if seg.numel() != n_tiles * n_terms + 1:
         raise ValueError("seg does not match n_docs, n_terms and tile_bits")
     first, count = (0, n_tiles) if tiles is None else tiles
@@ -484,7 +518,8 @@ def tiled_candidates(
         return
     threads = min(THREADS, 1 << tile_bits)
     dev_index = dev.index if dev.index is not None else torch.cuda.current_device()
-    kernel = _kernel(tile_bits, dev_index, threads, UNROLL, MIN_BLOCKS, acc, _WEIGHT_TYPES[wts.dtype], PROFILE_DEFINES)
+    wtype = _WEIGHT_TYPES[wts.dtype]
+    kernel = _kernel(tile_bits, dev_index, threads, UNROLL, MIN_BLOCKS, acc, wtype, int_weights, PROFILE_DEFINES)
     if dense.numel() == 0:  # CuPy wants real memory behind every pointer
         dense = torch.zeros((1, 1 << tile_bits), dtype=wts.dtype, device=dev)
     args = [pointer(x) for x in (seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_delta)]
