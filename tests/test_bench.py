@@ -146,7 +146,7 @@ def results_file(tmp_path_factory):
         reps=2,
         time_cap_s=0.2,
         cpu_engines=False,
-        systems=["ours-reference", "spare-iterative", "cusparse-spmm", "dense-matmul"],
+        systems=["ours-reference", "ours-tiled-q8", "spare-iterative", "cusparse-spmm", "dense-matmul"],
         dense_max_bytes=1,  # too small for the dense matrix: it is skipped with the reason
         out=out,
         name="tiny",
@@ -163,12 +163,16 @@ def test_runner_writes_the_record_schema(results_file):
         assert key in env
     assert env["card"] == "cpu" and results_file.name.endswith("-cpu-tiny.json")
     ok = [r for r in data["results"] if r["status"] == "ok"]
-    assert {r["system"] for r in ok} == {"ours-reference", "spare-iterative", "cusparse-spmm"}
-    assert len(ok) == 3 * 2 * 2
+    assert {r["system"] for r in ok} == {"ours-reference", "ours-tiled-q8", "spare-iterative", "cusparse-spmm"}
+    assert len(ok) == 4 * 2 * 2
     for r in ok:
         for key in ("system", "n_docs", "batch_size", "k", "ms_per_batch", "qps", "peak_mem_bytes", "exact"):
             assert key in r
-        assert r["recall_vs_exact"] == 1.0 and r["exact"] is True
+        assert r["exact"] is True
+        if r["system"] == "ours-tiled-q8":  # exact for its quantized vectors, not the float32 ones
+            assert "quantized" in r["exact_against"] and 0.5 < r["recall_vs_exact"] <= 1.0
+            continue
+        assert r["recall_vs_exact"] == 1.0
         assert r["floor_ms"] > 0 and r["frac_of_floor"] > 0
         assert r["qps"] == pytest.approx(r["batch_size"] / r["ms_per_batch"] * 1e3)
     skipped = [r for r in data["results"] if r["system"] == "dense-matmul"]

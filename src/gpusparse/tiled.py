@@ -30,8 +30,13 @@ if TYPE_CHECKING:
     from .index import Index
     from .search import QueryBatch
 
-DEFAULT_TILE_BITS = 13  # 8,192 documents: 64 KiB of accumulators in shared memory (measured best)
-DEFAULT_DENSE_MIN = 0.12  # segments covering 12% of a tile are stored densely (measured best)
+# Tile size and dense-segment threshold by weight type, measured best at 8.8M x 256 on an
+# H200 (bench/results/2026-11-26-H200-profile-tiled-8.8M-v9-layout.json): float32 weights
+# 8,192-document tiles with segments covering half a tile stored densely; 8-bit levels
+# (integer dense sums are cheap) 16,384-document tiles and 12%.
+DEFAULT_LAYOUT = {"float32": (13, 0.5), "uint8": (14, 0.12)}
+DEFAULT_TILE_BITS, DEFAULT_DENSE_MIN = DEFAULT_LAYOUT["float32"]
+AUTO = "auto"
 # A batch this small whose tiles may emit at most this many candidates a query (k per
 # tile) runs in a single wave: the waves' host syncs cost more than the extra candidates.
 SINGLE_WAVE_MAX_BATCH = 8
@@ -152,8 +157,20 @@ def _real_postings(index: Index, lengths: torch.Tensor, list_start: torch.Tensor
         yield a, b, term, index.offsets[term] + (flat - list_start[term])
 
 
-def tiled(index: Index, tile_bits: int = DEFAULT_TILE_BITS, dense_min: float | None = DEFAULT_DENSE_MIN) -> TiledIndex:
-    """The index's tiled layout, built once per index object and kept in ``index.cache``."""
+def default_layout(index: Index) -> tuple[int, float]:
+    """``(tile_bits, dense_min)`` for this index's weights (see :data:`DEFAULT_LAYOUT`)."""
+    return DEFAULT_LAYOUT["uint8" if index.quantization is not None else "float32"]
+
+
+def tiled(index: Index, tile_bits: int | None = None, dense_min: float | str | None = AUTO) -> TiledIndex:
+    """The index's tiled layout, built once per index object and kept in ``index.cache``.
+
+    ``tile_bits=None`` and ``dense_min="auto"`` take :func:`default_layout`'s values;
+    ``dense_min=None`` keeps every segment sparse.
+    """
+    auto_bits, auto_dense = default_layout(index)
+    tile_bits = auto_bits if tile_bits is None else tile_bits
+    dense_min = auto_dense if dense_min == AUTO else dense_min
     key = f"tiled-{tile_bits}-{dense_min}"
     if key not in index.cache:
         index.cache[key] = build_tiled(index, tile_bits, dense_min=dense_min)
@@ -219,15 +236,16 @@ def tiled_search(
     batch: QueryBatch,
     k: int,
     *,
-    tile_bits: int = DEFAULT_TILE_BITS,
-    dense_min: float | None = DEFAULT_DENSE_MIN,
+    tile_bits: int | None = None,
+    dense_min: float | str | None = AUTO,
     acc: str | None = None,
     emulated: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact top-k of a query batch with the tiled engine: ``(scores, ids)`` ``[B, k]`` on the device.
 
     Uses the CUDA kernel on a GPU with CuPy, and the same algorithm in PyTorch elsewhere
-    (or when ``emulated``). ``acc``: the kernel's accumulator mode (default
+    (or when ``emulated``). ``tile_bits`` / ``dense_min``: the layout (see :func:`tiled`).
+    ``acc``: the kernel's accumulator mode (default
     :data:`DEFAULT_ACC`); it sets the fixed-point scale, so the PyTorch path follows it too.
     """
     from .kernels import tiled as cuda

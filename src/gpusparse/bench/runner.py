@@ -562,6 +562,16 @@ def _measure(
     cmp = compare(
         scores[:m, :k], ids[:m, :k], ref.scores[:m, :k], ref.ids[:m, :k], with_scores=not cpu
     )  # CPU engines score quantised impacts: only ids compare
+    own = system.own_reference(q[:m], k) if m else None
+    if own is not None:  # exact for its own (quantized) vectors; recall says what they change
+        mine = compare(scores[:m, :k], ids[:m, :k], own[0][:, :k], own[1][:, :k], with_scores=True)
+        cmp = {
+            "exact": mine["exact"],
+            "exact_against": "the exact search of its own quantized index",
+            "max_score_diff": mine["max_score_diff"],
+            "recall_vs_exact": cmp["recall_vs_exact"],
+            "recall_against": "the float32 exact top-k",
+        }
     rec = {
         "status": "ok",
         "ms_per_batch": ms,

@@ -101,6 +101,11 @@ class System:
     def search(self, queries: SparseCollection, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
+    def own_reference(self, queries: SparseCollection, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The exact top-k of what this system searches, when that differs from the
+        collection's float32 vectors (a quantized index); ``None`` otherwise."""
+        return None
+
     def close(self) -> None:
         """Free what :meth:`prepare` built."""
         self.w = None
@@ -176,6 +181,52 @@ class OursKernel(System):
             self.w.index.cache.clear()
             if fwd is not None:
                 self.w.index.cache["forward"] = fwd
+        super().close()
+
+
+class OursQuantized(System):
+    """:meth:`gpusparse.Index.search` on an index of 8-bit impacts (queries quantized alike).
+
+    Exact for the quantized vectors (checked against the exact search of the same quantized
+    index); its recall against the float32 exact top-k says what quantization changes.
+    """
+
+    family = "ours"
+
+    def __init__(self, kernel: str = "tiled", bits: int = 8) -> None:
+        super().__init__()
+        self.kernel, self.bits = kernel, bits
+        self.name = f"ours-{kernel}-q{bits}"
+        self.description = f"Index.from_csr(quantize={bits}).search(kernel={kernel!r})"
+        self.index: Index | None = None
+        self._refs: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _prepare(self, w: Workload) -> None:
+        try:
+            choose_kernel(self.kernel, w.device)
+        except (ValueError, ImportError) as e:
+            raise SystemUnavailable(str(e)) from e
+        indptr, terms, weights = w.forward
+        self.index = Index.from_csr(indptr, terms, weights, w.index.vocab, device=w.device, quantize=self.bits)
+        self.extra_bytes = self.index.stats().bytes
+
+    def search(self, queries: SparseCollection, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        w = self.w
+        r = self.index.search(queries, k, kernel=self.kernel, memory_budget=w.memory_budget, batch_size=len(queries))
+        return r.scores, r.ids
+
+    def own_reference(self, queries: SparseCollection, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (len(queries), k)
+        if key not in self._refs:
+            # the scatter path is exact (tested against float64) and fast; reference without Triton
+            kernel = "scatter" if self.w.device.type == "cuda" else "reference"
+            r = self.index.search(queries, k, kernel=kernel, memory_budget=self.w.memory_budget)
+            self._refs[key] = (r.scores, r.ids)
+        return self._refs[key]
+
+    def close(self) -> None:
+        self.index = None
+        self._refs.clear()
         super().close()
 
 
@@ -424,6 +475,7 @@ def gpu_systems(kernels: tuple[str, ...] | None = None) -> list[System]:
     ours = [OursKernel(k) for k in (kernels or available_kernels())]
     return [
         *ours,
+        OursQuantized(),
         PaperScatter(),
         PaperScatterChunked(),
         PaperDocPar(),
