@@ -149,18 +149,29 @@ def search(
     bar = tqdm(total=n_q, unit="q", desc="searching", disable=not progress or None, leave=False)
     for a in range(0, n_q, bq):
         b = min(n_q, a + bq)
-        if name == "reference":
-            s, i = reference_search(idx, q[a:b], k, doc_chunk=dc, max_postings=budget // _POSTING_BYTES)
-        elif name == "tiled":
-            from .tiled import tiled_search
-
-            s, i = tiled_search(idx, query_batch(q[a:b], dev), k)
-        else:
-            s, i = kernel_search(idx, q[a:b], k, kernel=name, doc_chunk=dc)
+        s, i = search_batch(idx, q[a:b], k, kernel=name, doc_chunk=dc, memory_budget=budget)
         out_scores[a:b], out_ids[a:b] = s.cpu(), i.cpu()
         bar.update(b - a)
     bar.close()
     return SearchResults(out_scores, out_ids)
+
+
+def search_batch(
+    index: Index, queries: SparseCollection, k: int, *, kernel: str, doc_chunk: int, memory_budget: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact top-``k`` of one query batch with a resolved ``kernel`` (:func:`choose_kernel`):
+    ``(scores, ids)`` ``[batch, k]`` left on the index's device, padded as :func:`search`'s.
+
+    ``doc_chunk`` documents are scored at a time (see :func:`plan_chunks`). Callers that
+    merge results on the device (shards, streamed pieces) use this instead of :func:`search`.
+    """
+    if kernel == "reference":
+        return reference_search(index, queries, k, doc_chunk=doc_chunk, max_postings=memory_budget // _POSTING_BYTES)
+    if kernel == "tiled":
+        from .tiled import tiled_search
+
+        return tiled_search(index, query_batch(queries, index.device), k)
+    return kernel_search(index, queries, k, kernel=kernel, doc_chunk=doc_chunk)
 
 
 def plan_chunks(n_queries: int, n_docs: int, budget: int, batch_size: int | None) -> tuple[int, int]:
