@@ -321,7 +321,7 @@ def init_from_env(device: str | None = None) -> tuple[int, int, torch.device]:
         torch.cuda.set_device(dev)
     else:
         dev = torch.device("cpu")
-    dist.init_process_group("nccl" if cuda else "gloo")
+    dist.init_process_group("nccl" if cuda else "gloo", device_id=dev if cuda else None)
     return dist.get_rank(), dist.get_world_size(), dev
 
 
@@ -336,9 +336,7 @@ def first_error(error: str | None, group: dist.ProcessGroup | None = None) -> tu
     return None
 
 
-def load_shard(
-    path: str | Path, rank: int = 0, world_size: int = 1, *, verify: bool = True
-) -> tuple[Index, int, int]:
+def load_shard(path: str | Path, rank: int = 0, world_size: int = 1, *, verify: bool = True) -> tuple[Index, int, int]:
     """The documents process ``rank`` of ``world_size`` searches in a sharded or plain index
     folder (a plain one is a single shard), loaded on the CPU (memory-mapped): ``(index,
     global number of its first document, documents in the whole folder)``."""
