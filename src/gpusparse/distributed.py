@@ -160,11 +160,12 @@ def _tensors(index: Index) -> list[torch.Tensor]:
 
 
 def _moved(index: Index, device: str | torch.device, *, pin: bool = False, non_blocking: bool = False) -> Index:
-    """A copy of ``index`` on ``device`` with its tiled layouts (pinned host memory if ``pin``)."""
+    """A copy of ``index`` on ``device`` with its tiled layouts (``pin``: in pinned host memory)."""
 
     def move(t: torch.Tensor) -> torch.Tensor:
-        t = t.to(device, non_blocking=non_blocking)
-        return t.pin_memory() if pin else t
+        if pin:  # straight into page-locked memory, without a pageable copy first
+            return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
+        return t.to(device, non_blocking=non_blocking)
 
     arrays = {k: move(v) for k, v in index.arrays().items()}
     out = Index(arrays, ids=None, vocab=index.vocab, n_docs=index.n_docs)
