@@ -116,6 +116,11 @@ unknown_option = click.option(
     metavar="BITS",
     help="Store BITS-bit impacts (8 as Lucene, PISA and BMP); queries are quantized alike at search time.",
 )
+@click.option(
+    "--shards",
+    type=click.IntRange(min=1),
+    help="Split the documents into N contiguous shards, one index folder each (for search --distributed).",
+)
 @click.option("--overwrite", is_flag=True, help="Replace an existing index at --output.")
 @progress_option
 @friendly_errors
@@ -126,6 +131,7 @@ def index_cmd(
     unknown_tokens: str,
     device: str,
     quantize: int | None,
+    shards: int | None,
     overwrite: bool,
     progress: bool,
 ) -> None:
@@ -145,7 +151,34 @@ def index_cmd(
     coll = read_vectors(vectors, Vocabulary.resolve(vocab), unknown=unknown_tokens, progress=progress, stats=stats)  # type: ignore[arg-type]
     click.echo(f"read {stats.summary()}", err=True)
     n_weights = coll.nnz
-    index = Index.build(coll, device=_device(device) or "cpu", progress=progress, quantize=quantize)
+    dev = _device(device) or "cpu"
+    if shards is not None:
+        from .shards import document_ranges, save_sharded
+
+        quantization = None
+        if quantize is not None:  # one step for the whole collection, so shards rank alike
+            from .quantize import quantize_collection
+
+            coll, report = quantize_collection(coll, quantize)
+            quantization = report.quantization
+            click.echo(
+                f"quantized to {quantize}-bit impacts, step {quantization.step:g}: {report.n_dropped:,} of "
+                f"{n_weights:,} weights fell below half a step and were dropped",
+                err=True,
+            )
+
+        ranges = document_ranges(len(coll), shards)  # one shard built at a time
+        parts = (_shard_index(coll[a:b], dev, quantization) for a, b in ranges)
+        entries = save_sharded(parts, output, overwrite=overwrite)
+        n_post = sum(e["n_postings"] for e in entries)
+        click.echo(
+            f"indexed {len(coll):,} documents, {n_post:,} postings in {len(entries)} shards of "
+            f"{min(b - a for a, b in ranges):,}-{max(b - a for a, b in ranges):,} documents "
+            f"in {time.perf_counter() - t0:.1f} s -> {output}",
+            err=True,
+        )
+        return
+    index = Index.build(coll, device=dev, progress=progress, quantize=quantize)
     del coll
     index.save(output, overwrite=overwrite)
     st = index.stats()
@@ -160,6 +193,15 @@ def index_cmd(
         f"({st.bytes / 2**20:,.1f} MiB) in {time.perf_counter() - t0:.1f} s -> {output}",
         err=True,
     )
+
+
+def _shard_index(part: Any, device: str, quantization: Any) -> Any:
+    """One shard's index; an already quantized shard keeps the whole collection's step."""
+    from .index import Index
+
+    index = Index.build(part, device=device)
+    index.quantization = quantization
+    return index
 
 
 @main.command("search")
@@ -180,6 +222,18 @@ def index_cmd(
 @click.option("--tag", default="gpusparse", show_default=True, help="Run tag (last column).")
 @unknown_option
 @click.option("--verify/--no-verify", default=True, show_default=True, help="Check the index files' checksums.")
+@click.option(
+    "--distributed",
+    is_flag=True,
+    help="Under torchrun: each process searches its shards (one GPU each, else the CPU) and the "
+    "results are merged on the device; process 0 writes the run.",
+)
+@click.option(
+    "--index-memory",
+    help="Device memory the index (or a process's shards) may use; a larger one is streamed from "
+    "host memory in pieces [default: 90% of the GPU's free memory; no limit on cpu].",
+)
+@click.option("--pieces", type=click.IntRange(min=1), help="Stream the index in N pieces (forces streaming).")
 @progress_option
 @friendly_errors
 def search_cmd(
@@ -194,32 +248,53 @@ def search_cmd(
     tag: str,
     unknown_tokens: str,
     verify: bool,
+    distributed: bool,
+    index_memory: str | None,
+    pieces: int | None,
     progress: bool,
 ) -> None:
     """Search an index with the queries in QUERIES and write a TREC run.
 
     QUERIES is a JsonVectorCollection JSONL(.gz) (or Seismic JSONL/.bin) file read in the
-    index's vocabulary; its ids become the run's query ids.
+    index's vocabulary; its ids become the run's query ids. With --distributed, start one
+    process per GPU: torchrun --nproc-per-node=N $(which gpusparse) search ... --distributed
+    (the run equals a single process's, byte for byte).
     """
     import torch
 
-    from .formats import ReadStats, read_vectors, write_trec_run
-    from .index import Index
+    from .formats import ReadStats, read_vectors
 
     budget = parse_size(memory_budget)
     if budget < 1 << 16:
         raise click.BadParameter("must be at least 64KiB", param_hint="--memory-budget")
+    index_budget = None if index_memory is None else parse_size(index_memory)
     if not output.parent.is_dir():
         raise click.BadParameter(f"folder {output.parent} does not exist", param_hint="--output")
-    dev = _device(device) or ("cuda" if torch.cuda.is_available() else "cpu")
     if tag.split() != [tag]:
         raise click.BadParameter("must be one word", param_hint="--tag")
+    if distributed:
+        _search_distributed(
+            index_dir, queries, k, output, batch_size, device, kernel, budget, tag, unknown_tokens, verify,
+            index_budget, pieces, progress,
+        )  # fmt: skip
+        return
+    dev = _device(device) or ("cuda" if torch.cuda.is_available() else "cpu")
+    _check_kernel(kernel, dev)
     from .segments import SegmentedIndex, is_segmented
 
     # An index updated with add/delete/compact is a segmented folder: search its snapshot.
     segmented = is_segmented(index_dir)
-    loader = SegmentedIndex if segmented else Index
-    index = loader.load(index_dir, device=dev, verify=verify)
+    if segmented:
+        if index_budget is not None or pieces is not None:
+            raise click.UsageError("--index-memory and --pieces apply to plain and sharded index folders")
+        index: Any = SegmentedIndex.load(index_dir, device=dev, verify=verify)
+    else:
+        from .distributed import load_shard, open_for_search
+
+        host, _, _ = load_shard(index_dir, verify=verify)
+        index = open_for_search(
+            host, dev, kernel=kernel, index_memory=index_budget, pieces=pieces, memory_budget=budget
+        )
     stats = ReadStats()
     qs = read_vectors(queries, index.vocab, unknown=unknown_tokens, progress=progress, stats=stats)  # type: ignore[arg-type]
     click.echo(f"read {stats.summary()}", err=True)
@@ -230,17 +305,109 @@ def search_cmd(
         doc_names, ranked = index.position_ids, res.positions
     else:
         doc_names, ranked = index.ids, res.ids
+    n = _write_run(output, qs.ids, doc_names, res.scores, ranked, tag)
+    qps = len(qs) / dt if dt > 0 else float("inf")
+    streamed = f" (streamed in {len(index.pieces)} pieces)" if hasattr(index, "pieces") else ""
+    click.echo(
+        f"searched {len(qs):,} queries on {dev}{streamed} in {dt:.3f} s ({qps:,.0f} queries/s); "
+        f"wrote {n:,} lines to {output}",
+        err=True,
+    )
+
+
+def _check_kernel(kernel: str, dev: str) -> None:
+    import torch
+
+    from .search import choose_kernel
+
+    try:
+        choose_kernel(kernel, torch.device(dev))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--kernel") from None
+
+
+def _write_run(output: Path, qids: list[str], doc_names: list[str], scores: Any, ranked: Any, tag: str) -> int:
+    """Write a TREC run atomically (temporary file, then rename); the number of lines."""
+    from .formats import write_trec_run
+
     tmp = output.with_name(f".{output.name}.tmp-{uuid.uuid4().hex[:8]}")
     try:
-        n = write_trec_run(tmp, qs.ids, doc_names, res.scores.numpy(), ranked.numpy(), tag=tag)
+        n = write_trec_run(tmp, qids, doc_names, scores.numpy(), ranked.numpy(), tag=tag)
         os.replace(tmp, output)
     finally:
         tmp.unlink(missing_ok=True)
-    qps = len(qs) / dt if dt > 0 else float("inf")
-    click.echo(
-        f"searched {len(qs):,} queries on {dev} in {dt:.3f} s ({qps:,.0f} queries/s); wrote {n:,} lines to {output}",
-        err=True,
-    )
+    return n
+
+
+def _search_distributed(
+    index_dir: Path,
+    queries: Path,
+    k: int,
+    output: Path,
+    batch_size: int | None,
+    device: str | None,
+    kernel: str,
+    budget: int,
+    tag: str,
+    unknown_tokens: str,
+    verify: bool,
+    index_budget: int | None,
+    pieces: int | None,
+    progress: bool,
+) -> None:
+    """``search --distributed``: one process of a torchrun group (see gpusparse.distributed).
+
+    Set-up errors (a missing shard, bad queries) are shared before any search, so that every
+    process stops: process 0 prints the first one, the others exit with status 1 silently.
+    """
+    import torch.distributed as dist
+
+    from .distributed import first_error, init_from_env, load_shard, open_for_search, search_sharded
+    from .errors import GPUSparseError
+    from .formats import ReadStats, read_vectors
+    from .shards import is_sharded, shard_ids
+
+    rank, world, dev = init_from_env(device)
+    try:
+        error = None
+        try:
+            _check_kernel(kernel, str(dev))
+            host, offset, n_docs = load_shard(index_dir, rank, world, verify=verify)
+            shard = open_for_search(
+                host, dev, kernel=kernel, index_memory=index_budget, pieces=pieces, memory_budget=budget
+            )
+            stats = ReadStats()
+            qs = read_vectors(queries, shard.vocab, unknown=unknown_tokens, progress=False, stats=stats)  # type: ignore[arg-type]
+            names: list[str] = []
+            if rank == 0:
+                names = shard_ids(index_dir, verify=verify) if is_sharded(index_dir) else host.ids
+        except (GPUSparseError, OSError, click.BadParameter) as exc:
+            where = f"{exc.filename}: " if isinstance(exc, OSError) and exc.filename else ""
+            error = where + (exc.format_message() if isinstance(exc, click.BadParameter) else str(exc))
+        failed = first_error(error)
+        if failed is not None:
+            if rank == 0:
+                _fail(failed[1] if world == 1 else f"process {failed[0]}: {failed[1]}")
+            sys.exit(1)
+        if rank == 0:
+            click.echo(f"read {stats.summary()}", err=True)
+        t0 = time.perf_counter()
+        res = search_sharded(
+            shard, qs, k, offset=offset, n_docs=n_docs, batch_size=batch_size, kernel=kernel,
+            memory_budget=budget, progress=progress and rank == 0,
+        )  # fmt: skip
+        dt = time.perf_counter() - t0
+        if rank == 0:
+            n = _write_run(output, qs.ids, names, res.scores, res.ids, tag)
+            qps = len(qs) / dt if dt > 0 else float("inf")
+            click.echo(
+                f"searched {len(qs):,} queries on {world} processes ({dev.type}) in {dt:.3f} s "
+                f"({qps:,.0f} queries/s); wrote {n:,} lines to {output}",
+                err=True,
+            )
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
 
 
 @main.command("info")
@@ -272,6 +439,11 @@ def info_cmd(index_dir: Path, as_json: bool) -> None:
         click.echo(f"vocabulary     {len(seg.vocab):,} terms")
         click.echo(f"postings       {info_seg['postings']:,} (deleted documents' included until compaction)")
         return
+    from .shards import is_sharded
+
+    if is_sharded(index_dir):
+        _info_sharded(index_dir, as_json)
+        return
     m = read_manifest(index_dir)
     n_bytes = sum(f["bytes"] for f in m["files"].values())
     info = {
@@ -298,6 +470,50 @@ def info_cmd(index_dir: Path, as_json: bool) -> None:
     if m.get("quantization"):
         qz = m["quantization"]
         click.echo(f"quantization   {qz['bits']}-bit impacts, step {qz['step']:g} (queries quantized alike)")
+
+
+def _info_sharded(index_dir: Path, as_json: bool) -> None:
+    from .shards import read_sharded_manifest
+    from .storage import read_manifest
+
+    m = read_sharded_manifest(index_dir)
+    shards = []
+    for e in m["shards"]:
+        sm = read_manifest(index_dir / e["name"])
+        shards.append(
+            {
+                "name": e["name"],
+                "offset": e["offset"],
+                "documents": e["n_docs"],
+                "postings": sm["n_postings"],
+                "bytes_on_disk": sum(f["bytes"] for f in sm["files"].values()),
+            }
+        )
+    info = {
+        "path": str(index_dir),
+        "format_version": m["format_version"],
+        "created_by": m.get("created_by"),
+        "documents": m["n_docs"],
+        "vocabulary_terms": m["n_terms"],
+        "postings": sum(sh["postings"] for sh in shards),
+        "bytes_on_disk": sum(sh["bytes_on_disk"] for sh in shards),
+        "shards": shards,
+    }
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    click.echo(f"index          {index_dir} (sharded, format {m['format_version']}, {m.get('created_by')})")
+    click.echo(f"documents      {m['n_docs']:,}")
+    click.echo(f"vocabulary     {m['n_terms']:,} terms")
+    click.echo(f"postings       {info['postings']:,}")
+    click.echo(f"size on disk   {info['bytes_on_disk'] / 2**20:,.1f} MiB")
+    click.echo(f"shards         {len(shards)} (search --distributed: one or more per process)")
+    for sh in shards:
+        last = sh["offset"] + sh["documents"] - 1
+        click.echo(
+            f"  {sh['name']}     documents {sh['offset']:,}-{last:,}, {sh['postings']:,} postings, "
+            f"{sh['bytes_on_disk'] / 2**20:,.1f} MiB"
+        )
 
 
 # -- text to metrics: encode, eval, pipeline, verify -----------------------------------------

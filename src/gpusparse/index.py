@@ -279,11 +279,18 @@ class Index:
                 GPU anyway).
             verify: check every file's SHA-256 against the manifest (reads all bytes).
 
+        A sharded folder (``gpusparse index --shards N``) loads whole: its shards joined into
+        one index, the same as one build of all their documents
+        (:func:`gpusparse.shards.load_sharded` loads some shards only).
+
         Raises:
             IndexFormatError: missing, truncated, corrupted, or written by a newer version.
         """
+        from .shards import is_sharded, load_sharded
         from .storage import load_index
 
+        if is_sharded(path):
+            return load_sharded(path, device=device, mmap=mmap, verify=verify)[0]
         return load_index(cls, path, device=device, mmap=mmap, verify=verify)
 
     def save(self, path: str | Path, *, overwrite: bool = False) -> None:

@@ -28,6 +28,7 @@ from .topk import certified_candidates, merge_topk, topk_by_key
 
 if TYPE_CHECKING:
     from .index import Index
+    from .quantize import Quantization
     from .vocab import Vocabulary
 
 DEFAULT_MEMORY_BUDGET = 1 << 30
@@ -96,6 +97,16 @@ def as_queries(queries: object, vocab: Vocabulary) -> SparseCollection:
     return q
 
 
+def prepare_queries(queries: object, vocab: Vocabulary, quantization: Quantization | None) -> SparseCollection:
+    """:func:`as_queries`, then quantized like the index's documents when they are."""
+    q = as_queries(queries, vocab)
+    if quantization is not None:
+        from .quantize import quantize_queries
+
+        q = quantize_queries(q, quantization.bits)
+    return q
+
+
 def check_vocab(query_vocab: Vocabulary, index_vocab: Vocabulary) -> None:
     """Refuse queries whose term ids would mean other tokens than the index's.
 
@@ -139,11 +150,7 @@ def search(
     if budget < 1 << 16:
         raise ValueError("memory_budget must be at least 64 KiB")
     dev = index.device if device is None else torch.device(device)
-    q = as_queries(queries, index.vocab)
-    if index.quantization is not None:  # the index holds quantized impacts: so do its queries
-        from .quantize import quantize_queries
-
-        q = quantize_queries(q, index.quantization.bits)
+    q = prepare_queries(queries, index.vocab, index.quantization)
     name = choose_kernel(kernel, dev)
     idx = index.to(dev)
     n_q = len(q)
@@ -153,18 +160,29 @@ def search(
     bar = tqdm(total=n_q, unit="q", desc="searching", disable=not progress or None, leave=False)
     for a in range(0, n_q, bq):
         b = min(n_q, a + bq)
-        if name == "reference":
-            s, i = reference_search(idx, q[a:b], k, doc_chunk=dc, max_postings=budget // _POSTING_BYTES)
-        elif name == "tiled":
-            from .tiled import tiled_search
-
-            s, i = tiled_search(idx, query_batch(q[a:b], dev), k)
-        else:
-            s, i = kernel_search(idx, q[a:b], k, kernel=name, doc_chunk=dc)
+        s, i = search_batch(idx, q[a:b], k, kernel=name, doc_chunk=dc, memory_budget=budget)
         out_scores[a:b], out_ids[a:b] = s.cpu(), i.cpu()
         bar.update(b - a)
     bar.close()
     return SearchResults(out_scores, out_ids)
+
+
+def search_batch(
+    index: Index, queries: SparseCollection, k: int, *, kernel: str, doc_chunk: int, memory_budget: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact top-``k`` of one query batch with a resolved ``kernel`` (:func:`choose_kernel`):
+    ``(scores, ids)`` ``[batch, k]`` left on the index's device, padded as :func:`search`'s.
+
+    ``doc_chunk`` documents are scored at a time (see :func:`plan_chunks`). Callers that
+    merge results on the device (shards, streamed pieces) use this instead of :func:`search`.
+    """
+    if kernel == "reference":
+        return reference_search(index, queries, k, doc_chunk=doc_chunk, max_postings=memory_budget // _POSTING_BYTES)
+    if kernel == "tiled":
+        from .tiled import tiled_search
+
+        return tiled_search(index, query_batch(queries, index.device), k)
+    return kernel_search(index, queries, k, kernel=kernel, doc_chunk=doc_chunk)
 
 
 def plan_chunks(n_queries: int, n_docs: int, budget: int, batch_size: int | None) -> tuple[int, int]:

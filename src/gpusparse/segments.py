@@ -58,7 +58,7 @@ from .errors import IndexFormatError, InputError
 from .index import MAX_DOCS, Index
 from .search import as_queries
 from .storage import MANIFEST, _fsync_dir, _sha256, _write_synced, read_manifest
-from .topk import decode_keys, encode_keys
+from .topk import merge_results
 from .vocab import Vocabulary
 
 FORMAT = "gpusparse-segmented-index"
@@ -212,7 +212,8 @@ class SegmentedIndex:
             raise ValueError(f"k must be a positive integer, not {k!r}")
         q = as_queries(queries, self.vocab)
         n_q = len(q)
-        keys = [torch.zeros((n_q, 0), dtype=torch.int64)]
+        scores = [torch.zeros((n_q, 0), dtype=torch.float32)]
+        positions = [torch.zeros((n_q, 0), dtype=torch.int64)]
         for s in self.segments:
             live = s.index.n_docs - s.n_deleted
             if live == 0:
@@ -224,19 +225,9 @@ class SegmentedIndex:
             if s.n_deleted:
                 gone = torch.from_numpy(s.deleted)[local.clamp_min(0)]
                 ok &= ~gone
-            scores = torch.where(ok, res.scores, torch.zeros_like(res.scores))
-            glob = torch.where(ok, local + s.base, torch.full_like(local, MAX_DOCS))
-            keys.append(torch.where(ok, encode_keys(scores, glob), torch.zeros_like(local)))
-        allk = torch.cat(keys, dim=1)
-        out_s = torch.zeros((n_q, k), dtype=torch.float32)
-        out_p = torch.full((n_q, k), -1, dtype=torch.int64)
-        if allk.shape[1]:
-            top = torch.topk(allk, min(k, allk.shape[1]), dim=1, largest=True, sorted=True).values
-            s, p = decode_keys(top)
-            hit = top > 0
-            kk = top.shape[1]
-            out_s[:, :kk] = torch.where(hit, s, torch.zeros_like(s))
-            out_p[:, :kk] = torch.where(hit, p, torch.full_like(p, -1))
+            scores.append(res.scores)
+            positions.append(torch.where(ok, local + s.base, torch.full_like(local, -1)))
+        out_s, out_p = merge_results(torch.cat(scores, dim=1), torch.cat(positions, dim=1), k)
         names = self._names_of(out_p)
         return SegmentedResults(out_s, out_p, names)
 

@@ -166,6 +166,11 @@ def _read_manifest(path: Path) -> dict[str, Any]:
         manifest = json.loads(mpath.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
         raise IndexFormatError(f"{mpath}: unreadable manifest ({exc})") from None
+    if isinstance(manifest, dict) and manifest.get("format") == "gpusparse-sharded-index":
+        raise IndexFormatError(
+            f"{path}: a sharded index (gpusparse index --shards); Index.load reads it whole, "
+            "gpusparse.shards.load_sharded shard by shard"
+        )
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise IndexFormatError(f"{mpath}: not a GPUSparse index manifest")
     version = manifest.get("format_version")

@@ -85,3 +85,29 @@ def merge_topk(
     keys = torch.cat([encode_keys(*a), encode_keys(*b)], dim=1)
     kk = min(k, keys.shape[1])
     return decode_keys(torch.topk(keys, kk, dim=1, largest=True, sorted=True).values)
+
+
+def merge_results(scores: torch.Tensor, ids: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-``k`` of padded result lists laid side by side: ``[B, C]`` float32 ``scores`` and int
+    ``ids`` (distinct in a row), where id ``-1`` or score ``0`` marks an empty slot.
+
+    Returns ``(scores, ids)`` ``[B, k]`` ranked by score descending, then id ascending, padded
+    with ``0`` / ``-1`` (the contract of :func:`gpusparse.search.search`), on the input's device.
+    Merging shards' or segments' top-k lists with their global ids this way gives the top-k
+    of one index over all their documents.
+    """
+    b, c = ids.shape
+    out_s = torch.zeros((b, k), dtype=torch.float32, device=ids.device)
+    out_i = torch.full((b, k), -1, dtype=torch.int64, device=ids.device)
+    if c == 0:
+        return out_s, out_i
+    ok = (ids >= 0) & (scores > 0)
+    keys = encode_keys(torch.where(ok, scores, torch.zeros_like(scores)), ids.clamp_min(0))
+    keys = torch.where(ok, keys, torch.zeros_like(keys))  # a real result's key is > 0
+    top = torch.topk(keys, min(k, c), dim=1, largest=True, sorted=True).values
+    s, i = decode_keys(top)
+    hit = top > 0
+    kk = top.shape[1]
+    out_s[:, :kk] = torch.where(hit, s, torch.zeros_like(s))
+    out_i[:, :kk] = torch.where(hit, i, torch.full_like(i, -1))
+    return out_s, out_i

@@ -1,0 +1,351 @@
+"""Search beyond one device: shards over processes with a device-side merge, and streaming.
+
+**Sharded search** (:func:`search_sharded`). The documents are cut into contiguous shards
+(:mod:`gpusparse.shards`); each process of a ``torch.distributed`` group (one GPU each with
+NCCL, or CPU processes with gloo) searches its shard for the whole query batch, giving
+``[B, k]`` scores and global positions (shard offset + local number; ``0`` / ``-1`` padded
+where a shard has fewer than ``k`` matches). The lists are all-gathered on the device and
+merged there by score descending, then global position ascending
+(:func:`gpusparse.topk.merge_results`). Every kernel returns the canonical score of each
+(query, document) pair whichever index holds the document, so the merged results equal
+one process's search of the whole collection bit for bit, ties included.
+
+**Streaming** (:class:`StreamedIndex`). An index (or shard) larger than the device's memory
+stays in host memory (pinned, for a GPU) cut into document-range pieces. For each query
+batch, piece ``i + 1`` is copied on a side CUDA stream while piece ``i`` is searched, and the
+pieces' top-k are merged on the device the way shards' are. On a CPU the same loop runs
+without streams. :func:`open_for_search` decides between resident and streamed from a
+device-memory budget.
+
+Every process must make the same calls in the same order (each reads the same queries);
+an error on one process only would leave the others waiting in a collective, so setup
+errors are shared first (:func:`first_error`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import fields, replace
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from tqdm.auto import tqdm
+
+from .collection import SparseCollection
+from .errors import InputError
+from .index import Index
+from .search import (
+    DEFAULT_MEMORY_BUDGET,
+    SearchResults,
+    choose_kernel,
+    plan_chunks,
+    prepare_queries,
+    search_batch,
+)
+from .shards import assign_shards, document_ranges, is_sharded, load_sharded, read_sharded_manifest, slice_documents
+from .tiled import TiledIndex
+from .tiled import tiled as tiled_layout
+from .topk import merge_results
+
+# Share of the device's free memory an index may take when no budget is given.
+FREE_MEMORY_SHARE = 0.9
+
+
+class StreamedIndex:
+    """An index kept in host memory in ``n_pieces`` document ranges, searched on ``device``
+    piece by piece (see the module docstring). ``kernel`` is resolved once; for the tiled
+    engine each piece's tiled layout is built once (on ``device``) and kept in host memory
+    beside it, so a piece travels in both layouts (about 14 instead of 8 bytes a posting).
+
+    Args:
+        index: the documents, on any device (pieces are cut where it is, then moved to the host).
+        n_pieces: document ranges (at most ``index.n_docs``); two are on the device at once.
+        device: where to search.
+        kernel: ``"auto"`` or a kernel name, as for :meth:`Index.search`.
+    """
+
+    def __init__(self, index: Index, n_pieces: int, device: str | torch.device, *, kernel: str = "auto") -> None:
+        self.device = torch.device(device)
+        self.kernel = choose_kernel(kernel, self.device)
+        self.vocab = index.vocab
+        self.quantization = index.quantization
+        self.n_docs = index.n_docs
+        self._ids = index._ids
+        cuda = self.device.type == "cuda"
+        self.pieces: list[tuple[int, Index]] = []
+        for a, b in document_ranges(index.n_docs, n_pieces):
+            piece = slice_documents(index, a, b)
+            if cuda and self.kernel == "tiled":
+                on_device = piece.to(self.device)
+                tiled_layout(on_device)
+                piece.cache.update(on_device.cache)
+                del on_device
+            self.pieces.append((a, _moved(piece, "cpu", pin=cuda)))
+        self._copy_stream = torch.cuda.Stream(self.device) if cuda else None
+
+    @property
+    def ids(self) -> list[str]:
+        """The documents' string ids, by document number."""
+        if self._ids is None:
+            self._ids = [str(i) for i in range(self.n_docs)]
+        return self._ids
+
+    @property
+    def nbytes(self) -> int:
+        """Host bytes of the pieces (both layouts)."""
+        return sum(t.numel() * t.element_size() for _, p in self.pieces for t in _tensors(p))
+
+    def search(
+        self,
+        queries: SparseCollection | object,
+        k: int = 1000,
+        *,
+        batch_size: int | None = None,
+        kernel: str = "auto",
+        memory_budget: int | None = None,
+        progress: bool = False,
+    ) -> SearchResults:
+        """Exact top-``k``, as :meth:`Index.search` (same results, bit for bit)."""
+        return search_sharded(
+            self,
+            queries,
+            k,
+            distributed=False,
+            batch_size=batch_size,
+            kernel=kernel,
+            memory_budget=memory_budget,
+            progress=progress,
+        )
+
+    def search_batch(
+        self, queries: SparseCollection, k: int, *, doc_chunk: int, memory_budget: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One query batch over all pieces: ``(scores, ids)`` ``[B, k]`` on the device."""
+        n_q = len(queries)
+        best_s = torch.zeros((n_q, 0), dtype=torch.float32, device=self.device)
+        best_i = torch.zeros((n_q, 0), dtype=torch.int64, device=self.device)
+        arriving = self._fetch(0)
+        for j, (base, _) in enumerate(self.pieces):
+            piece = arriving
+            if self._copy_stream is not None:
+                compute = torch.cuda.current_stream(self.device)
+                compute.wait_stream(self._copy_stream)  # piece j has arrived
+                for t in _tensors(piece):  # its memory is reused only after this stream's work
+                    t.record_stream(compute)
+            # Piece j + 1 starts copying now, on the side stream, while piece j is searched.
+            arriving = self._fetch(j + 1) if j + 1 < len(self.pieces) else None
+            s, i = search_batch(piece, queries, k, kernel=self.kernel, doc_chunk=doc_chunk, memory_budget=memory_budget)
+            i = torch.where(i >= 0, i + base, i)
+            best_s, best_i = merge_results(torch.cat([best_s, s], 1), torch.cat([best_i, i], 1), k)
+            del piece
+        return best_s, best_i
+
+    def _fetch(self, j: int) -> Index:
+        piece = self.pieces[j][1]
+        if self._copy_stream is None:
+            return piece
+        with torch.cuda.stream(self._copy_stream):
+            return _moved(piece, self.device, non_blocking=True)
+
+    def __repr__(self) -> str:
+        return f"StreamedIndex(n_docs={self.n_docs}, pieces={len(self.pieces)}, device={self.device})"
+
+
+def _tensors(index: Index) -> list[torch.Tensor]:
+    out = list(index.arrays().values())
+    for value in index.cache.values():
+        if isinstance(value, TiledIndex):
+            out += [getattr(value, f.name) for f in fields(value) if isinstance(getattr(value, f.name), torch.Tensor)]
+    return out
+
+
+def _moved(index: Index, device: str | torch.device, *, pin: bool = False, non_blocking: bool = False) -> Index:
+    """A copy of ``index`` on ``device`` with its tiled layouts (``pin``: in pinned host memory)."""
+
+    def move(t: torch.Tensor) -> torch.Tensor:
+        if pin:  # straight into page-locked memory, without a pageable copy first
+            return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
+        return t.to(device, non_blocking=non_blocking)
+
+    arrays = {k: move(v) for k, v in index.arrays().items()}
+    out = Index(arrays, ids=None, vocab=index.vocab, n_docs=index.n_docs, quantization=index.quantization)
+    for key, value in index.cache.items():
+        if isinstance(value, TiledIndex):
+            tensors = {f.name: getattr(value, f.name) for f in fields(value)}
+            out.cache[key] = replace(value, **{n: move(t) for n, t in tensors.items() if isinstance(t, torch.Tensor)})
+    return out
+
+
+def index_bytes(index: Index, kernel: str) -> int:
+    """Device bytes ``index`` needs for ``kernel`` (the tiled layout counted as the paper's)."""
+    n = sum(t.numel() * t.element_size() for t in index.arrays().values())
+    return 2 * n if kernel == "tiled" else n
+
+
+def open_for_search(
+    index: Index,
+    device: str | torch.device,
+    *,
+    kernel: str = "auto",
+    index_memory: int | None = None,
+    pieces: int | None = None,
+    memory_budget: int | None = None,
+) -> Index | StreamedIndex:
+    """``index`` on ``device``, or streamed from host memory when it does not fit.
+
+    ``pieces`` forces streaming in that many pieces. Otherwise the index is streamed when
+    it needs more than ``index_memory`` bytes (default for an index not yet on the GPU: 90%
+    of the GPU's free memory less ``memory_budget``; no limit on a CPU), in pieces small
+    enough for two to fit.
+    """
+    dev = torch.device(device)
+    name = choose_kernel(kernel, dev)
+    if pieces is not None and pieces < 1:
+        raise ValueError("pieces must be at least 1")
+    if pieces is None and (index_memory is not None or index.device != dev):
+        budget = index_memory
+        if budget is None and dev.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(dev)
+            budget = int(free * FREE_MEMORY_SHARE) - (memory_budget or DEFAULT_MEMORY_BUDGET)
+        need = index_bytes(index, name)
+        if budget is not None and need > budget:
+            pieces = min(index.n_docs, -(-2 * need // max(budget, 1)))
+    if pieces is None:
+        return index.to(dev)
+    return StreamedIndex(index, pieces, dev, kernel=name)
+
+
+def search_sharded(
+    shard: Index | StreamedIndex,
+    queries: SparseCollection | object,
+    k: int = 1000,
+    *,
+    offset: int = 0,
+    n_docs: int | None = None,
+    distributed: bool = True,
+    group: dist.ProcessGroup | None = None,
+    batch_size: int | None = None,
+    kernel: str = "auto",
+    memory_budget: int | None = None,
+    progress: bool = False,
+) -> SearchResults:
+    """Exact top-``k`` over all processes' shards; every process of ``group`` calls it.
+
+    Args:
+        shard: this process's documents (global numbers ``offset ..``), on its device.
+        queries: the same queries on every process.
+        n_docs: documents in all shards (sets the batch size; default: this shard's).
+        distributed: merge over ``group``'s processes (``False``: this shard alone).
+        batch_size, kernel, memory_budget, progress: as for :meth:`Index.search`; a
+            :class:`StreamedIndex` searches with the kernel it was prepared for.
+
+    Returns:
+        On every process, :class:`~gpusparse.search.SearchResults` ``[n_queries, k]`` CPU
+        tensors whose ids are global document numbers, equal to one index's search of all
+        the documents.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
+        raise ValueError(f"k must be a positive integer, not {k!r}")
+    if batch_size is not None and batch_size <= 0:
+        raise ValueError("batch_size must be positive")
+    budget = DEFAULT_MEMORY_BUDGET if memory_budget is None else int(memory_budget)
+    if budget < 1 << 16:
+        raise ValueError("memory_budget must be at least 64 KiB")
+    dev = shard.device
+    streamed = isinstance(shard, StreamedIndex)
+    if streamed:
+        if kernel not in ("auto", shard.kernel):
+            raise ValueError(f"this StreamedIndex was prepared for kernel {shard.kernel!r}, not {kernel!r}")
+        name = shard.kernel
+    else:
+        name = choose_kernel(kernel, dev)
+    world = dist.get_world_size(group) if distributed else 1
+    if world > 1 and dist.get_backend(group) == "nccl" and dev.type != "cuda":
+        raise ValueError("an NCCL process group merges CUDA tensors: put the shard on this process's GPU")
+    q = prepare_queries(queries, shard.vocab, shard.quantization)
+    n_q = len(q)
+    bq, dc = plan_chunks(n_q, shard.n_docs if n_docs is None else n_docs, budget, batch_size)
+    out_scores = torch.zeros((n_q, k), dtype=torch.float32)
+    out_ids = torch.full((n_q, k), -1, dtype=torch.int64)
+    bar = tqdm(total=n_q, unit="q", desc="searching", disable=not progress or None, leave=False)
+    for a in range(0, n_q, bq):
+        b = min(n_q, a + bq)
+        if streamed:
+            s, i = shard.search_batch(q[a:b], k, doc_chunk=dc, memory_budget=budget)  # type: ignore[union-attr]
+        else:
+            s, i = search_batch(shard, q[a:b], k, kernel=name, doc_chunk=dc, memory_budget=budget)  # type: ignore[arg-type]
+        i = torch.where(i >= 0, i + offset, i)
+        if world > 1:
+            s, i = merge_across_ranks(s, i, k, group)
+        out_scores[a:b], out_ids[a:b] = s.cpu(), i.cpu()
+        bar.update(b - a)
+    bar.close()
+    return SearchResults(out_scores, out_ids)
+
+
+def merge_across_ranks(
+    scores: torch.Tensor, ids: torch.Tensor, k: int, group: dist.ProcessGroup | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """All-gather every process's ``[B, k]`` (scores, global ids) and merge them on the device:
+    the top-``k`` of all, by score descending, then id ascending (every process gets it)."""
+    world = dist.get_world_size(group)
+    all_s = [torch.empty_like(scores) for _ in range(world)]
+    all_i = [torch.empty_like(ids) for _ in range(world)]
+    dist.all_gather(all_s, scores.contiguous(), group=group)
+    dist.all_gather(all_i, ids.contiguous(), group=group)
+    return merge_results(torch.cat(all_s, 1), torch.cat(all_i, 1), k)
+
+
+# -- processes ------------------------------------------------------------------------------
+
+
+def init_from_env(device: str | None = None) -> tuple[int, int, torch.device]:
+    """Join the process group that ``torchrun`` describes in the environment.
+
+    One GPU per process (``cuda:LOCAL_RANK``) with NCCL when CUDA is available and
+    ``device`` is not ``"cpu"``; else the CPU with gloo. Returns ``(rank, world size, device)``.
+    """
+    missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
+    if missing:
+        raise InputError(
+            f"distributed search runs under torchrun ({', '.join(missing)} not set): "
+            "torchrun --nproc-per-node=N $(which gpusparse) search ... --distributed"
+        )
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = torch.cuda.is_available() and not (device or "").startswith("cpu")
+    if device is not None and device.startswith("cuda") and not torch.cuda.is_available():
+        raise InputError("CUDA is not available on this machine", field="--device")
+    if cuda:
+        if local >= torch.cuda.device_count():
+            raise InputError(f"LOCAL_RANK {local} but this machine has {torch.cuda.device_count()} GPU(s)")
+        dev = torch.device("cuda", local)
+        torch.cuda.set_device(dev)
+    else:
+        dev = torch.device("cpu")
+    dist.init_process_group("nccl" if cuda else "gloo", device_id=dev if cuda else None)
+    return dist.get_rank(), dist.get_world_size(), dev
+
+
+def first_error(error: str | None, group: dist.ProcessGroup | None = None) -> tuple[int, str] | None:
+    """Share each process's setup error (``None`` if it has none): ``(rank, message)`` of the
+    first process that failed, the same on every process, or ``None`` if none did."""
+    errors: list[str | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(errors, error, group=group)
+    for rank, message in enumerate(errors):
+        if message:
+            return rank, message
+    return None
+
+
+def load_shard(path: str | Path, rank: int = 0, world_size: int = 1, *, verify: bool = True) -> tuple[Index, int, int]:
+    """The documents process ``rank`` of ``world_size`` searches in a sharded or plain index
+    folder (a plain one is a single shard), loaded on the CPU (memory-mapped): ``(index,
+    global number of its first document, documents in the whole folder)``."""
+    if is_sharded(path):
+        m = read_sharded_manifest(path)
+        index, offset = load_sharded(path, assign_shards(len(m["shards"]), world_size, rank), verify=verify)
+        return index, offset, m["n_docs"]
+    assign_shards(1, world_size, rank)
+    index = Index.load(path, verify=verify)
+    return index, 0, index.n_docs

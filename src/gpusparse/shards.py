@@ -1,0 +1,311 @@
+"""Sharded index folders, and an index's documents cut into ranges or joined back.
+
+A sharded folder (``gpusparse index --shards N``, :func:`save_sharded`) splits the documents
+into contiguous ranges, one ordinary index folder each::
+
+    manifest.json      format "gpusparse-sharded-index": counts, vocabulary fingerprint and,
+                       per shard, its folder, document offset, size and manifest SHA-256
+    shard-0000/        an ordinary index folder (Index.save) of documents 0 .. n_0 - 1
+    shard-0001/        documents n_0 .. n_0 + n_1 - 1, numbered from 0 inside the shard
+    ...
+
+Document ``j`` of a shard is document ``offset + j`` of the collection, so ranking the
+shards' results by score descending, then ``offset + j`` ascending, is the ranking of one
+index over all documents, ties included (:func:`gpusparse.topk.merge_results`).
+
+:func:`load_sharded` loads a range of shards as one index (a process of a distributed
+search loads only its own); :meth:`gpusparse.Index.load` loads them all, giving the same
+arrays, bit for bit, as one build of the whole collection. :func:`slice_documents` and
+:func:`concat_indexes` cut an index into document ranges and join them back, without
+rebuilding: inside a posting list documents are ascending, so a range of documents is a
+contiguous run of each list.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import uuid
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import __version__
+from .errors import IndexFormatError, InputError
+from .index import PAD, Index
+from .storage import MANIFEST, _fsync_dir, _sha256, _write_synced
+
+FORMAT = "gpusparse-sharded-index"
+FORMAT_VERSION = 1
+_CHUNK = 1 << 24  # postings moved per step when slicing or joining
+
+
+def document_ranges(n_docs: int, n_parts: int) -> list[tuple[int, int]]:
+    """``n_parts`` contiguous ranges ``[a, b)`` covering ``0 .. n_docs - 1``, sizes within one."""
+    if n_parts < 1:
+        raise ValueError("the number of parts must be at least 1")
+    if n_parts > max(n_docs, 1):
+        raise InputError(f"cannot split {n_docs:,} documents into {n_parts:,} non-empty parts")
+    bounds = [n_docs * i // n_parts for i in range(n_parts + 1)]
+    return list(itertools.pairwise(bounds))
+
+
+# -- cutting and joining ------------------------------------------------------------------
+
+
+def slice_documents(index: Index, start: int, stop: int) -> Index:
+    """Documents ``start .. stop - 1`` of ``index`` as an index of their own (numbered from 0),
+    on the index's device: each list keeps its run of those documents, in order."""
+    from .search import lower_bound
+
+    if not 0 <= start <= stop <= index.n_docs:
+        raise ValueError(f"document range [{start}, {stop}) is outside 0 .. {index.n_docs}")
+    ends = index.offsets + index.lengths.to(torch.int64)
+    lo = lower_bound(index.doc_ids, index.offsets, ends, start)
+    hi = lower_bound(index.doc_ids, lo, ends, stop)
+    arrays = _assemble([(index, lo, hi - lo, -start)], len(index.vocab), index.device)
+    ids = index._ids[start:stop] if index._ids is not None else None
+    return Index(arrays, ids=ids, vocab=index.vocab, n_docs=stop - start, quantization=index.quantization)
+
+
+def concat_indexes(parts: Sequence[Index]) -> Index:
+    """One index of ``parts``' documents in order (part ``i``'s document ``j`` becomes document
+    ``j`` plus the sizes of the parts before it), on the first part's device."""
+    if not parts:
+        raise ValueError("nothing to join")
+    vocab, dev = parts[0].vocab, parts[0].device
+    for p in parts[1:]:
+        if p.vocab != vocab:
+            raise ValueError("cannot join indexes with different vocabularies")
+        if p.quantization != parts[0].quantization:
+            raise ValueError("cannot join indexes quantized differently")
+    spec, base = [], 0
+    for p in parts:
+        p = p.to(dev)
+        spec.append((p, p.offsets, p.lengths.to(torch.int64), base))
+        base += p.n_docs
+    arrays = _assemble(spec, len(vocab), dev)
+    named = all(p._ids is not None for p in parts)
+    ids = [i for p in parts for i in p.ids] if named else None
+    empties = [p._n_empty_docs for p in parts]
+    n_empty = sum(empties) if all(e is not None for e in empties) else None  # type: ignore[misc]
+    return Index(arrays, ids=ids, vocab=vocab, n_docs=base, n_empty_docs=n_empty, quantization=parts[0].quantization)
+
+
+def _assemble(
+    parts: Sequence[tuple[Index, torch.Tensor, torch.Tensor, int]], n_terms: int, device: torch.device
+) -> dict[str, torch.Tensor]:
+    """Index arrays whose list of term ``t`` is, for each ``(index, start, count, shift)`` in
+    order, ``index``'s postings ``start[t] .. start[t] + count[t] - 1`` with ``shift`` added to
+    their document numbers; padded as the builder pads (see :mod:`gpusparse.index`)."""
+    lengths = torch.zeros(n_terms, dtype=torch.int64, device=device)
+    for _, _, count, _ in parts:
+        lengths += count
+    padded = (lengths + (PAD - 1)) // PAD * PAD
+    offsets = torch.cumsum(padded, 0) - padded
+    total = int(padded.sum())
+    doc_ids = torch.full((total,), -1, dtype=torch.int32, device=device)
+    scores = torch.zeros(total, dtype=torch.float32, device=device)
+    max_scores = torch.zeros(n_terms, dtype=torch.float32, device=device)
+    before = torch.zeros(n_terms, dtype=torch.int64, device=device)  # postings placed per list
+    for index, start, count, shift in parts:
+        ends = torch.cumsum(count, 0)
+        first = ends - count
+        n = int(ends[-1]) if n_terms else 0
+        for a in range(0, n, _CHUNK):
+            flat = torch.arange(a, min(n, a + _CHUNK), device=device)
+            term = torch.searchsorted(ends, flat, right=True)
+            rank = flat - first[term]
+            src = start[term] + rank
+            dst = offsets[term] + before[term] + rank
+            doc_ids[dst] = (index.doc_ids[src].to(torch.int64) + shift).to(torch.int32)
+            w = index.scores[src]
+            scores[dst] = w
+            max_scores.scatter_reduce_(0, term, w, reduce="amax")
+        before += count
+    return {
+        "doc_ids": doc_ids,
+        "scores": scores,
+        "offsets": offsets,
+        "lengths": lengths.to(torch.int32),
+        "padded_lengths": padded.to(torch.int32),
+        "max_scores": max_scores,
+    }
+
+
+# -- folders ------------------------------------------------------------------------------
+
+
+def save_sharded(shards: Iterable[Index], path: str | Path, *, overwrite: bool = False) -> list[dict[str, Any]]:
+    """Write ``shards`` (consecutive document ranges of one collection, in order) as a sharded
+    folder at ``path``, atomically: a temporary folder renamed into place. ``shards`` may be a
+    generator, so that only one shard is in memory at a time. Returns the manifest's entries."""
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} already exists (pass overwrite=True / --overwrite to replace it)")
+    if path.exists() and not (path / MANIFEST).is_file():
+        raise FileExistsError(f"{path} exists and is not a GPUSparse index; refusing to replace it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        entries: list[dict[str, Any]] = []
+        vocab = None
+        offset = n_postings = 0
+        for i, shard in enumerate(shards):
+            if vocab is not None and shard.vocab != vocab:
+                raise ValueError("all shards must share one vocabulary")
+            vocab = shard.vocab
+            name = f"shard-{i:04d}"
+            shard.save(tmp / name)
+            st = shard.stats()
+            entries.append(
+                {
+                    "name": name,
+                    "offset": offset,
+                    "n_docs": st.n_docs,
+                    "n_postings": st.n_postings,
+                    "manifest_sha256": _sha256(tmp / name / MANIFEST),
+                }
+            )
+            offset += st.n_docs
+            n_postings += st.n_postings
+        if vocab is None:
+            raise ValueError("no shards to save")
+        manifest = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "created_by": f"gpusparse {__version__}",
+            "n_docs": offset,
+            "n_terms": len(vocab),
+            "n_postings": n_postings,
+            "vocab_fingerprint": vocab.fingerprint,
+            "shards": entries,
+        }
+        _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=2).encode())
+        _fsync_dir(tmp)
+        if path.exists():
+            old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
+            path.rename(old)
+            tmp.rename(path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(path)
+        _fsync_dir(path.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return entries
+
+
+def is_sharded(path: str | Path) -> bool:
+    """Whether ``path`` is a sharded index folder."""
+    m = Path(path) / MANIFEST
+    if not m.is_file():
+        return False
+    try:
+        data = json.loads(m.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError, OSError):
+        return False
+    return isinstance(data, dict) and data.get("format") == FORMAT
+
+
+def read_sharded_manifest(path: str | Path) -> dict[str, Any]:
+    """The manifest of a sharded folder, checked for format, version and consistent offsets."""
+    path = Path(path)
+    mpath = path / MANIFEST
+    try:
+        m = json.loads(mpath.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise IndexFormatError(f"{path}: no such index folder") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise IndexFormatError(f"{mpath}: unreadable manifest ({exc})") from None
+    if not isinstance(m, dict) or m.get("format") != FORMAT or not isinstance(m.get("format_version"), int):
+        raise IndexFormatError(f"{mpath}: not a GPUSparse sharded-index manifest")
+    if m["format_version"] > FORMAT_VERSION:
+        raise IndexFormatError(
+            f"{path}: sharded format {m['format_version']} was written by a newer GPUSparse "
+            f"({m.get('created_by', '?')}); this version reads format {FORMAT_VERSION}: upgrade gpusparse"
+        )
+    for key in ("n_docs", "n_terms", "vocab_fingerprint", "shards"):
+        if key not in m:
+            raise IndexFormatError(f"{mpath}: manifest lacks {key!r}")
+    offset = 0
+    for e in m["shards"]:
+        if not isinstance(e, dict) or e.get("offset") != offset or not isinstance(e.get("n_docs"), int):
+            raise IndexFormatError(f"{mpath}: shard offsets are not consecutive")
+        offset += e["n_docs"]
+    if not m["shards"] or offset != m["n_docs"]:
+        raise IndexFormatError(f"{mpath}: the shards hold {offset} documents, the manifest says {m['n_docs']}")
+    return m
+
+
+def assign_shards(n_shards: int, world_size: int, rank: int) -> range:
+    """The shards process ``rank`` of ``world_size`` searches: a contiguous run of about
+    ``n_shards / world_size`` of them. More processes than shards is an error."""
+    if world_size > n_shards:
+        raise InputError(
+            f"the index has {n_shards} shard(s) but {world_size} processes search it: rebuild it with "
+            f"gpusparse index --shards {world_size} (or a multiple), or start at most {n_shards} processes"
+        )
+    return range(rank * n_shards // world_size, (rank + 1) * n_shards // world_size)
+
+
+def load_sharded(
+    path: str | Path,
+    shards: range | None = None,
+    *,
+    device: str | torch.device = "cpu",
+    mmap: bool = True,
+    verify: bool = True,
+) -> tuple[Index, int]:
+    """Load shards ``shards`` (default all) of a sharded folder as one index, and the global
+    number of its first document. Only those shards' files are read."""
+    path = Path(path)
+    m = read_sharded_manifest(path)
+    entries = m["shards"]
+    shards = range(len(entries)) if shards is None else shards
+    if not shards or shards.start < 0 or shards.stop > len(entries) or shards.step != 1:
+        raise ValueError(f"shards {shards} are not a run of the folder's {len(entries)}")
+    several = len(shards) > 1
+    parts = []
+    for e in (entries[s] for s in shards):
+        sdir = path / e["name"]
+        if not (sdir / MANIFEST).is_file():
+            raise IndexFormatError(f"{path}: shard {e['name']} is missing")
+        if verify and _sha256(sdir / MANIFEST) != e["manifest_sha256"]:
+            raise IndexFormatError(f"{sdir / MANIFEST}: does not match its checksum in {path / MANIFEST} (corrupted)")
+        try:
+            part = Index.load(sdir, device="cpu" if several else device, mmap=mmap, verify=verify)
+        except IndexFormatError as exc:
+            raise IndexFormatError(f"shard {e['name']}: {exc}") from None
+        if part.n_docs != e["n_docs"] or part.vocab.fingerprint != m["vocab_fingerprint"]:
+            raise IndexFormatError(f"{sdir}: its documents or vocabulary do not match {path / MANIFEST}")
+        parts.append(part)
+    index = concat_indexes(parts).to(device) if several else parts[0]
+    return index, entries[shards.start]["offset"]
+
+
+def shard_ids(path: str | Path, *, verify: bool = True) -> list[str]:
+    """The string ids of all documents of a sharded folder, by global number (reads only the
+    shards' ``ids.txt``)."""
+    path = Path(path)
+    m = read_sharded_manifest(path)
+    ids: list[str] = []
+    for e in m["shards"]:
+        f = path / e["name"] / "ids.txt"
+        try:
+            want = json.loads((path / e["name"] / MANIFEST).read_text(encoding="utf-8"))["files"]["ids.txt"]["sha256"]
+            ok = not verify or _sha256(f) == want
+            part = f.read_text(encoding="utf-8").split("\n")[:-1]
+        except (OSError, KeyError, TypeError, ValueError) as exc:
+            raise IndexFormatError(f"{path}: cannot read the ids of shard {e['name']} ({exc})") from None
+        if not ok:
+            raise IndexFormatError(f"{f}: does not match its checksum (corrupted)")
+        if len(part) != e["n_docs"]:
+            raise IndexFormatError(f"{f}: {len(part)} ids, the manifest says {e['n_docs']}")
+        ids += part
+    return ids
