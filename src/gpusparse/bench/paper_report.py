@@ -457,7 +457,7 @@ def render_paper(paths: list[Path], out_dir: Path, *, readme: Path | None = None
     """Write ``out_dir/paper-tables.md`` and the plots; rewrite the README block if asked."""
     datas = load_results(paths)
     out_dir.mkdir(parents=True, exist_ok=True)
-    md = paper_markdown(datas)
+    md = paper_markdown(datas, heading="####")
     p = out_dir / "paper-tables.md"
     p.write_text(md)
     written = [p, *plots(datas, out_dir)]
