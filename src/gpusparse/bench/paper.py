@@ -84,6 +84,7 @@ class Scale:
     memory_k: int = 1000
     quality_max_docs: int | None = None  # a dry run keeps the first documents and their judgments
     reps: int = 10
+    warmup: int = 1  # untimed calls first (a dry run takes none: Triton's interpreter is slow)
     time_cap_s: float = 1.0
     exact_sample: int = 64
     stat_queries: int = 16
@@ -97,16 +98,18 @@ SCALES = {
         e2e_k=100,
         base_overrides={"num_hidden_layers": 1, "hidden_size": 64, "num_attention_heads": 2, "intermediate_size": 128},
         batch_docs=600,
-        batch_batches=(1, 4, 16),
+        batch_batches=(1, 4),
         sweep_docs=600,
-        sweep_batch=8,
+        sweep_batch=4,
         sweep_k=100,
-        nnz_values=(10, 50, 200),
+        nnz_values=(10, 100),
+        vocab_values=(10_000, 100_000),
         memory_sizes=(300, 600),
         memory_batch=8,
         memory_k=100,
         quality_max_docs=60,
         reps=2,
+        warmup=0,
         time_cap_s=0.2,
         exact_sample=16,
         stat_queries=4,
@@ -161,6 +164,7 @@ class _Ctx:
         base = RunConfig(
             device=self.cfg.device,
             reps=sc.reps,
+            warmup=sc.warmup,
             time_cap_s=sc.time_cap_s,
             memory_budget=self.cfg.memory_budget,
             exact_sample=sc.exact_sample,
@@ -357,7 +361,9 @@ def _measure_once(ctx: _Ctx, system: System, w: Workload, queries: SparseCollect
     pool0 = _cupy_pool_bytes() if cuda else None
     try:
         system.prepare(w)
-        times, _ = time_call(lambda: system.search(queries, k), dev, reps=3, warmup=1, cap_s=ctx.scale.time_cap_s)
+        times, _ = time_call(
+            lambda: system.search(queries, k), dev, reps=3, warmup=ctx.scale.warmup, cap_s=ctx.scale.time_cap_s
+        )
     except SystemUnavailable as e:
         return {"status": "skipped", "reason": str(e)}
     except torch.cuda.OutOfMemoryError as e:
@@ -508,7 +514,7 @@ def _part_e2e(ctx: _Ctx) -> None:
                 lambda batch=batch, enc=enc, top=prune_top: enc.encode(batch, kind="query", prune_top=top),
                 dev,
                 reps=sc.reps,
-                warmup=1,
+                warmup=sc.warmup,
                 cap_s=sc.time_cap_s,
             )
             encode_ms = statistics.median(enc_times)
@@ -530,7 +536,11 @@ def _part_e2e(ctx: _Ctx) -> None:
                 }
                 try:
                     times, (scores, ids) = time_call(
-                        lambda q=q, system=system: system.search(q, k), dev, reps=sc.reps, warmup=1, cap_s=sc.time_cap_s
+                        lambda q=q, system=system: system.search(q, k),
+                        dev,
+                        reps=sc.reps,
+                        warmup=sc.warmup,
+                        cap_s=sc.time_cap_s,
                     )
                 except torch.cuda.OutOfMemoryError as e:
                     ctx.out.add(base | {"status": "oom", "reason": str(e).splitlines()[0][:200]})
