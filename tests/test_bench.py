@@ -334,3 +334,20 @@ def test_paper_parts_skip_with_a_reason(tmp_path):
     assert parts["quality"]["status"] == "skipped" and "--data-root" in parts["quality"]["reason"]
     res = CliRunner().invoke(main, ["bench", "paper", "--device", "cpu", "--only", "nope", "--out", str(tmp_path)])
     assert res.exit_code != 0 and "unknown part" in res.output
+
+
+def test_paper_part_failure_is_recorded_and_the_rest_runs(tmp_path, monkeypatch):
+    import gpusparse.bench.paper as paper
+
+    def boom(ctx):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(paper, "_part_batch", boom)
+    args = ["bench", "paper", "--device", "cpu", "--scale", "tiny", "--only", "batch,quality", "--out", str(tmp_path)]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 1
+    (path,) = tmp_path.glob("*-cpu-paper.json")
+    parts = json.loads(path.read_text())["parts"]
+    assert parts["batch"]["status"] == "error" and "boom" in parts["batch"]["reason"]
+    assert "RuntimeError" in parts["batch"]["traceback"]
+    assert parts["quality"]["status"] == "skipped"  # the next part still ran

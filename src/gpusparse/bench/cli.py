@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -178,7 +179,10 @@ def paper_cmd(**o: object) -> None:
         )
     except ValueError as e:
         raise click.BadParameter(str(e)) from e
-    run_paper(cfg, log=lambda s: click.echo(s))
+    path = run_paper(cfg, log=lambda s: click.echo(s))
+    failed = [p for p, v in json.loads(path.read_text())["parts"].items() if v["status"] == "error"]
+    if failed:
+        raise SystemExit(f"gpusparse bench paper: part(s) {', '.join(failed)} failed (see {path})")
 
 
 @bench.command("paper-report")
