@@ -22,6 +22,8 @@ from gpusparse.bench.systems import (
 from gpusparse.cli import main
 from gpusparse.synthetic import BERT_VOCAB_SIZE, SyntheticSpec, generate, synthetic_stats
 
+from .shared_data import needs_shared
+
 
 def _canonical(indptr: torch.Tensor, terms: torch.Tensor, weights: torch.Tensor, spec: SyntheticSpec, max_nnz: int):
     assert indptr.dtype == torch.int64 and terms.dtype == torch.int32 and weights.dtype == torch.float32
@@ -202,3 +204,154 @@ def test_bench_report_command(results_file, tmp_path):
 
 def test_vocabulary_size_matches_bert():
     assert SyntheticSpec().n_terms == BERT_VOCAB_SIZE == len(Vocabulary.bert())
+
+
+# -- gpusparse bench paper ------------------------------------------------------------------
+
+
+def test_spec_scaled_for_sparsity_and_vocabulary():
+    spec = SyntheticSpec()
+    assert spec.doc_chunk() == 1 << 19  # the calibrated spec keeps the generator's default chunks
+    s = spec.with_doc_nnz(500)
+    assert s.doc_nnz_mean == 500 and s.doc_nnz_sd == pytest.approx(34 * 500 / 120) and s.doc_nnz_max == 1250
+    assert s.doc_chunk() < 1 << 19
+    assert spec.with_doc_nnz(120) == spec
+    v = spec.with_vocabulary(10_000)
+    assert v.n_terms == 10_000 and v.active_terms == round(28_700 * 10_000 / 30_522)
+    assert v.doc_nnz_mean == spec.doc_nnz_mean  # same postings for the same number of documents
+    with pytest.raises(ValueError):
+        spec.with_doc_nnz(0)
+    for sp in (spec.with_doc_nnz(10), spec.with_vocabulary(1000)):
+        docs, queries = generate(200, 5, spec=sp, seed=0, doc_chunk=sp.doc_chunk())
+        _canonical(*docs, sp, sp.doc_nnz_max)
+        _canonical(*queries, sp, sp.query_nnz_max)
+    docs, _ = generate(300, 2, spec=spec.with_doc_nnz(10), seed=0)
+    assert float(torch.diff(docs[0]).double().mean()) == pytest.approx(10, abs=1.5)
+
+
+@pytest.fixture(scope="module")
+def paper_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("paper")
+    args = ["bench", "paper", "--device", "cpu", "--scale", "tiny", "--only", "batch,sparsity,vocab,memory"]
+    res = CliRunner().invoke(main, [*args, "--out", str(out), "--commit", "abc"])
+    assert res.exit_code == 0, res.output
+    (path,) = out.glob("*-cpu-paper.json")
+    return path
+
+
+def test_paper_dry_run_records_every_part(paper_results):
+    from gpusparse.bench.paper import SCALES
+
+    data = json.loads(paper_results.read_text())
+    sc = SCALES["tiny"]
+    assert data["env"]["card"] == "cpu" and data["env"]["git_commit"] == "abc"
+    assert data["env"]["command"]
+    assert {p: v["status"] for p, v in data["parts"].items()} == dict.fromkeys(
+        ("batch", "sparsity", "vocab", "memory"), "ok"
+    )
+    ours = [r for r in data["results"] if r.get("family") == "ours" and r["status"] == "ok"]
+    assert {r["system"] for r in ours} == {"ours-reference"}  # what kernel="auto" runs on a CPU
+    assert all(r["exact"] for r in ours if "exact" in r)
+    batch = [r for r in ours if r["part"] == "batch"]
+    assert sorted(r["batch_size"] for r in batch) == list(sc.batch_batches)
+    assert all(r["k"] == sc.batch_k and r["n_docs"] == sc.batch_docs for r in batch)
+    colls = data["collections"]
+    nnz = {c["doc_nnz"]: c for c in colls if c["part"] == "sparsity"}
+    assert sorted(nnz) == list(sc.nnz_values)
+    for n, c in nnz.items():
+        assert c["stats"]["doc_nnz_mean"] == pytest.approx(n, rel=0.2)
+    assert nnz[100]["n_postings"] > nnz[10]["n_postings"] * 5
+    vocab = {c["n_terms"]: c for c in colls if c["part"] == "vocab"}
+    assert sorted(vocab) == list(sc.vocab_values)
+    assert vocab[10_000]["stats"]["nonempty_lists"] < 10_000 < vocab[100_000]["stats"]["nonempty_lists"]
+    mem = [r for r in data["results"] if r["part"] == "memory"]
+    assert sorted({r["n_docs"] for r in mem}) == list(sc.memory_sizes)
+    assert {r["system"] for r in mem} == {"ours-reference", "paper-scatter", "paper-scatter-chunked"}
+    for r in mem:
+        if r["status"] == "ok":
+            assert r["index_bytes"] >= r["paper_layout_bytes"] > r["n_postings"] * 8
+        else:  # the Triton kernels run only on a GPU or under the interpreter
+            assert r["status"] == "skipped" and r["reason"]
+
+
+def test_paper_report_keeps_gpu_tables_for_gpu_results(paper_results, tmp_path):
+    from gpusparse.bench.paper_report import END, NOT_MEASURED, START, load_results, paper_markdown
+
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n## Performance\n\n{START}\nold\n{END}\n\nafter\n")
+    res = CliRunner().invoke(
+        main, ["bench", "paper-report", str(paper_results.parent), "--out", str(tmp_path), "--readme", str(readme)]
+    )
+    assert res.exit_code == 0, res.output
+    text = readme.read_text()
+    assert "old" not in text and text.endswith(f"{END}\n\nafter\n")
+    # A CPU dry run never fills the speed tables: placeholders, and the paper's figures beside them.
+    assert text.count(NOT_MEASURED) >= 5 and "118,704 QPS" in text and "0.43 ms/query" in text
+    assert "ours-reference" not in text
+    assert (tmp_path / "paper-tables.md").exists()
+    # The same records, as if measured on a card: the tables fill, the card is named.
+    data = load_results([paper_results])[0]
+    data["env"]["card"] = "NVIDIA H200"
+    md = paper_markdown([data])
+    assert "**H200**" in md
+    batch = md.split("### Batch-size sweep")[1].split("###")[0]
+    assert "| 4 |" in batch and NOT_MEASURED not in batch
+    sparsity = md.split("### Sparsity sensitivity")[1].split("###")[0]
+    assert "| 100 |" in sparsity and "ours-reference" not in sparsity.split("\n\n")[0]
+    memory = md.split("### Memory footprint")[1].split("###")[0]
+    assert "| 600 |" in memory
+
+
+@needs_shared
+def test_paper_e2e_and_quality_dry_run(tmp_path):
+    from .shared_data import SPLADE_TINY, cranfield_slice, write_beir
+
+    root = tmp_path / "data"
+    write_beir(root / "cranslice", *cranfield_slice(40))
+    args = ["bench", "paper", "--device", "cpu", "--scale", "tiny", "--only", "e2e,quality", "--out", str(tmp_path)]
+    args += ["--tiny-model", str(SPLADE_TINY), "--data-root", str(root)]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    (path,) = tmp_path.glob("*-cpu-paper.json")
+    data = json.loads(path.read_text())
+    assert data["parts"]["e2e"]["status"] == "ok" and data["parts"]["quality"]["status"] == "ok"
+    assert data["parts_info"]["e2e_query_texts"].startswith("generated text")
+    e2e = [r for r in data["results"] if r["part"] == "e2e" and r["status"] == "ok"]
+    assert {r["model"] for r in e2e} == {"bert-shrunk-random (dry run)", "splade-tiny"}
+    for r in e2e:
+        assert r["exact"] and r["encode_ms"] > 0 and r["score_ms"] > 0
+        assert r["ms_per_batch"] == pytest.approx(r["encode_ms"] + r["score_ms"])
+        if r["model"].startswith("bert"):
+            assert r["query_nnz_mean"] <= 45  # random outputs cut to the base_query_terms largest
+    (q,) = [r for r in data["results"] if r["part"] == "quality"]
+    assert q["collection"] == "cranslice" and q["verify"]["exact"] is True
+    assert 0 < q["measures"]["nDCG@10"] <= 1
+
+
+def test_paper_parts_skip_with_a_reason(tmp_path):
+    args = ["bench", "paper", "--device", "cpu", "--scale", "tiny", "--only", "e2e,quality", "--out", str(tmp_path)]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 0, res.output
+    (path,) = tmp_path.glob("*-cpu-paper.json")
+    parts = json.loads(path.read_text())["parts"]
+    assert parts["e2e"]["status"] == "skipped" and "--tiny-model" in parts["e2e"]["reason"]
+    assert parts["quality"]["status"] == "skipped" and "--data-root" in parts["quality"]["reason"]
+    res = CliRunner().invoke(main, ["bench", "paper", "--device", "cpu", "--only", "nope", "--out", str(tmp_path)])
+    assert res.exit_code != 0 and "unknown part" in res.output
+
+
+def test_paper_part_failure_is_recorded_and_the_rest_runs(tmp_path, monkeypatch):
+    import gpusparse.bench.paper as paper
+
+    def boom(ctx):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(paper, "_part_batch", boom)
+    args = ["bench", "paper", "--device", "cpu", "--scale", "tiny", "--only", "batch,quality", "--out", str(tmp_path)]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 1
+    (path,) = tmp_path.glob("*-cpu-paper.json")
+    parts = json.loads(path.read_text())["parts"]
+    assert parts["batch"]["status"] == "error" and "boom" in parts["batch"]["reason"]
+    assert "RuntimeError" in parts["batch"]["traceback"]
+    assert parts["quality"]["status"] == "skipped"  # the next part still ran

@@ -143,6 +143,8 @@ class SpladeEncoder:
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"`` ...; default CUDA when available.
         dtype: ``"auto"`` (bf16 autocast on a GPU that supports it, else fp16; float32 on
             the CPU), ``"float32"``, ``"float16"`` or ``"bfloat16"`` (autocast).
+        loaded: an already built ``(tokenizer, masked-LM module)`` pair to use instead of
+            loading ``model`` (which is then only its name), e.g. :func:`random_bert_base`.
 
     Raises:
         InputError: a model folder that is missing files or cannot be loaded.
@@ -159,6 +161,7 @@ class SpladeEncoder:
         batch_size: int = DEFAULT_BATCH_SIZE,
         device: str | torch.device | None = None,
         dtype: DType = "auto",
+        loaded: tuple[Any, torch.nn.Module] | None = None,
     ) -> None:
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, not {pooling!r}")
@@ -178,7 +181,7 @@ class SpladeEncoder:
         self.device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
         self.autocast_dtype = _autocast_dtype(dtype, self.device)
         self.name = str(model)
-        self.tokenizer, self.model = load_masked_lm(model)
+        self.tokenizer, self.model = loaded if loaded is not None else load_masked_lm(model)
         self.model.to(self.device).eval()
         limit = getattr(self.model.config, "max_position_embeddings", None)
         for name, value in (("query_max_length", query_max_length), ("doc_max_length", doc_max_length)):
@@ -401,3 +404,22 @@ def model_vocabulary(tokenizer: Any, size: int) -> Vocabulary:
     if size == len(bert) and tokens == bert.tokens():
         return bert
     return Vocabulary(tokens)
+
+
+def random_bert_base(tokenizer_source: str | Path, *, seed: int = 0, **overrides: Any) -> tuple[Any, torch.nn.Module]:
+    """``(tokenizer, BertForMaskedLM)``: BERT-base sizes (``transformers.BertConfig()`` defaults:
+    12 layers, hidden 768, 12 heads) with random weights, and the tokenizer of a local folder.
+
+    For timing a full-size SPLADE encoder where no checkpoint is available: the cost of a
+    forward pass does not depend on the weights (its output's sparsity does). The output
+    layer has the tokenizer's vocabulary size. ``overrides`` change config fields (the
+    benchmark's dry run shrinks the model with them). Nothing is downloaded.
+    """
+    transformers = _transformers()
+    path = Path(tokenizer_source).expanduser()
+    if not path.is_dir() or not any((path / f).is_file() for f in _TOKENIZER_FILES):
+        raise InputError("no tokenizer here (tokenizer.json or vocab.txt)", path=path)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
+    config = transformers.BertConfig(vocab_size=len(tokenizer), **overrides)
+    torch.manual_seed(seed)
+    return tokenizer, transformers.BertForMaskedLM(config)

@@ -27,7 +27,7 @@ collection's size; 8.8M documents (~1.06e9 postings) take seconds on an H100.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -88,6 +88,40 @@ class SyntheticSpec:
             raise ValueError("topic_spread and weight_sigma must be ≥ 0 and query_bias > 0")
         if not 0 <= self.generic_frac <= 1:
             raise ValueError(f"generic_frac must be in [0, 1], not {self.generic_frac}")
+
+    def with_doc_nnz(self, mean: float) -> SyntheticSpec:
+        """The same model with ``mean`` non-zeros per document; the sd and the maximum scale with it.
+
+        The calibrated shape (sd 34 and max 300 at mean 120) is kept in proportion, the
+        maximum capped at ``active_terms``. Used by the paper's sparsity sweep.
+        """
+        if not mean >= 1:
+            raise ValueError(f"mean non-zeros per document must be ≥ 1, not {mean}")
+        scale = mean / self.doc_nnz_mean
+        top = min(self.active_terms, max(1, round(self.doc_nnz_max * scale)))
+        return replace(self, doc_nnz_mean=float(mean), doc_nnz_sd=self.doc_nnz_sd * scale, doc_nnz_max=top)
+
+    def with_vocabulary(self, n_terms: int) -> SyntheticSpec:
+        """The same model over ``n_terms`` terms: the share of terms that occur is kept
+        (28,700 of 30,522), row lengths unchanged (capped at the active terms), so a
+        collection of the same size has the same postings. Used by the vocabulary sweep.
+        """
+        if n_terms < 1:
+            raise ValueError(f"n_terms must be ≥ 1, not {n_terms}")
+        active = max(1, round(self.active_terms * n_terms / self.n_terms))
+        return replace(
+            self,
+            n_terms=n_terms,
+            active_terms=active,
+            doc_nnz_max=min(self.doc_nnz_max, active),
+            query_nnz_max=min(self.query_nnz_max, active),
+        )
+
+    def doc_chunk(self, postings: int = 1 << 26) -> int:
+        """Documents generated at a time so a chunk holds about ``postings`` postings
+        (at most ``2**19`` documents, the generator's default, which the calibrated mean keeps).
+        """
+        return max(1, min(1 << 19, int(postings // self.doc_nnz_mean)))
 
 
 CSR = tuple[torch.Tensor, torch.Tensor, torch.Tensor]

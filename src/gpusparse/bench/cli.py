@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -127,4 +128,74 @@ def report_cmd(results: Path, out: Path, readme: bool) -> None:
         p.write_text(section)
         written.append(p)
     for p in written:
+        click.echo(f"wrote {p}")
+
+
+@bench.command("paper")
+@click.option("--device", default="cuda", show_default=True, help="cuda, or cpu for a dry run.")
+@click.option(
+    "--scale", type=click.Choice(["full", "tiny"]), default="full", show_default=True, help="tiny: a dry run."
+)
+@click.option("--only", default=",".join(("e2e", "batch", "sparsity", "vocab", "memory", "quality")), show_default=True)
+@click.option(
+    "--tiny-model",
+    type=click.Path(path_type=Path),
+    help="splade-tiny's folder: the e2e and quality encoder, and the base model's tokenizer.",
+)
+@click.option(
+    "--query-texts",
+    type=click.Path(path_type=Path),
+    help="A BEIR queries.jsonl whose texts the e2e part encodes [default: generated text].",
+)
+@click.option("--data-root", type=click.Path(path_type=Path), help="Folder of BEIR collections for the quality part.")
+@click.option("--base-query-terms", default=45, show_default=True, type=click.IntRange(min=1))
+@click.option("--memory-budget", default="4GiB", show_default=True, help="Our search's temporaries.")
+@click.option("--deadline", "deadline_s", default=None, type=float, help="Seconds after which the rest is skipped.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--out", type=click.Path(path_type=Path), default=Path("bench/results"), show_default=True)
+@click.option("--name", default="paper", show_default=True, help="Result file: <out>/<date>-<card>-<name>.json.")
+@click.option("--commit", default=None, help="Git commit to record (default: git rev-parse HEAD).")
+def paper_cmd(**o: object) -> None:
+    """The paper's remaining experiments (end to end, batch sweep, sparsity, vocabulary, memory,
+    cross-domain quality), ours beside the paper's kernel, into one result file."""
+    from .paper import PaperConfig, run_paper
+
+    try:
+        cfg = PaperConfig(
+            device=o["device"],
+            scale=o["scale"],
+            only=tuple(p.strip() for p in o["only"].split(",") if p.strip()),
+            tiny_model=o["tiny_model"],
+            query_texts=o["query_texts"],
+            data_root=o["data_root"],
+            base_query_terms=o["base_query_terms"],
+            memory_budget=_size(o["memory_budget"]),
+            seed=o["seed"],
+            deadline_s=o["deadline_s"],
+            out=o["out"],
+            name=o["name"],
+            commit=o["commit"],
+            command=_command_line(),
+        )
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from e
+    path = run_paper(cfg, log=lambda s: click.echo(s))
+    failed = [p for p, v in json.loads(path.read_text())["parts"].items() if v["status"] == "error"]
+    if failed:
+        raise SystemExit(f"gpusparse bench paper: part(s) {', '.join(failed)} failed (see {path})")
+
+
+@bench.command("paper-report")
+@click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True, help="Folder for .md and .png.")
+@click.option(
+    "--readme",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Rewrite this file's block between the paper-tables markers with the tables.",
+)
+def paper_report_cmd(results: tuple[Path, ...], out: Path, readme: Path | None) -> None:
+    """Render `bench paper` results (files, or folders searched for *-paper*.json) beside the paper's figures."""
+    from .paper_report import render_paper
+
+    for p in render_paper(list(results), out, readme=readme):
         click.echo(f"wrote {p}")

@@ -334,12 +334,19 @@ def _run_size(
     over_deadline: Callable[[], bool],
     cpu_set: set[int] | None = None,
     workers: list | None = None,
+    tag: dict | None = None,
 ) -> None:
+    """One collection: generate, index, reference, floors, then every selected system.
+
+    ``tag`` is merged into the collection's entry and every record (``gpusparse bench
+    paper`` marks its parts with it).
+    """
+    tag = tag or {}
     batches = [b for b in cfg.batches if b <= 256 or n_docs <= cfg.big_batch_max_docs]
     n_pool = max(cfg.batches + cfg.cpu_batches)
     vocab = Vocabulary.bert() if cfg.spec.n_terms == 30522 else Vocabulary.integer(cfg.spec.n_terms)
     t0 = time.perf_counter()
-    docs, qcsr = generate(n_docs, n_pool, spec=cfg.spec, seed=cfg.seed, device=device)
+    docs, qcsr = generate(n_docs, n_pool, spec=cfg.spec, seed=cfg.seed, device=device, doc_chunk=cfg.spec.doc_chunk())
     _sync(device)
     t_gen = time.perf_counter() - t0
     stats = synthetic_stats(docs, qcsr, n_terms=cfg.spec.n_terms, max_queries=cfg.stat_queries)
@@ -356,7 +363,7 @@ def _run_size(
     t0 = time.perf_counter()
     ref = index.search(queries[:n_exact], kmax, kernel="reference", memory_budget=cfg.memory_budget)
     t_ref = time.perf_counter() - t0
-    coll = {
+    coll = tag | {
         "n_docs": n_docs,
         "generate_s": t_gen,
         "index_s": t_index,
@@ -417,7 +424,7 @@ def _run_size(
         else:
             systems += engines
     for system in systems:
-        base = {
+        base = tag | {
             "system": system.name,
             "family": system.family,
             "n_docs": n_docs,
@@ -449,6 +456,8 @@ def _run_size(
                     continue
                 rec = base | {"batch_size": b, "k": k} | floors[b]
                 rec |= _measure(system, queries[:b], k, ref, n_exact, device, cfg, cpu)
+                if not cpu:
+                    rec["derived_bytes"] = derived_bytes(index)
                 finish_floor(rec)
                 out.add(rec)
                 log(_line(rec))
@@ -517,6 +526,20 @@ def _collect_workers(
                                 | {"reason": f"CPU worker did not finish (exit {proc.returncode}): {tail[-200:]}"}
                             )
         log(f"  CPU engines worker for N={meta['base']['n_docs']:,}: exit {proc.returncode}, {len(records)} records")
+
+
+def derived_bytes(index: Index) -> int:
+    """Device bytes of what searches built from the index and keep in ``index.cache`` (our
+    tiled layout, ...), the benchmark's document CSR (``"forward"``) left out."""
+    total = 0
+    for key, value in index.cache.items():
+        if key == "forward":
+            continue
+        if isinstance(value, torch.Tensor):
+            total += value.numel() * value.element_size()
+        elif hasattr(value, "nbytes"):
+            total += int(value.nbytes)
+    return total
 
 
 def _free(system: System, device: torch.device) -> None:
