@@ -206,14 +206,15 @@ class SparseCollection:
         if step != 1:
             raise ValueError("only contiguous slices are supported")
         a, b = int(self.indptr[start]), int(self.indptr[max(start, stop)])
-        return SparseCollection(
-            self.indptr[start : max(start, stop) + 1] - a,
-            self.indices[a:b],
-            self.values[a:b],
-            ids=self.ids[start:stop],
-            vocab=self.vocab,
-            check_ids=False,
-        )
+        # A slice of a canonical collection is canonical: copy it without checking it again
+        # (searches slice their queries into batches; the checks cost more than the search).
+        out = object.__new__(SparseCollection)
+        out.indptr = self.indptr[start : max(start, stop) + 1] - a
+        out.indices = self.indices[a:b].copy()
+        out.values = self.values[a:b].copy()
+        out.ids = self.ids[start:stop]
+        out.vocab = self.vocab
+        return out
 
     def row(self, i: int) -> dict[str, float]:
         """Vector ``i`` as a ``{token: weight}`` dict."""

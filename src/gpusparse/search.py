@@ -18,6 +18,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
+import numpy as np
 import scipy.sparse as sp
 import torch
 from tqdm.auto import tqdm
@@ -157,13 +158,16 @@ def search(
     out_scores = torch.zeros((n_q, k), dtype=torch.float32)
     out_ids = torch.full((n_q, k), -1, dtype=torch.int64)
     bq, dc = plan_chunks(n_q, idx.n_docs, budget, batch_size)
-    bar = tqdm(total=n_q, unit="q", desc="searching", disable=not progress or None, leave=False)
+    bar = tqdm(total=n_q, unit="q", desc="searching", disable=None, leave=False) if progress else None
     for a in range(0, n_q, bq):
         b = min(n_q, a + bq)
-        s, i = search_batch(idx, q[a:b], k, kernel=name, doc_chunk=dc, memory_budget=budget)
+        part = q if (a, b) == (0, n_q) else q[a:b]
+        s, i = search_batch(idx, part, k, kernel=name, doc_chunk=dc, memory_budget=budget)
         out_scores[a:b], out_ids[a:b] = s.cpu(), i.cpu()
-        bar.update(b - a)
-    bar.close()
+        if bar is not None:
+            bar.update(b - a)
+    if bar is not None:
+        bar.close()
     return SearchResults(out_scores, out_ids)
 
 
@@ -213,23 +217,42 @@ class QueryBatch(NamedTuple):
     padded_terms: torch.Tensor
     padded_weights: torch.Tensor
     n_terms: torch.Tensor
+    # The same padded terms, weights and lengths on the host (for host-side planning).
+    host: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 def query_batch(queries: SparseCollection, device: torch.device) -> QueryBatch:
-    """Move a (canonical, term-sorted) query batch to ``device``."""
-    lengths = torch.from_numpy(queries.row_lengths).to(device)
-    b = len(queries)
-    rows = torch.repeat_interleave(torch.arange(b, device=device), lengths)
-    terms = torch.from_numpy(queries.indices).to(device, torch.int64)
-    weights = torch.from_numpy(queries.values).to(device)
+    """Move a (canonical, term-sorted) query batch to ``device``.
+
+    Laid out on the host and moved in two copies (one int64, one float32 buffer): a
+    batch is small, and each device operation costs more host time than the arithmetic.
+    """
+    lengths = queries.row_lengths.astype(np.int64)
+    b, nnz = len(queries), queries.nnz
     width = int(lengths.max()) if b else 0
-    starts = torch.cumsum(lengths, 0) - lengths
-    col = torch.arange(terms.numel(), device=device) - starts[rows]
-    padded_terms = torch.full((b, width), -1, dtype=torch.int64, device=device)
-    padded_weights = torch.zeros((b, width), dtype=torch.float32, device=device)
-    padded_terms[rows, col] = terms
-    padded_weights[rows, col] = weights
-    return QueryBatch(rows, terms, weights, padded_terms, padded_weights, lengths)
+    rows = np.repeat(np.arange(b, dtype=np.int64), lengths)
+    col = np.arange(nnz, dtype=np.int64) - (queries.indptr[:-1].astype(np.int64))[rows]
+    ints = np.empty(2 * nnz + b * width + b, dtype=np.int64)  # rows | terms | padded terms | lengths
+    ints[:nnz] = rows
+    ints[nnz : 2 * nnz] = queries.indices
+    padded = ints[2 * nnz : 2 * nnz + b * width].reshape(b, width)
+    padded.fill(-1)
+    padded[rows, col] = queries.indices
+    ints[2 * nnz + b * width :] = lengths
+    floats = np.zeros(nnz + b * width, dtype=np.float32)  # weights | padded weights
+    floats[:nnz] = queries.values
+    floats[nnz:].reshape(b, width)[rows, col] = queries.values
+    ints_d = torch.from_numpy(ints).to(device)
+    floats_d = torch.from_numpy(floats).to(device)
+    return QueryBatch(
+        ints_d[:nnz],
+        ints_d[nnz : 2 * nnz],
+        floats_d[:nnz],
+        ints_d[2 * nnz : 2 * nnz + b * width].view(b, width),
+        floats_d[nnz:].view(b, width),
+        ints_d[2 * nnz + b * width :],
+        (padded, floats[nnz:].reshape(b, width), lengths),
+    )
 
 
 def exact_scores(

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from .topk import topk_by_key
@@ -41,6 +42,9 @@ AUTO = "auto"
 # tile) runs in a single wave: the waves' host syncs cost more than the extra candidates.
 SINGLE_WAVE_MAX_BATCH = 8
 SINGLE_WAVE_MAX_CANDIDATES = 1 << 16
+# Below this batch size the last wave's candidates go to the final selection without a
+# compaction pass (its ~15 small operations cost more host time than the few extra rescorings).
+FINAL_COMPACTION_MIN_BATCH = 9
 MAX_TILE_BITS = 16  # offsets are 16-bit
 # Accumulator mode of the CUDA kernel (see gpusparse.kernels.tiled.ACC_MODES): "u32" measured
 # fastest (bench/NOTES.md); "carry" keeps 2**61 units of precision (fewer rescored candidates).
@@ -208,27 +212,38 @@ def integer_weights(tl: TiledIndex, batch: QueryBatch, fp: FixedPoint, acc: str)
 def fixed_point(index: Index, batch: QueryBatch, acc: str = "carry") -> FixedPoint:
     """Choose each query's scale so its largest possible score fits, and its error margin.
 
-    ``ub = Σ w_q[t] · max_scores[t]`` bounds every score; ``scale = 2**floor(log2(top / ub))``
-    with ``top`` the accumulator mode's limit (``2**61`` for "carry", ``2**31`` for "u32").
+    ``ub = Σ w_q[t] · max_scores[t]`` bounds every score; ``scale`` is the largest power of
+    two with ``ub · scale ≤ top``, the accumulator mode's limit (``2**61`` for "carry",
+    ``2**31`` for "u32"; exact, from the binary exponent of ``ub``).
     The integer sum ``F`` is within ``n/2`` units of ``scale · S`` (S the exact score): each
     product is rounded once to the unit (or, in the "u32" kernel's dense phase, m exact
     products are summed in float64 below 2**32, error at most (m−1)·2**-21, then rounded
     once: at most m/2 again). The canonical float64 sum is within
     ``2·(n+1)·2**-53 · scale · S``; twice their sum, plus slack, is the margin between any
-    two of them.
+    two of them. Computed on the host (a batch is small) and moved in one copy.
     """
+    import math
+
     from .kernels.tiled import ACC_TOP
 
-    valid = batch.padded_terms >= 0
-    terms = torch.where(valid, batch.padded_terms, torch.zeros_like(batch.padded_terms))
-    ub = (batch.padded_weights.to(torch.float64) * index.max_scores[terms].to(torch.float64) * valid).sum(1)
-
-    exp = torch.floor(torch.log2(ACC_TOP[acc] / ub.clamp_min(1e-300)))
-    scale = torch.where(ub > 0, torch.exp2(exp.clamp(-1000, 1000)), torch.ones_like(ub))
-    n = batch.n_terms.to(torch.float64)
+    if batch.host is not None:
+        terms, weights, n_terms = batch.host
+    else:
+        terms, weights = batch.padded_terms.cpu().numpy(), batch.padded_weights.cpu().numpy()
+        n_terms = batch.n_terms.cpu().numpy()
+    max_scores = index.cache.get("max_scores_host")
+    if max_scores is None:
+        max_scores = index.cache["max_scores_host"] = index.max_scores.cpu().numpy().astype(np.float64)
+    valid = terms >= 0
+    ub = (weights.astype(np.float64) * max_scores[np.where(valid, terms, 0)] * valid).sum(1)
+    mant, expo = np.frexp(ub)  # ub = mant · 2**expo, mant in [0.5, 1)
+    e = int(math.log2(ACC_TOP[acc])) - expo + (mant == 0.5)
+    scale = np.where(ub > 0, np.ldexp(1.0, np.clip(e, -1000, 1000)), 1.0)
+    n = n_terms.astype(np.float64)
     canon = (ub * scale) * 2 * (n + 1) * 2.0**-53
-    delta = (2 * (n / 2 + 1) + 2 * canon + 2).ceil().to(torch.int64)
-    return FixedPoint(scale, delta)
+    delta = np.ceil(2 * (n / 2 + 1) + 2 * canon + 2)
+    both = torch.from_numpy(np.stack([scale, delta])).to(batch.padded_terms.device)
+    return FixedPoint(both[0], both[1].to(torch.int64))
 
 
 def tiled_search(
@@ -312,11 +327,12 @@ def candidates(
             if most > cap:
                 overflow = True
                 break
-            _compact(theta, count, cand_doc, cand_val, most, fp, k)
+            if done < tl.n_tiles or b >= FINAL_COMPACTION_MIN_BATCH:
+                _compact(theta, count, cand_doc, cand_val, most, fp, k)
         if not overflow:
             break
         cap = 2 * most  # rare: start again with room for every candidate
-    width = max(int(count.max()) if b else 0, 1)
+    width = max(most, 1)  # compaction only lowers the counts: no second sync for the width
     cols = torch.arange(width, device=dev)
     present = cols[None, :] < count[:, None].to(torch.int64)
     docs = torch.where(present, cand_doc[:, :width].to(torch.int64), torch.full_like(cols[None, :], -1))
@@ -445,6 +461,7 @@ def finalize_candidates(
     index: Index, batch: QueryBatch, fp: FixedPoint, docs: torch.Tensor, vals: torch.Tensor, k: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Canonical float32 scores of the candidates, then the tie-broken top-k (padded to ``k``)."""
+    from .kernels import rescore
     from .search import exact_scores, finalize
 
     b = docs.shape[0]
@@ -457,7 +474,16 @@ def finalize_candidates(
     high = ((v + margin) / scale).to(torch.float32)
     scores = torch.where(present, low, torch.zeros_like(low))
     unsure = present & (low != high)
-    if bool(unsure.any()):
+    if docs.is_cuda and rescore.available():  # one launch over all slots, no host sync
+        rows = torch.arange(b, device=dev)[:, None].expand_as(docs)
+        todo = torch.where(unsure, docs, torch.full_like(docs, -1))  # -1: the kernel skips it
+        exact = rescore.exact_scores_cuda(
+            index.doc_ids, index.scores, index.offsets, index.lengths,
+            batch.padded_terms.contiguous(), batch.padded_weights.contiguous(),
+            rows.reshape(-1).contiguous(), todo.reshape(-1).contiguous(),
+        ).view_as(scores)  # fmt: skip
+        scores = torch.where(unsure, exact, scores)
+    elif bool(unsure.any()):
         r, c = unsure.nonzero(as_tuple=True)
         scores[r, c] = exact_scores(index, batch, r, docs[r, c])
     ids = torch.where(present, docs, torch.full_like(docs, (1 << 31) - 1))

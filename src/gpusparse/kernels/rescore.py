@@ -30,6 +30,7 @@ extern "C" __global__ void exact_scores_kernel(
     if (p >= m) return;
     const long long r = rows[p];
     const int d = (int)docs[p];
+    if (d < 0) { out[p] = 0.0f; return; }  // a slot the caller does not need
     double acc = 0.0;
     for (int j = 0; j < T; ++j) {
         const long long t = q_terms[r * T + j];
@@ -70,7 +71,8 @@ def exact_scores_cuda(
     """float32 ``[M]`` canonical scores of pairs (``rows[i]``, ``docs[i]``); see the module docstring.
 
     Index arrays as in :class:`gpusparse.Index`; ``q_terms`` int64 and ``q_weights`` float32
-    ``[B, T]``; ``rows``/``docs`` int64 ``[M]``; all contiguous on one CUDA device.
+    ``[B, T]``; ``rows``/``docs`` int64 ``[M]``; all contiguous on one CUDA device. A pair
+    whose document is ``-1`` is skipped (score 0), so callers can pass fixed-shape slots.
     """
     import cupy as cp
 
