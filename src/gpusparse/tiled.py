@@ -327,12 +327,15 @@ def candidates(
             if most > cap:
                 overflow = True
                 break
-            if done < tl.n_tiles or b >= FINAL_COMPACTION_MIN_BATCH:
+            compacted = done < tl.n_tiles or b >= FINAL_COMPACTION_MIN_BATCH
+            if compacted:
                 _compact(theta, count, cand_doc, cand_val, most, fp, k)
         if not overflow:
             break
         cap = 2 * most  # rare: start again with room for every candidate
-    width = max(most, 1)  # compaction only lowers the counts: no second sync for the width
+    # After a final compaction the counts shrank (one more sync keeps the width tight for a
+    # large batch's final selection); else the last wave's maximum is the width.
+    width = max(int(count.max()) if compacted and b else most, 1)
     cols = torch.arange(width, device=dev)
     present = cols[None, :] < count[:, None].to(torch.int64)
     docs = torch.where(present, cand_doc[:, :width].to(torch.int64), torch.full_like(cols[None, :], -1))
