@@ -87,6 +87,11 @@ def main() -> None:
     p.add_argument(
         "--phases", action="store_true", help="also time the kernel without its dense / sparse phase (wrong results)"
     )
+    p.add_argument(
+        "--search-phases",
+        action="store_true",
+        help="also time the whole search with the dense / sparse / both phases skipped (wrong results)",
+    )
     p.add_argument("--check", action="store_true", help="check each search against the reference kernel")
     p.add_argument("--trace", action="store_true", help="print torch.profiler's top ops for one search")
     p.add_argument("--out", type=Path, required=True)
@@ -135,6 +140,15 @@ def main() -> None:
                         c = count.to(torch.float64)
                         search = partial(tiled_search, index, batch, k, tile_bits=tb, dense_min=dm or None, acc=acc)
                         full_ms = wall(search)
+                        if args.search_phases:
+                            for name, defs in (
+                                ("skip_dense", ("PROFILE_SKIP_DENSE",)),
+                                ("skip_sparse", ("PROFILE_SKIP_SPARSE",)),
+                                ("skip_both", ("PROFILE_SKIP_DENSE", "PROFILE_SKIP_SPARSE")),
+                            ):
+                                cuda.PROFILE_DEFINES = defs
+                                phase_ms[f"search_ms_{name}"] = wall(search)
+                            cuda.PROFILE_DEFINES = ()
                         exact = None
                         if ref is not None:
                             s_, i_ = search()
@@ -156,7 +170,7 @@ def main() -> None:
                                 "quantize_bits": qbits,
                                 "exact": exact,
                                 "kernel_ms": k_ms,
-                                **{f"kernel_ms_{name}": v for name, v in phase_ms.items()},
+                                **{(n if n.startswith("search_ms") else f"kernel_ms_{n}"): v for n, v in phase_ms.items()},
                                 "search_ms": full_ms,
                                 "candidates_mean": float(c.mean()),
                                 "candidates_max": float(c.max()),
