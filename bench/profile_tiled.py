@@ -170,7 +170,7 @@ def main() -> None:
                                 "quantize_bits": qbits,
                                 "exact": exact,
                                 "kernel_ms": k_ms,
-                                **{(n if n.startswith("search_ms") else f"kernel_ms_{n}"): v for n, v in phase_ms.items()},
+                                **{(n if n.startswith("search") else f"kernel_ms_{n}"): v for n, v in phase_ms.items()},
                                 "search_ms": full_ms,
                                 "candidates_mean": float(c.mean()),
                                 "candidates_max": float(c.max()),
