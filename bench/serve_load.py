@@ -51,7 +51,7 @@ DRY_RUN = {
     "docs": 20_000,
     "queries": 500,
     "device": "cpu",
-    "rates": "20,100,400",
+    "rates": "20,200,1500",
     "duration": 4.0,
     "drain": 6.0,
     "queue_size": 64,
