@@ -5,8 +5,11 @@ SPLADE encoder) or sparse vectors ``{"token": weight}`` — and ``k``; it answer
 documents' string ids and float32 scores, exactly those of :meth:`Index.search` for the
 same query (only documents with a score > 0; fewer than ``k`` when fewer match).
 
-Requests are validated on arrival (4xx with a one-line ``detail``), then wait in a bounded
-FIFO queue (HTTP 429 when it is full). One worker thread owns the device: it takes the
+Admission comes first: while ``queue_size + max_batch_size`` search requests are in flight
+(received and not yet answered), a new one gets HTTP 429 at once, before its body is read
+(:class:`AdmissionControl`), so overload costs the server little. Admitted requests are
+validated (4xx with a one-line ``detail``), then wait in a bounded FIFO queue (HTTP 429
+when it is full). One worker thread owns the device: it takes the
 oldest request, then keeps adding whole requests, oldest first, until the batch holds
 ``max_batch_size`` queries or ``max_wait_ms`` have passed since the oldest one arrived; it
 encodes the batch's texts in one call, searches the whole batch once with the largest
