@@ -228,14 +228,19 @@ def test_admission_refuses_at_the_front_while_the_worker_is_stuck():
             # With the worker stuck, every refusal came back while the gate is still shut ...
             refused_early = [f.result()[0].status_code for f in futures if f.done()]
             in_flight = app.state.metrics.in_flight
-            # ... and before the body is even read: a malformed one is refused, not parsed.
+            # ... and before the body is parsed: a malformed one is refused, not read as JSON.
             garbage = httpx.post(f"{live.url}/search", content=b"{not json", timeout=10)
+            # A large body (~450 kB, sent whole before the answer is read) is refused too, not stuck.
+            big = {"queries": [queries[i % len(queries)] for i in range(256)], "k": 5}
+            big_client = httpx.Client(base_url=live.url, timeout=20)
+            big_refused = [big_client.post("/search", json=big) for _ in range(4)]
             gate.set()
             answers = [f.result(timeout=30) for f in futures]
         # A refused connection stays usable (keep-alive after a 429 that left its body unread).
         refused = [i for i, (r, _) in enumerate(answers) if r.status_code == 429][:3]
         again = {i: clients[i].post("/search", json={"query": queries[i], "k": 5}) for i in refused}
-        for c in clients:
+        big_again = big_client.post("/search", json=big)  # the connection that sent the large body
+        for c in [*clients, big_client]:
             c.close()
         metrics = parse_metrics(httpx.get(f"{live.url}/metrics", timeout=10).text)
 
@@ -243,6 +248,8 @@ def test_admission_refuses_at_the_front_while_the_worker_is_stuck():
     assert len(refused_early) == n - limit and set(refused_early) == {429}, refused_early
     assert in_flight == limit
     assert garbage.status_code == 429
+    for r in big_refused:
+        assert r.status_code == 429 and "queue is full" in r.json()["detail"]
     codes = [r.status_code for r, _ in answers]
     assert codes[:2] == [200, 200] and codes.count(200) == limit and codes.count(429) == n - limit, codes
     for i, (r, seconds) in enumerate(answers):
@@ -255,8 +262,10 @@ def test_admission_refuses_at_the_front_while_the_worker_is_stuck():
     for i, r in again.items():
         assert r.status_code == 200, r.text
         assert r.json()["results"] == expected(index, [queries[i]], 5)
-    assert metrics['gpusparse_requests_total{status="429"}'] == n - limit + 1
-    assert metrics['gpusparse_requests_total{status="200"}'] == limit + len(again)
+    assert big_again.status_code == 200, big_again.text
+    assert big_again.json()["results"] == expected(index, big["queries"], 5)
+    assert metrics['gpusparse_requests_total{status="429"}'] == n - limit + 5
+    assert metrics['gpusparse_requests_total{status="200"}'] == limit + len(again) + 1
     assert metrics["gpusparse_requests_in_flight"] == 0
 
 

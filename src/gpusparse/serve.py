@@ -455,8 +455,9 @@ RECEIVED_KEY = "gpusparse.received"  # the scope key where admission notes when 
 class AdmissionControl:
     """Pure ASGI middleware: refuse ``POST path`` with 429 at once while ``limit`` are in flight.
 
-    It runs before routing and before the body is read, so a refusal costs the server
-    little more than parsing the request line and headers: under overload the event loop
+    It runs before routing and before the body is read (uvicorn drops the unread body of an
+    answered request and keeps the connection), so a refusal costs the server little more
+    than parsing the request line and headers: under overload the event loop
     stays free to answer, instead of reading, validating and queueing requests it will
     refuse anyway. ``metrics.in_flight`` counts the requests admitted and not yet answered;
     the time of admission goes into the scope (``RECEIVED_KEY``) for the latency metric.
