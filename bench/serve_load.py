@@ -367,10 +367,9 @@ def main() -> None:
     p.add_argument("--serve-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--query-file", help=argparse.SUPPRESS)
+    if p.parse_known_args()[0].dry_run:
+        p.set_defaults(**DRY_RUN)  # defaults only: options given on the command line still win
     args = p.parse_args()
-    if args.dry_run:
-        for key, value in DRY_RUN.items():
-            setattr(args, key, value)
     if args.serve_only:
         serve_synthetic(args)
         return
