@@ -16,7 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import cache
 from pathlib import Path
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -25,8 +28,9 @@ httpx = pytest.importorskip("httpx")
 import uvicorn  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
-from gpusparse import Index, read_vectors  # noqa: E402
-from gpusparse.serve import DynamicBatcher, PendingRequest, create_app  # noqa: E402
+from gpusparse import Index, SparseCollection, Vocabulary, read_vectors  # noqa: E402
+from gpusparse.errors import InputError  # noqa: E402
+from gpusparse.serve import DynamicBatcher, PendingRequest, canonical_vector, create_app  # noqa: E402
 
 from .shared_data import SPLADE_TINY, needs_shared, tiny_encoder  # noqa: E402
 
@@ -196,6 +200,115 @@ def test_overload_gets_429_and_no_response_is_lost():
     assert still_alive == 200
 
 
+def test_admission_refuses_at_the_front_while_the_worker_is_stuck():
+    """Past a full queue and a full batch, requests get 429 at once, before their body is read."""
+    index, queries = cranfield()
+    gate = threading.Event()
+    slow = SlowIndex(index, delay=0.0, gate=gate)  # the worker blocks in its first batch
+    app = create_app(slow, max_batch_size=2, max_wait_ms=300, queue_size=4)
+    limit, n = 4 + 2, 30
+    with LiveServer(app) as live:
+        clients = [httpx.Client(base_url=live.url, timeout=20) for _ in range(n)]
+
+        def call(i):
+            t = time.monotonic()
+            r = clients[i].post("/search", json={"query": queries[i], "k": 5})
+            return r, time.monotonic() - t
+
+        def wait_for(condition):
+            deadline = time.monotonic() + 15
+            while not condition() and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+        with ThreadPoolExecutor(n) as pool:
+            futures = [pool.submit(call, i) for i in range(2)]
+            wait_for(lambda: slow.batch_sizes == [2])  # one full batch, stuck at the gate
+            futures += [pool.submit(call, i) for i in range(2, n)]
+            wait_for(lambda: sum(f.done() for f in futures) >= n - limit)
+            # With the worker stuck, every refusal came back while the gate is still shut ...
+            refused_early = [f.result()[0].status_code for f in futures if f.done()]
+            in_flight = app.state.metrics.in_flight
+            # ... and before the body is parsed: a malformed one is refused, not read as JSON.
+            garbage = httpx.post(f"{live.url}/search", content=b"{not json", timeout=10)
+            # A large body (~450 kB, sent whole before the answer is read) is refused too, not stuck.
+            big = {"queries": [queries[i % len(queries)] for i in range(256)], "k": 5}
+            big_client = httpx.Client(base_url=live.url, timeout=20)
+            big_refused = [big_client.post("/search", json=big) for _ in range(4)]
+            gate.set()
+            answers = [f.result(timeout=30) for f in futures]
+        # A refused connection stays usable (keep-alive after a 429 that left its body unread).
+        refused = [i for i, (r, _) in enumerate(answers) if r.status_code == 429][:3]
+        again = {i: clients[i].post("/search", json={"query": queries[i], "k": 5}) for i in refused}
+        big_again = big_client.post("/search", json=big)  # the connection that sent the large body
+        for c in [*clients, big_client]:
+            c.close()
+        metrics = parse_metrics(httpx.get(f"{live.url}/metrics", timeout=10).text)
+
+    assert slow.batch_sizes[0] == 2
+    assert len(refused_early) == n - limit and set(refused_early) == {429}, refused_early
+    assert in_flight == limit
+    assert garbage.status_code == 429
+    for r in big_refused:
+        assert r.status_code == 429 and "queue is full" in r.json()["detail"]
+    codes = [r.status_code for r, _ in answers]
+    assert codes[:2] == [200, 200] and codes.count(200) == limit and codes.count(429) == n - limit, codes
+    for i, (r, seconds) in enumerate(answers):
+        if r.status_code == 200:
+            assert r.json()["results"] == expected(index, [queries[i]], 5)
+        else:
+            assert "queue is full" in r.json()["detail"] and r.headers["retry-after"] == "1"
+            assert seconds < 10
+    assert len(again) == 3
+    for i, r in again.items():
+        assert r.status_code == 200, r.text
+        assert r.json()["results"] == expected(index, [queries[i]], 5)
+    assert big_again.status_code == 200, big_again.text
+    assert big_again.json()["results"] == expected(index, big["queries"], 5)
+    assert metrics['gpusparse_requests_total{status="429"}'] == n - limit + 5
+    assert metrics['gpusparse_requests_total{status="200"}'] == limit + len(again) + 1
+    assert metrics["gpusparse_requests_in_flight"] == 0
+
+
+def test_far_over_capacity_every_request_is_answered_exactly_or_refused():
+    """Many keep-alive clients hammer a slowed worker: 200s exact, 429s fast, none lost, batches fill."""
+    index, queries = cranfield()
+    slow = SlowIndex(index, delay=0.02)  # about 200 queries/s at most with batches of 4
+    app = create_app(slow, max_batch_size=4, max_wait_ms=2, queue_size=8)
+    n_clients, per_client = 48, 8
+    with LiveServer(app) as live:
+
+        def client_loop(c):
+            out = []
+            with httpx.Client(base_url=live.url, timeout=20) as client:
+                for j in range(per_client):
+                    i = (c * per_client + j) % len(queries)
+                    t = time.monotonic()
+                    r = client.post("/search", json={"query": queries[i], "k": 10})
+                    out.append((i, r, time.monotonic() - t))
+            return out
+
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(n_clients) as pool:
+            results = [x for part in pool.map(client_loop, range(n_clients), timeout=90) for x in part]
+        elapsed = time.monotonic() - t0
+        metrics = parse_metrics(httpx.get(f"{live.url}/metrics", timeout=10).text)
+
+    assert len(results) == n_clients * per_client
+    codes = [r.status_code for _, r, _ in results]
+    assert set(codes) <= {200, 429}, codes
+    assert codes.count(429) > 0 and codes.count(200) > 0
+    for i, r, _ in results:
+        if r.status_code == 200:
+            assert r.json()["results"] == expected(index, [queries[i]], 10)
+    refusals = sorted(s for _, r, s in results if r.status_code == 429)
+    assert refusals[len(refusals) // 2] < 0.5  # the median refusal does not wait for the worker
+    assert metrics['gpusparse_requests_total{status="429"}'] == codes.count(429)
+    assert metrics['gpusparse_requests_total{status="200"}'] == codes.count(200)
+    assert metrics["gpusparse_requests_in_flight"] == 0
+    assert max(slow.batch_sizes) == 4  # under load the worker takes whole batches
+    assert elapsed < 60
+
+
 def test_graceful_shutdown_answers_in_flight_requests():
     index, queries = cranfield()
     gate = threading.Event()
@@ -280,10 +393,42 @@ def test_valid_request_health_openapi_and_metrics(client):
     schema = client.get("/openapi.json").json()
     assert {"/search", "/health", "/metrics"} <= set(schema["paths"])
     assert "429" in schema["paths"]["/search"]["post"]["responses"]
+    body_schema = schema["paths"]["/search"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    if "$ref" in body_schema:
+        body_schema = schema["components"]["schemas"][body_schema["$ref"].rsplit("/", 1)[-1]]
+    assert {"query", "queries", "k"} <= set(body_schema["properties"])
     r = client.get("/metrics")
     assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
     metrics = parse_metrics(r.text)
     assert metrics['gpusparse_requests_total{status="200"}'] >= 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["1", "01", "2", "3", "007", "7", "40", "nope"]),
+        st.one_of(
+            st.floats(allow_nan=True, allow_infinity=True),
+            st.sampled_from([0.0, -0.0, 1e-46, 3.5e38, 1e39, 2.5]),
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_canonical_vector_matches_from_dicts(vector):
+    """The server's per-request path gives what SparseCollection.from_dicts gives, errors included."""
+    vocab = Vocabulary.integer(41)  # "7" and "007" are one term: summed, as from_dicts does
+    try:
+        coll = SparseCollection.from_dicts([vector], vocab=vocab, unknown="error")
+    except InputError as exc:
+        with pytest.raises(InputError) as caught:
+            canonical_vector(vector, vocab)
+        assert caught.value.reason == exc.reason
+        return
+    terms, weights = canonical_vector(vector, vocab)
+    assert terms.dtype == np.int32 and weights.dtype == np.float32
+    np.testing.assert_array_equal(terms, coll.indices)
+    np.testing.assert_array_equal(weights, coll.values)
 
 
 # -- the batcher on its own -----------------------------------------------------------------

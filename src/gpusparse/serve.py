@@ -5,8 +5,11 @@ SPLADE encoder) or sparse vectors ``{"token": weight}`` — and ``k``; it answer
 documents' string ids and float32 scores, exactly those of :meth:`Index.search` for the
 same query (only documents with a score > 0; fewer than ``k`` when fewer match).
 
-Requests are validated on arrival (4xx with a one-line ``detail``), then wait in a bounded
-FIFO queue (HTTP 429 when it is full). One worker thread owns the device: it takes the
+Admission comes first: while ``queue_size + max_batch_size`` search requests are in flight
+(received and not yet answered), a new one gets HTTP 429 at once, before its body is read
+(:class:`AdmissionControl`), so overload costs the server little. Admitted requests are
+validated (4xx with a one-line ``detail``), then wait in a bounded FIFO queue (HTTP 429
+when it is full). One worker thread owns the device: it takes the
 oldest request, then keeps adding whole requests, oldest first, until the batch holds
 ``max_batch_size`` queries or ``max_wait_ms`` have passed since the oldest one arrived; it
 encodes the batch's texts in one call, searches the whole batch once with the largest
@@ -28,6 +31,7 @@ imports them when an app is created, never when it is imported.
 import asyncio
 import collections
 import contextlib
+import json
 import math
 import threading
 import time
@@ -38,12 +42,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .collection import SparseCollection
+from .collection import SparseCollection, _check_weights
 from .errors import InputError
 
 if TYPE_CHECKING:
     from .encode import SpladeEncoder
     from .index import Index
+    from .vocab import Vocabulary
 
 INSTALL_HINT = "the search server needs fastapi and uvicorn: pip install 'gpusparse[serve]'"
 DEFAULT_MAX_BATCH_SIZE = 256
@@ -53,6 +58,7 @@ DEFAULT_REQUEST_TIMEOUT_S = 30.0
 DEFAULT_MAX_QUERY_TERMS = 1024
 DEFAULT_MAX_QUERIES_PER_REQUEST = 256
 DEFAULT_MAX_TEXT_CHARS = 10_000
+QUEUE_FULL = "the request queue is full ({queue_size} requests); retry later"
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -148,7 +154,7 @@ class DynamicBatcher:
             if self._closing:
                 raise ShuttingDownError("the server is shutting down")
             if len(self._queue) >= self.queue_size:
-                raise QueueFullError(f"the request queue is full ({self.queue_size} requests); retry later")
+                raise QueueFullError(QUEUE_FULL.format(queue_size=self.queue_size))
             self._queue.append(request)
             self._cond.notify()
 
@@ -386,14 +392,102 @@ def check_queries(
         if len(q) > limits.max_query_terms:
             raise InputError(f"{where}{len(q):,} query terms; at most {limits.max_query_terms:,}", field="queries")
         try:
-            coll = SparseCollection.from_dicts([q], vocab=index.vocab, unknown="error")
+            terms, weights = canonical_vector(q, index.vocab)
         except (InputError, TypeError) as exc:
             reason = exc.reason if isinstance(exc, InputError) else str(exc)
             raise InputError(f"{where}{reason}", field="queries") from None
-        if coll.nnz == 0:
+        if terms.size == 0:
             raise InputError(f"{where}every weight is zero", field="queries")
-        out.append((coll.indices, coll.values))
+        out.append((terms, weights))
     return out
+
+
+def canonical_vector(vector: dict[str, float], vocab: "Vocabulary") -> tuple[np.ndarray, np.ndarray]:
+    """``(term ids, weights)`` of one ``{token: weight}`` query, as :meth:`SparseCollection.from_dicts` makes them.
+
+    Term ids ascending (int32), float32 weights with zeros dropped; the same checks and
+    messages (unknown token, negative, non-finite or float32-overflowing weight). This is
+    the per-request path of the server, so it skips building a collection: a vocabulary
+    lookup per token and a few small numpy calls.
+    """
+    get = vocab.get
+    term_ids = [get(token) for token in vector]
+    if None in term_ids:
+        token = next(t for t, i in zip(vector, term_ids, strict=True) if i is None)
+        raise InputError(f"unknown token {token!r}", field="vector")
+    try:
+        weights = np.fromiter(vector.values(), dtype=np.float64, count=len(vector))
+    except (TypeError, ValueError):
+        raise TypeError("weights must be numbers") from None
+    _check_weights(weights)
+    terms = np.array(term_ids, dtype=np.int32)
+    order = np.argsort(terms, kind="stable")
+    terms = terms[order]
+    if terms.size > 1 and bool((terms[1:] == terms[:-1]).any()):
+        # Two spellings of one term (an integer vocabulary's "7" and "07"): summed, the slow way.
+        coll = SparseCollection.from_dicts([vector], vocab=vocab, unknown="error")
+        return coll.indices, coll.values
+    values = weights[order].astype(np.float32)
+    keep = values != 0
+    return terms[keep], values[keep]
+
+
+def describe_validation_errors(errors: list[Any]) -> tuple[int, str]:
+    """HTTP status (400 for malformed JSON, else 422) and a one-line message for pydantic's errors."""
+    # A union (text or vector) fails once per branch: report the deepest, most specific error.
+    first = max(errors, key=lambda e: len(e.get("loc", ())), default={})
+    status = 400 if first.get("type") == "json_invalid" else 422
+    where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "str", "dict[str,float]"))
+    if first.get("type") == "json_invalid":
+        message = f"malformed JSON: {first.get('ctx', {}).get('error', first.get('msg', 'invalid'))}"
+    else:
+        message = f"{where}: {first.get('msg', 'invalid request')}" if where else first.get("msg", "invalid")
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+    return status, message
+
+
+# -- admission control ----------------------------------------------------------------------
+
+RECEIVED_KEY = "gpusparse.received"  # the scope key where admission notes when a request arrived
+
+
+class AdmissionControl:
+    """Pure ASGI middleware: refuse ``POST path`` with 429 at once while ``limit`` are in flight.
+
+    It runs before routing and before the body is read (uvicorn drops the unread body of an
+    answered request and keeps the connection), so a refusal costs the server little more
+    than parsing the request line and headers: under overload the event loop
+    stays free to answer, instead of reading, validating and queueing requests it will
+    refuse anyway. ``metrics.in_flight`` counts the requests admitted and not yet answered;
+    the time of admission goes into the scope (``RECEIVED_KEY``) for the latency metric.
+    """
+
+    def __init__(self, app: Any, *, path: str, limit: int, metrics: "Metrics", message: str) -> None:
+        self.app, self.path, self.limit, self.metrics = app, path, limit, metrics
+        self._body = json.dumps({"detail": message}).encode()
+        self._headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(self._body)).encode()),
+            (b"retry-after", b"1"),
+        ]
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http" or scope["path"] != self.path or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        metrics = self.metrics
+        if metrics.in_flight >= self.limit:
+            metrics.observe_request(429, 0.0, 0)
+            await send({"type": "http.response.start", "status": 429, "headers": self._headers})
+            await send({"type": "http.response.body", "body": self._body})
+            return
+        scope[RECEIVED_KEY] = time.perf_counter()
+        metrics.in_flight += 1  # only the event loop's thread touches it
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            metrics.in_flight -= 1
 
 
 # -- the app --------------------------------------------------------------------------------
@@ -428,8 +522,8 @@ def create_app(
     require_server_stack()
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse, PlainTextResponse
-    from pydantic import BaseModel, ConfigDict, Field
+    from fastapi.responses import JSONResponse, PlainTextResponse, Response
+    from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
     from .search import check_vocab
 
@@ -490,20 +584,19 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.index, app.state.encoder, app.state.batcher, app.state.metrics = index, encoder, batcher, metrics
+    # Requests in flight at most: a full queue plus a batch being served. Counted from arrival,
+    # so the HTTP layer refuses the surplus before spending anything on it.
+    app.add_middleware(
+        AdmissionControl,
+        path="/search",
+        limit=queue_size + max_batch_size,
+        metrics=metrics,
+        message=QUEUE_FULL.format(queue_size=queue_size),
+    )
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = list(exc.errors())
-        # A union (text or vector) fails once per branch: report the deepest, most specific error.
-        first = max(errors, key=lambda e: len(e.get("loc", ())), default={})
-        status = 400 if first.get("type") == "json_invalid" else 422
-        where = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "str", "dict[str,float]"))
-        if first.get("type") == "json_invalid":
-            message = f"malformed JSON: {first.get('ctx', {}).get('error', first.get('msg', 'invalid'))}"
-        else:
-            message = f"{where}: {first.get('msg', 'invalid request')}" if where else first.get("msg", "invalid")
-        if len(errors) > 1:
-            message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+        status, message = describe_validation_errors(list(exc.errors()))
         if request.url.path == "/search":
             metrics.observe_request(status, 0.0, 0)
         return JSONResponse({"detail": message}, status_code=status)
@@ -512,20 +605,30 @@ def create_app(
         metrics.observe_request(status, time.perf_counter() - t0, 0)
         return JSONResponse({"detail": message}, status_code=status)
 
+    # The body is parsed by hand (pydantic's JSON validator, no FastAPI body machinery) and
+    # the answer encoded once with json.dumps: this is the per-request path of the event loop.
+    request_schema = SearchRequest.model_json_schema()
+    json_headers = {"content-type": "application/json"}
+
     @app.post(
         "/search",
         response_model=SearchResponse,
+        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": request_schema}}}},
         responses={
             400: {"model": Problem, "description": "Bad JSON, unknown token, bad k, empty or too large query."},
             422: {"model": Problem, "description": "A field of the wrong type."},
-            429: {"model": Problem, "description": "The queue is full; retry later."},
+            429: {"model": Problem, "description": "Too many requests in flight; retry later."},
             503: {"model": Problem, "description": "The server is shutting down."},
             504: {"model": Problem, "description": "Not answered within the request timeout."},
         },
     )
-    async def search(body: SearchRequest) -> Any:
+    async def search(request: Request) -> Response:
         """Exact top-k documents for each query."""
-        t0 = time.perf_counter()
+        t0 = request.scope.get(RECEIVED_KEY) or time.perf_counter()
+        try:
+            body = SearchRequest.model_validate_json(await request.body())
+        except ValidationError as exc:
+            return _problem(*describe_validation_errors(exc.errors()), t0)
         if (body.query is None) == (body.queries is None):
             return _problem(400, "give exactly one of 'query' and 'queries'", t0)
         raw = [body.query] if body.query is not None else body.queries
@@ -555,7 +658,6 @@ def create_app(
             return _problem(429, str(exc), t0)
         except ShuttingDownError as exc:
             return _problem(503, str(exc), t0)
-        metrics.in_flight += 1
         try:
             scores, ids = await asyncio.wait_for(future, request_timeout_s)
         except TimeoutError:
@@ -565,15 +667,14 @@ def create_app(
             return _problem(400, exc.reason, t0)
         except Exception as exc:
             return _problem(500, f"search failed: {type(exc).__name__}: {exc}", t0)
-        finally:
-            metrics.in_flight -= 1
         names = index.ids
         results = []
         for srow, irow in zip(scores, ids, strict=True):
             keep = irow >= 0
             results.append({"ids": [names[d] for d in irow[keep].tolist()], "scores": srow[keep].tolist()})
+        content = json.dumps({"k": body.k, "results": results}, separators=(",", ":")).encode()
         metrics.observe_request(200, time.perf_counter() - t0, len(queries))
-        return {"k": body.k, "results": results}
+        return Response(content, headers=json_headers)
 
     @app.get("/health")
     async def health() -> JSONResponse:
