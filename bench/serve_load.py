@@ -362,6 +362,7 @@ def main() -> None:
     p.add_argument("--request-timeout", type=float, default=30.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="serve-load.json")
+    p.add_argument("--commit", help="the git commit run (default: git rev-parse HEAD, if the checkout has history)")
     p.add_argument("--startup-timeout", type=float, default=120.0)
     p.add_argument("--dry-run", action="store_true", help="a quick CPU check: " + json.dumps(DRY_RUN))
     p.add_argument("--serve-only", action="store_true", help=argparse.SUPPRESS)
@@ -395,7 +396,7 @@ def main() -> None:
     result = {
         "what": "gpusparse serve: latency and throughput against offered load (open-loop Poisson, 1 query/request)",
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": machine(args.device),
+        "machine": machine(args.device) | ({"commit": args.commit} if args.commit else {}),
         "settings": {k: v for k, v in vars(args).items() if k not in ("serve_only", "port", "query_file")},
         "complete": False,
         "rows": [],

@@ -82,14 +82,15 @@ def build_tiled(
     tile_bits: int = DEFAULT_TILE_BITS,
     *,
     dense_min: float | None = DEFAULT_DENSE_MIN,
-    chunk: int = 1 << 26,
+    chunk: int = 1 << 24,
 ) -> TiledIndex:
     """Regroup an index's postings by (tile, term), on the index's device.
 
     No sort is needed: inside a term's list documents are ascending, so each tile's share
     of the list is contiguous and keeps its order; a posting's new position is its
     (tile, term) segment start plus its rank inside that share. Temporaries are bounded by
-    ``chunk`` postings plus a ``[n_tiles, V]`` count matrix.
+    ``chunk`` postings (~100 bytes each: 2**24 keep the build within ~2 GB beside the index)
+    plus a few ``[n_tiles, V]`` count matrices.
 
     Segments holding at least ``dense_min`` of a tile's documents are stored densely instead
     (one weight per document of the tile): the kernel adds them with coalesced reads into
