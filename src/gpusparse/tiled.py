@@ -323,7 +323,7 @@ def candidates(
                 acc=acc, int_weights=int_weights, theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
             )  # fmt: skip
             done += n
-            wave = max(8 * wave, -(-4 * n_sm // max(b, 1)))  # few waves: each costs a sync
+            wave = max(16 * wave, -(-4 * n_sm // max(b, 1)))  # few waves: each costs a sync
             most = int(count.max()) if b else 0
             if most > cap:
                 overflow = True

@@ -125,7 +125,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     __shared__ unsigned int s_wi[MAXT];
     __shared__ i64 s_start[MAXT];
     __shared__ int s_did[MAXT], s_len[MAXT], s_pref[MAXT + 1];
-    __shared__ u64 s_max, s_val;
+    __shared__ u64 s_max, s_val, s_th0;
     __shared__ unsigned int s_above;
     __shared__ int s_bucket;
 
@@ -136,7 +136,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     const int base = tile << TILE_BITS;
     const int width = min(TILE, n_docs - base);
 
-    if (tid == 0) s_max = 0ull;
+    // The query's running threshold, read now so its latency hides behind the accumulation
+    // (it only grows: an older value is still a valid bound for the early exit below).
+    if (tid == 0) {
+        s_max = 0ull;
+        s_th0 = __ldcg(&theta[q]);
+    }
     const double scale = q_scale[q];
     const int* terms = q_terms + (i64)q * T;
     const float* qw = q_weights + (i64)q * T;
@@ -208,10 +213,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
         const int nj = min(MAXT, T - j0);
         // one chunk (the usual case): its metadata is still there from the dense phase
         if (T > MAXT) load_terms(terms + j0, qw + j0, nj, scale, did_tile, seg_tile, s_w, s_wi, s_did, s_start, s_len);
-        if (tid == 0) {
-            int total = 0;
-            for (int j = 0; j < nj; ++j) { s_pref[j] = total; total += s_len[j]; }
-            s_pref[nj] = total;
+        // Exclusive prefix sums of the segment lengths, by the first warp (W lanes at a time;
+        // a block of tiny tiles may have fewer than 32 threads).
+        constexpr int W = THREADS < 32 ? THREADS : 32;
+        constexpr unsigned int WMASK = W == 32 ? 0xffffffffu : (1u << W) - 1u;
+        if (tid < W) {
+            int carry = 0;
+            for (int c = 0; c < nj; c += W) {
+                const int len = c + tid < nj ? s_len[c + tid] : 0;
+                int incl = len;
+                for (int o = 1; o < W; o <<= 1) {
+                    const int up = __shfl_up_sync(WMASK, incl, o);
+                    if (tid >= o) incl += up;
+                }
+                if (c + tid < nj) s_pref[c + tid] = carry + incl - len;
+                carry += __shfl_sync(WMASK, incl, W - 1);
+            }
+            if (tid == 0) s_pref[nj] = carry;
         }
         __syncthreads();
 #ifdef PROFILE_SKIP_SPARSE  // profiling only: results are wrong
@@ -279,14 +297,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     if (vmax == 0ull) return;  // no document of this tile matches the query
     // Nothing to emit if even the tile's best stays below the query's current threshold
     // (common once earlier waves have set theta): skip the selection passes.
-    if (tid == 0) s_val = atomicAdd(&theta[q], 0ull);
-    __syncthreads();
     {
-        const u64 th0 = s_val;
+        const u64 th0 = s_th0;
         const u64 d0 = (u64)q_delta[q] + (th0 >> 22);
         if (th0 > d0 && vmax < th0 - d0) return;
     }
-    __syncthreads();  // s_val is reused below
 
     // 3. tau: at least k documents of the tile score >= tau (two 8-bit radix passes below
     //    the top bit; 0 when fewer than k documents match).
