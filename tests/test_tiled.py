@@ -56,41 +56,56 @@ def test_layout(tile_bits, dense_min):
             np.testing.assert_array_equal(tl.wts.numpy()[a:b], dense[d, term])
 
 
-@pytest.mark.parametrize("acc", ["carry", "u32"])
-def test_fixed_point_margin_bounds_the_error(acc):
-    """|F − scale·S| ≤ delta/2 for the rounded integer sums F of every document, within the accumulator."""
+@pytest.mark.parametrize("weights", ["unit", "tiny", "huge"])
+@pytest.mark.parametrize("acc", ["carry", "u32", "u32-fixed"])
+def test_fixed_point_margin_bounds_the_error(acc, weights):
+    """|F − scale·S| ≤ delta/2 for the integer sums F of every document, within the accumulator.
+
+    F as the kernel forms it: each product rounded to the unit, or with fixed-point weights
+    ``(round(w_q · mult) · round(w_d · 2**b)) >> shift`` (written here independently).
+    """
     rng = np.random.default_rng()
     docs = random_collection(rng, 400, 50, 12)
     queries = random_collection(rng, 6, 50, 9)
+    factor = {"unit": 1.0, "tiny": 2.0**-20 * 1.3, "huge": 2.0**20 * 1.7}[weights]
+    docs.values *= np.float32(factor)
     index = Index.build(docs)
     batch = query_batch(queries, index.device)
-    fp = fixed_point(index, batch, acc)
+    fixed = acc == "u32-fixed"
+    bits = 30 - int(np.frexp(float(docs.values.max()))[1]) if fixed else None
+    fp = fixed_point(index, batch, "u32" if fixed else acc, bits)
     exact = dense_scores(docs, queries)
     dense_d = docs.to_scipy().toarray().astype(np.float64)
     dense_q = queries.to_scipy().toarray().astype(np.float64)
     for q in range(len(queries)):
         scale = float(fp.scale[q])
-        prods = np.round(dense_q[q][None, :] * scale * dense_d)  # what the kernel adds
-        f = prods.sum(1)
+        if fixed:
+            qi = np.rint(dense_q[q] * float(fp.mult[q])).astype(np.int64)
+            di = np.rint(dense_d * 2.0**bits).astype(np.int64)
+            assert qi.max() < 2**31 and di.max() < 2**30
+            f = ((qi[None, :] * di) >> int(fp.shift[q])).sum(1).astype(np.float64)
+        else:
+            f = np.round(dense_q[q][None, :] * scale * dense_d).sum(1)  # what the kernel adds
         assert (np.abs(f - exact[q] * scale) <= float(fp.delta[q]) / 2).all()
-        assert f.max() < 2 * ACC_TOP[acc]
+        assert f.max() < 2 * ACC_TOP["u32" if fixed else acc]
 
 
 @pytest.mark.parametrize("emulated", [True, False], ids=["pytorch", "cuda"])
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("quantized", [True, False], ids=["ties", "continuous"])
 @pytest.mark.parametrize(
-    ("tile_bits", "dense_min", "acc"),
+    ("tile_bits", "dense_min", "acc", "fixed"),
     [
-        (2, None, "u32"),
-        (5, 0.05, "u32"),
-        (9, 0.02, "carry"),
-        (13, 0.01, "u32"),
-        (14, None, "u32"),
-        (6, 0.1, "carry"),
+        (2, None, "u32", False),
+        (5, 0.05, "u32", True),
+        (9, 0.02, "carry", False),
+        (13, 0.01, "u32", False),
+        (14, None, "u32", True),
+        (6, 0.1, "carry", False),
+        (7, 0.02, "u32", True),
     ],
 )
-def test_tiled_search_is_exact(tile_bits, dense_min, acc, quantized, device, emulated):
+def test_tiled_search_is_exact(tile_bits, dense_min, acc, fixed, quantized, device, emulated):
     if not emulated and (device != "cuda" or not cuda_kernel_available()):
         pytest.skip("the CUDA kernel needs a GPU and CuPy")
     rng = np.random.default_rng()
@@ -100,7 +115,54 @@ def test_tiled_search_is_exact(tile_bits, dense_min, acc, quantized, device, emu
     batch = query_batch(queries, index.device)
     scores = dense_scores(docs, queries)
     for k in (1, 3, 10, 100, 900, 1000):
-        s, i = tiled_search(index, batch, k, tile_bits=tile_bits, dense_min=dense_min, acc=acc, emulated=emulated)
+        s, i = tiled_search(
+            index, batch, k, tile_bits=tile_bits, dense_min=dense_min, acc=acc, fixed=fixed, emulated=emulated
+        )
+        ref_s, ref_i = reference_topk(scores, k)
+        np.testing.assert_array_equal(i.cpu().numpy(), ref_i)
+        np.testing.assert_array_equal(s.cpu().numpy(), ref_s)
+
+
+def test_fixed_point_weights_fall_back_outside_their_range():
+    """One document weight dwarfing the others leaves ordinary weights few fixed-point bits
+    (a huge margin): the search falls back to float64 products and stays exact."""
+    rng = np.random.default_rng()
+    docs = random_collection(rng, 300, 40, 8)
+    queries = random_collection(rng, 5, 40, 6)
+    docs.values[0] = 2.0**40
+    index = Index.build(docs)
+    batch = query_batch(queries, index.device)
+    tl = build_tiled(index, 5, fixed=True)
+    with pytest.raises(ValueError, match="fixed-point range"):
+        fixed_point(index, batch, "u32", tl.weight_bits)
+    scores = dense_scores(docs, queries)
+    for k in (1, 10, 300):
+        s, i = tiled_search(index, batch, k, tile_bits=5, acc="u32", fixed=True, emulated=True)
+        ref_s, ref_i = reference_topk(scores, k)
+        np.testing.assert_array_equal(i.numpy(), ref_i)
+        np.testing.assert_array_equal(s.numpy(), ref_s)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    ("acc", "fixed", "spread"), [("u32", False, 1e-7), ("u32", True, 1e-7), ("carry", False, 1e-30)]
+)
+def test_scores_below_one_fixed_point_unit_are_not_lost(acc, fixed, spread, device):
+    """Weights spanning more than the accumulator's range: a document matching only through
+    tiny weights sums to 0 units, yet is a result when fewer than k documents score more."""
+    if device == "cuda" and not cuda_kernel_available():
+        pytest.skip("needs CuPy")
+    rng = np.random.default_rng()
+    docs = random_collection(rng, 600, 60, 6)
+    queries = random_collection(rng, 9, 60, 5)
+    tiny = rng.random(docs.nnz) < 0.5
+    docs.values[tiny] *= np.float32(spread)  # products down to spread², far below 2**-31 of the bound
+    queries.values[: queries.nnz // 2] *= np.float32(spread)
+    index = Index.build(docs, device=device)
+    batch = query_batch(queries, index.device)
+    scores = dense_scores(docs, queries)
+    for k in (5, 100, 600, 700):
+        s, i = tiled_search(index, batch, k, tile_bits=6, acc=acc, fixed=fixed, emulated=device == "cpu")
         ref_s, ref_i = reference_topk(scores, k)
         np.testing.assert_array_equal(i.cpu().numpy(), ref_i)
         np.testing.assert_array_equal(s.cpu().numpy(), ref_s)
@@ -145,18 +207,25 @@ def test_cuda_kernel_at_scale_and_with_candidate_overflow(monkeypatch):
     index = Index.build(docs, device="cuda")
     ref = index.search(queries, 1000, kernel="reference")
     for tile_bits, dense_min in ((12, None), (13, 0.25), (13, 0.02), (14, 0.1)):
-        for acc in ("carry", "u32"):
+        for acc, fixed in (("carry", False), ("u32", False), ("u32", True)):
             batch = query_batch(queries, index.device)
-            s, i = tiled_search(index, batch, 1000, tile_bits=tile_bits, dense_min=dense_min, acc=acc)
-            assert torch.equal(i.cpu(), ref.ids) and torch.equal(s.cpu(), ref.scores), (tile_bits, dense_min, acc)
+            s, i = tiled_search(index, batch, 1000, tile_bits=tile_bits, dense_min=dense_min, acc=acc, fixed=fixed)
+            same = torch.equal(i.cpu(), ref.ids) and torch.equal(s.cpu(), ref.scores)
+            assert same, (tile_bits, dense_min, acc, fixed)
     monkeypatch.setattr(tiled_mod, "initial_capacity", lambda k, first_wave: 8)  # forces the rerun path
     s, i = tiled_search(index, query_batch(queries, index.device), 1000)
     assert torch.equal(i.cpu(), ref.ids) and torch.equal(s.cpu(), ref.scores)
 
 
 def fake_kernel(seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_delta, *, n_docs, n_terms, tile_bits,
-                k, tiles, select, acc, int_weights, theta, cand_count, cand_doc, cand_val):  # fmt: skip
+                k, tiles, select, acc, int_weights, q_shift, theta, cand_count, cand_doc, cand_val):  # fmt: skip
     """The CUDA kernel's contract in PyTorch, block by block, so the host's waves run on a CPU."""
+
+    def products(w: float, q: int, stored: torch.Tensor) -> torch.Tensor:
+        if wts.dtype == torch.int32:  # fixed-point weights: (round(w) · d) >> shift
+            return (round(w) * stored.to(torch.int64)) >> int(q_shift[q])
+        return torch.round(w * stored.to(torch.float64)).to(torch.int64)
+
     b, t = q_terms.shape
     cap = cand_doc.shape[1]
     tile = 1 << tile_bits
@@ -172,11 +241,11 @@ def fake_kernel(seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_
                 did = int(dense_id[tl_idx * n_terms + term])
                 if did >= 0:
                     w = float(q_weights[q, j]) * float(q_scale[q])
-                    acc += torch.round(w * dense[did, :width].to(torch.float64)).to(torch.int64)
+                    acc += products(w, q, dense[did, :width])
                     continue
                 a, e = int(seg[tl_idx * n_terms + term]), int(seg[tl_idx * n_terms + term + 1])
                 w = float(q_weights[q, j]) * float(q_scale[q])
-                contrib = torch.round(w * wts[a:e].to(torch.float64)).to(torch.int64)
+                contrib = products(w, q, wts[a:e])
                 acc.index_add_(0, offs[a:e].to(torch.int64) & 0xFFFF, contrib)
             if int(acc.max()) == 0:
                 continue
@@ -195,7 +264,7 @@ def fake_kernel(seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_
                     cand_val[q, slot] = acc[i]
 
 
-@pytest.mark.parametrize("acc", ["carry", "u32"])
+@pytest.mark.parametrize("acc", ["carry", "u32", "u32-fixed"])
 @pytest.mark.parametrize("single_wave", [False, True])
 @pytest.mark.parametrize("small_cap", [False, True])
 @pytest.mark.parametrize("final_compaction", [True, False])
@@ -213,9 +282,11 @@ def test_waves_and_compaction_on_cpu(monkeypatch, small_cap, single_wave, acc, f
     index = Index.build(docs)
     batch = query_batch(queries, index.device)
     scores = dense_scores(docs, queries)
+    fixed = acc == "u32-fixed"
+    acc = "u32" if fixed else acc
     for k in (1, 7, 60, 700):
-        fp = fixed_point(index, batch, acc)
-        tl = tiled_mod.tiled(index, 5, 0.1)
+        tl = tiled_mod.tiled(index, 5, 0.1, fixed)
+        fp = fixed_point(index, batch, acc, tl.weight_bits)
         docs_c, vals_c = tiled_mod.candidates(tl, batch, fp, k, launch=fake_kernel, n_sm=2, acc=acc)
         s, i = tiled_mod.finalize_candidates(index, batch, fp, docs_c, vals_c, k)
         ref_s, ref_i = reference_topk(scores, k)

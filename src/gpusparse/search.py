@@ -227,21 +227,37 @@ def query_batch(queries: SparseCollection, device: torch.device) -> QueryBatch:
     Laid out on the host and moved in two copies (one int64, one float32 buffer): a
     batch is small, and each device operation costs more host time than the arithmetic.
     """
-    lengths = queries.row_lengths.astype(np.int64)
-    b, nnz = len(queries), queries.nnz
+    return _batch_from_csr(queries.indptr, queries.indices, queries.values, device)
+
+
+def batch_rows(batch: QueryBatch, rows: np.ndarray, device: torch.device) -> QueryBatch:
+    """The queries ``rows`` of ``batch`` as a batch of their own (from its host arrays)."""
+    terms, weights, lengths = batch.host if batch.host is not None else (
+        batch.padded_terms.cpu().numpy(), batch.padded_weights.cpu().numpy(), batch.n_terms.cpu().numpy()
+    )  # fmt: skip
+    terms, weights, lengths = terms[rows], weights[rows], lengths[rows]
+    indptr = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=indptr[1:])
+    valid = terms >= 0  # padding sits at the end of each row: row-major order is CSR order
+    return _batch_from_csr(indptr, terms[valid], weights[valid], device)
+
+
+def _batch_from_csr(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, device: torch.device) -> QueryBatch:
+    lengths = np.diff(indptr).astype(np.int64)
+    b, nnz = len(lengths), int(indices.size)
     width = int(lengths.max()) if b else 0
     rows = np.repeat(np.arange(b, dtype=np.int64), lengths)
-    col = np.arange(nnz, dtype=np.int64) - (queries.indptr[:-1].astype(np.int64))[rows]
+    col = np.arange(nnz, dtype=np.int64) - (indptr[:-1].astype(np.int64))[rows]
     ints = np.empty(2 * nnz + b * width + b, dtype=np.int64)  # rows | terms | padded terms | lengths
     ints[:nnz] = rows
-    ints[nnz : 2 * nnz] = queries.indices
+    ints[nnz : 2 * nnz] = indices
     padded = ints[2 * nnz : 2 * nnz + b * width].reshape(b, width)
     padded.fill(-1)
-    padded[rows, col] = queries.indices
+    padded[rows, col] = indices
     ints[2 * nnz + b * width :] = lengths
     floats = np.zeros(nnz + b * width, dtype=np.float32)  # weights | padded weights
-    floats[:nnz] = queries.values
-    floats[nnz:].reshape(b, width)[rows, col] = queries.values
+    floats[:nnz] = values
+    floats[nnz:].reshape(b, width)[rows, col] = values
     ints_d = torch.from_numpy(ints).to(device)
     floats_d = torch.from_numpy(floats).to(device)
     return QueryBatch(
@@ -343,7 +359,7 @@ def chunked_exact_topk(
 
 
 def reference_search(
-    index: Index, queries: SparseCollection, k: int, *, doc_chunk: int, max_postings: int
+    index: Index, queries: SparseCollection | QueryBatch, k: int, *, doc_chunk: int, max_postings: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Scatter-add in PyTorch over documents in chunks of ``doc_chunk``, then exact top-k.
 
@@ -352,8 +368,8 @@ def reference_search(
     running top-k. Returns ``(scores, ids)`` ``[batch, k]`` on the index's device.
     """
     dev = index.device
-    bq, n = len(queries), index.n_docs
-    batch = query_batch(queries, dev)
+    batch = queries if isinstance(queries, QueryBatch) else query_batch(queries, dev)
+    bq, n = batch.padded_terms.shape[0], index.n_docs
     starts = index.offsets[batch.terms]
     ends = starts + index.lengths[batch.terms].to(torch.int64)
     weights64 = batch.weights.to(torch.float64)

@@ -37,6 +37,10 @@ if TYPE_CHECKING:
 # (integer dense sums are cheap) 16,384-document tiles and 12%.
 DEFAULT_LAYOUT = {"float32": (13, 0.5), "uint8": (14, 0.12)}
 DEFAULT_TILE_BITS, DEFAULT_DENSE_MIN = DEFAULT_LAYOUT["float32"]
+# Fixed-point float32 weights by default (integer products in the kernel), unless a query's
+# margin would exceed FIXED_MAX_DELTA units (of ~2**31): then float64 products.
+DEFAULT_FIXED = False
+FIXED_MAX_DELTA = 1 << 16
 AUTO = "auto"
 # A batch this small whose tiles may emit at most this many candidates a query (k per
 # tile) runs in a single wave: the waves' host syncs cost more than the extra candidates.
@@ -64,6 +68,8 @@ class TiledIndex:
     dense_id: torch.Tensor  # int32 [n_tiles * n_terms]: row of `dense`, or -1 for a sparse segment
     dense: torch.Tensor  # wts's dtype [n_dense, 2**tile_bits]: weights by offset, 0 where absent
     step: float = 1.0  # what a stored weight is worth (1 for float32 weights)
+    # Fixed-point float32 weights (int32 storage): stored = round(weight · 2**weight_bits).
+    weight_bits: int | None = None
 
     @property
     def n_tiles(self) -> int:
@@ -82,6 +88,7 @@ def build_tiled(
     tile_bits: int = DEFAULT_TILE_BITS,
     *,
     dense_min: float | None = DEFAULT_DENSE_MIN,
+    fixed: bool = False,
     chunk: int = 1 << 24,
 ) -> TiledIndex:
     """Regroup an index's postings by (tile, term), on the index's device.
@@ -97,7 +104,9 @@ def build_tiled(
     registers, without shared-memory atomics. ``None`` keeps every segment sparse.
 
     A quantized index (:mod:`gpusparse.quantize`) stores its weights as uint8 levels: 3
-    bytes a sparse posting, 1 a dense slot.
+    bytes a sparse posting, 1 a dense slot. ``fixed`` (float32 weights only) stores them in
+    fixed point, ``round(w · 2**b)`` with the largest weight below ``2**30``, so the kernel
+    multiplies integers; the rounding is covered by :func:`fixed_point`'s margin.
     """
     if not 1 <= tile_bits <= MAX_TILE_BITS:
         raise ValueError(f"tile_bits must be in 1..{MAX_TILE_BITS}")
@@ -114,9 +123,15 @@ def build_tiled(
     is_dense = counts >= max(1, int(dense_min * (1 << tile_bits))) if dense_min is not None else counts < 0
     n_dense = int(is_dense.sum())
     quant = index.quantization
+    fixed = fixed and quant is None
     wdtype, step = (torch.uint8, quant.step) if quant is not None else (torch.float32, 1.0)
+    weight_bits = None
+    if fixed:
+        wdtype, weight_bits = torch.int32, fixed_weight_bits(float(index.max_scores.max()) if n_terms else 0.0)
 
     def stored(scores: torch.Tensor) -> torch.Tensor:
+        if weight_bits is not None:
+            return torch.round(scores.to(torch.float64) * 2.0**weight_bits).to(torch.int32)  # < 2**30
         if quant is None:
             return scores
         from .quantize import levels
@@ -148,7 +163,16 @@ def build_tiled(
         new = seg[key[s]] + rank - before[tile[s], term[s]]
         offs[new] = torch.where(off[s] >= 1 << 15, off[s] - (1 << 16), off[s]).to(torch.int16)
         wts[new] = stored(index.scores[pos[s]])
-    return TiledIndex(tile_bits, n_docs, n_terms, seg, offs, wts, dense_id, dense, step)
+    return TiledIndex(tile_bits, n_docs, n_terms, seg, offs, wts, dense_id, dense, step, weight_bits)
+
+
+def fixed_weight_bits(max_weight: float) -> int:
+    """``b`` with ``max_weight · 2**b < 2**30``, the largest such (fixed-point weights)."""
+    import math
+
+    if not max_weight > 0:
+        return 0
+    return 30 - math.frexp(max_weight)[1]
 
 
 def _real_postings(index: Index, lengths: torch.Tensor, list_start: torch.Tensor, total: int, chunk: int):
@@ -167,27 +191,34 @@ def default_layout(index: Index) -> tuple[int, float]:
     return DEFAULT_LAYOUT["uint8" if index.quantization is not None else "float32"]
 
 
-def tiled(index: Index, tile_bits: int | None = None, dense_min: float | str | None = AUTO) -> TiledIndex:
+def tiled(
+    index: Index, tile_bits: int | None = None, dense_min: float | str | None = AUTO, fixed: bool = False
+) -> TiledIndex:
     """The index's tiled layout, built once per index object and kept in ``index.cache``.
 
     ``tile_bits=None`` and ``dense_min="auto"`` take :func:`default_layout`'s values;
-    ``dense_min=None`` keeps every segment sparse.
+    ``dense_min=None`` keeps every segment sparse; ``fixed``: fixed-point float32 weights
+    (see :func:`build_tiled`).
     """
     auto_bits, auto_dense = default_layout(index)
     tile_bits = auto_bits if tile_bits is None else tile_bits
     dense_min = auto_dense if dense_min == AUTO else dense_min
-    key = f"tiled-{tile_bits}-{dense_min}"
+    fixed = fixed and index.quantization is None
+    key = f"tiled-{tile_bits}-{dense_min}" + ("-fixed" if fixed else "")
     if key not in index.cache:
-        index.cache[key] = build_tiled(index, tile_bits, dense_min=dense_min)
+        index.cache[key] = build_tiled(index, tile_bits, dense_min=dense_min, fixed=fixed)
     return index.cache[key]  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
 class FixedPoint:
-    """Per-query fixed-point parameters: ``scale`` (a power of two) and the margin ``delta``."""
+    """Per-query fixed-point parameters: ``scale`` (a power of two) and the margin ``delta``;
+    with fixed-point weights also each query weight's multiplier and each product's shift."""
 
     scale: torch.Tensor  # float64 [B]
     delta: torch.Tensor  # int64 [B], in units
+    mult: torch.Tensor | None = None  # float64 [B]: q = round(w_q · mult), mult = scale · 2**c
+    shift: torch.Tensor | None = None  # int32 [B]: b + c, product = (q · d) >> shift
 
 
 def choose_acc(acc: str | None) -> str:
@@ -210,7 +241,7 @@ def integer_weights(tl: TiledIndex, batch: QueryBatch, fp: FixedPoint, acc: str)
     return bool((w == torch.round(w)).all())
 
 
-def fixed_point(index: Index, batch: QueryBatch, acc: str = "carry") -> FixedPoint:
+def fixed_point(index: Index, batch: QueryBatch, acc: str = "carry", weight_bits: int | None = None) -> FixedPoint:
     """Choose each query's scale so its largest possible score fits, and its error margin.
 
     ``ub = Σ w_q[t] · max_scores[t]`` bounds every score; ``scale`` is the largest power of
@@ -222,6 +253,13 @@ def fixed_point(index: Index, batch: QueryBatch, acc: str = "carry") -> FixedPoi
     once: at most m/2 again). The canonical float64 sum is within
     ``2·(n+1)·2**-53 · scale · S``; twice their sum, plus slack, is the margin between any
     two of them. Computed on the host (a batch is small) and moved in one copy.
+
+    ``weight_bits`` (fixed-point document weights ``d = round(w_d · 2**b)``, "u32"): each
+    query weight becomes ``q = round(w_q · scale · 2**c)`` (``c`` the largest with every
+    ``q < 2**31``) and a product ``(q · d) >> (b + c)``. Against ``P = w_q · scale · w_d``
+    that product errs by less than ``1`` (the shift truncates) ``+ |q − w_q·scale·2**c| ·
+    w_d · 2**-c + |d − w_d·2**b| · w_q·scale · 2**-b`` (+ their product), so ``n/2`` above
+    becomes ``E = n + n·max_w·2**-(c+1) + Σ w_q·scale·2**-(b+1) + n·2**-(b+c+2)``.
     """
     import math
 
@@ -242,9 +280,27 @@ def fixed_point(index: Index, batch: QueryBatch, acc: str = "carry") -> FixedPoi
     scale = np.where(ub > 0, np.ldexp(1.0, np.clip(e, -1000, 1000)), 1.0)
     n = n_terms.astype(np.float64)
     canon = (ub * scale) * 2 * (n + 1) * 2.0**-53
-    delta = np.ceil(2 * (n / 2 + 1) + 2 * canon + 2)
-    both = torch.from_numpy(np.stack([scale, delta])).to(batch.padded_terms.device)
-    return FixedPoint(both[0], both[1].to(torch.int64))
+    dev = batch.padded_terms.device
+    if weight_bits is None:
+        delta = np.ceil(2 * (n / 2 + 1) + 2 * canon + 2)
+        both = torch.from_numpy(np.stack([scale, delta])).to(dev)
+        return FixedPoint(both[0], both[1].to(torch.int64))
+    qs = weights.astype(np.float64) * scale[:, None]  # w_q · scale, exact
+    qmax = qs.max(1) if qs.shape[1] else np.zeros(len(scale))
+    _, qexpo = np.frexp(qmax)
+    c = np.where(qmax > 0, 31 - qexpo, 0)  # qmax · 2**c < 2**31
+    max_w = float(max_scores.max()) if max_scores.size else 0.0
+    err = n + n * max_w * np.ldexp(0.5, -c) + qs.sum(1) * 2.0 ** -(weight_bits + 1)
+    err += n * np.ldexp(0.25, -(weight_bits + c))
+    delta = np.ceil(2 * (err + 1) + 2 * canon + 2)
+    shift = weight_bits + c
+    # Out of range when one document weight dwarfs the query's own terms' (b then leaves
+    # ordinary weights few bits): the margin would admit most documents. The caller falls
+    # back to float64 products.
+    if (shift < 0).any() or (shift > 62).any() or (delta > FIXED_MAX_DELTA).any():
+        raise ValueError("weights outside the fixed-point range")
+    vals = torch.from_numpy(np.stack([scale, delta, np.ldexp(scale, c), shift.astype(np.float64)])).to(dev)
+    return FixedPoint(vals[0], vals[1].to(torch.int64), vals[2], vals[3].to(torch.int32))
 
 
 def tiled_search(
@@ -255,6 +311,7 @@ def tiled_search(
     tile_bits: int | None = None,
     dense_min: float | str | None = AUTO,
     acc: str | None = None,
+    fixed: bool | None = None,
     emulated: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact top-k of a query batch with the tiled engine: ``(scores, ids)`` ``[B, k]`` on the device.
@@ -263,12 +320,18 @@ def tiled_search(
     (or when ``emulated``). ``tile_bits`` / ``dense_min``: the layout (see :func:`tiled`).
     ``acc``: the kernel's accumulator mode (default
     :data:`DEFAULT_ACC`); it sets the fixed-point scale, so the PyTorch path follows it too.
+    ``fixed``: fixed-point float32 weights (default :data:`DEFAULT_FIXED`; "u32" only).
     """
     from .kernels import tiled as cuda
 
-    tl = tiled(index, tile_bits, dense_min)
     acc = choose_acc(acc)
-    fp = fixed_point(index, batch, acc)
+    fixed = (DEFAULT_FIXED if fixed is None else fixed) and acc == "u32" and index.quantization is None
+    tl = tiled(index, tile_bits, dense_min, fixed)
+    try:
+        fp = fixed_point(index, batch, acc, tl.weight_bits)
+    except ValueError:  # weights too far from 1 for 64-bit products: float64 arithmetic instead
+        tl = tiled(index, tile_bits, dense_min, False)
+        fp = fixed_point(index, batch, acc)
     dev = index.device
     if dev.type == "cuda" and cuda.available() and not emulated:
         launch, n_sm = cuda.tiled_candidates, torch.cuda.get_device_properties(dev).multi_processor_count
@@ -276,7 +339,60 @@ def tiled_search(
         launch, n_sm = torch_tiled_candidates, 1
     int_w = integer_weights(tl, batch, fp, acc)
     docs, vals = candidates(tl, batch, fp, k, launch=launch, n_sm=n_sm, acc=acc, int_weights=int_w)
-    return finalize_candidates(index, batch, fp, docs, vals, k)
+    scores, ids = finalize_candidates(index, batch, fp, docs, vals, k)
+    redo = out_of_range(index, batch, fp, scores, k)
+    if redo.size:  # queries whose matches may include scores below one fixed-point unit
+        from .search import _POSTING_BYTES, DEFAULT_MEMORY_BUDGET, batch_rows, plan_chunks, reference_search
+
+        sub = batch_rows(batch, redo, dev)
+        if acc != "carry":  # 2**61 units instead of 2**31
+            s2, i2 = tiled_search(index, sub, k, tile_bits=tile_bits, dense_min=dense_min, acc="carry",
+                                  fixed=False, emulated=emulated)  # fmt: skip
+        else:  # float64 scatter-add: any range
+            _, chunk = plan_chunks(len(redo), index.n_docs, DEFAULT_MEMORY_BUDGET, len(redo))
+            most = DEFAULT_MEMORY_BUDGET // _POSTING_BYTES
+            s2, i2 = reference_search(index, sub, k, doc_chunk=chunk, max_postings=most)
+        at = torch.from_numpy(redo).to(dev)
+        scores[at], ids[at] = s2, i2
+    return scores, ids
+
+
+def min_weight(index: Index) -> float:
+    """The index's smallest document weight (cached; +inf for an empty index)."""
+    key = "min_weight"
+    if key not in index.cache:
+        best = float("inf")
+        for a in range(0, index.doc_ids.numel(), 1 << 26):  # padding (doc -1) left out
+            real = index.doc_ids[a : a + (1 << 26)] >= 0
+            if bool(real.any()):
+                best = min(best, float(index.scores[a : a + (1 << 26)][real].min()))
+        index.cache[key] = best
+    return index.cache[key]  # type: ignore[return-value]
+
+
+def out_of_range(index: Index, batch: QueryBatch, fp: FixedPoint, scores: torch.Tensor, k: int) -> np.ndarray:
+    """Rows whose top-k may miss documents that scored below one fixed-point unit.
+
+    Candidates are emitted from integer sums of at least 1, so a matching document whose
+    sum rounded to 0 (its score more than ~2**31 times, "u32", or 2**61 times, "carry",
+    below the query's bound) is never seen. That matters only where the k-th result is
+    within the margin of 0 (fewer than k results above it): a row is certain when its k-th
+    score exceeds the margin, or when every matching document provably sums to at least 1
+    (the smallest query weight times the index's smallest weight, less half the margin).
+    One host sync.
+    """
+    b = scores.shape[0]
+    if b == 0 or k == 0:
+        return np.zeros(0, dtype=np.int64)
+    terms, weights, _ = batch.host if batch.host is not None else (
+        batch.padded_terms.cpu().numpy(), batch.padded_weights.cpu().numpy(), None
+    )  # fmt: skip
+    qmin = np.where(terms >= 0, weights.astype(np.float64), np.inf).min(1) if terms.shape[1] else np.full(b, np.inf)
+    lb = torch.from_numpy(qmin * min_weight(index)).to(scores.device)  # inf: no term, nothing to miss
+    delta = fp.delta.to(torch.float64)
+    kth = scores[:, k - 1].to(torch.float64) * fp.scale * (1 - 2.0**-22)  # float32 rounding
+    certain = (kth > delta) | (lb * fp.scale >= delta / 2 + 1)
+    return (~certain).nonzero().flatten().cpu().numpy()
 
 
 def candidates(
@@ -303,7 +419,10 @@ def candidates(
     b = batch.padded_terms.shape[0]
     terms32 = batch.padded_terms.to(torch.int32).contiguous()
     weights = batch.padded_weights.contiguous()
-    q_scale = fp.scale * tl.step  # per stored weight unit (exact: both are powers of two)
+    # per stored weight unit (exact: both are powers of two); fixed-point weights: the
+    # multiplier of each query weight, and the shift of each product
+    q_scale = fp.mult if tl.weight_bits is not None else fp.scale * tl.step
+    q_shift = fp.shift
     if b <= SINGLE_WAVE_MAX_BATCH and k * tl.n_tiles <= SINGLE_WAVE_MAX_CANDIDATES:
         first_wave = tl.n_tiles  # small batches: one launch, no host sync between waves
     else:
@@ -320,7 +439,8 @@ def candidates(
             launch(
                 tl.seg, tl.offs, tl.wts, tl.dense_id, tl.dense, terms32, weights, q_scale, fp.delta,
                 n_docs=tl.n_docs, n_terms=tl.n_terms, tile_bits=tl.tile_bits, k=k, tiles=(done, n), select=done == 0,
-                acc=acc, int_weights=int_weights, theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
+                acc=acc, int_weights=int_weights, q_shift=q_shift,
+                theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
             )  # fmt: skip
             done += n
             wave = max(16 * wave, -(-4 * n_sm // max(b, 1)))  # few waves: each costs a sync
@@ -409,6 +529,7 @@ def torch_tiled_candidates(
     select: bool,
     acc: str = "carry",
     int_weights: bool = False,
+    q_shift: torch.Tensor | None = None,
     theta: torch.Tensor,
     cand_count: torch.Tensor,
     cand_doc: torch.Tensor,
@@ -421,7 +542,8 @@ def torch_tiled_candidates(
     documents of the tile reach is a valid bound), the same emission rule. Candidates past a
     query's capacity are counted but not stored, as on the GPU. The sums are exact int64
     here, which every ``acc`` mode also gives within its range (checked); ``int_weights``
-    changes nothing here (the products are then integers anyway).
+    changes nothing here (the products are then integers anyway). int32 ``wts`` are
+    fixed-point weights: products ``(round(w_q · q_scale) · d) >> q_shift``, as on the GPU.
     """
     from .kernels.tiled import ACC_TOP
     from .search import expand_ranges
@@ -431,18 +553,28 @@ def torch_tiled_candidates(
     rows, cols = (q_terms >= 0).nonzero(as_tuple=True)
     terms = q_terms[rows, cols].to(torch.int64)
     wq = q_weights[rows, cols].to(torch.float64) * q_scale[rows]
+    fixed = wts.dtype == torch.int32
+    if fixed:
+        wq_int = torch.round(wq).to(torch.int64)
+        sh = q_shift.to(torch.int64)[rows]
+
+    def products(p: torch.Tensor | int, pair_weights: torch.Tensor) -> torch.Tensor:
+        if fixed:  # < 2**31 · 2**30: exact in int64
+            return (wq_int[p] * pair_weights.to(torch.int64)) >> sh[p]
+        return torch.round(wq[p] * pair_weights.to(torch.float64)).to(torch.int64)
+
     for t in range(tiles[0], tiles[0] + tiles[1]):
         base = t * tile
         width = min(tile, n_docs - base)
         sums = torch.zeros(b * width, dtype=torch.int64, device=dev)
         did = dense_id[t * n_terms + terms].to(torch.int64)
         for p in (did >= 0).nonzero().flatten().tolist():
-            col = torch.round(wq[p] * dense[did[p], :width].to(torch.float64)).to(torch.int64)
+            col = products(p, dense[did[p], :width])
             sums[rows[p] * width : (rows[p] + 1) * width] += col
         lo, hi = seg[t * n_terms + terms], seg[t * n_terms + terms + 1]
         for pair, pos in expand_ranges(lo, hi, 1 << 22):
             off = offs[pos].to(torch.int64) & 0xFFFF
-            contrib = torch.round(wq[pair] * wts[pos].to(torch.float64)).to(torch.int64)
+            contrib = products(pair, wts[pos])
             sums.index_add_(0, rows[pair] * width + off, contrib)
         top = sums.max() if sums.numel() else 0
         if top >= 2 * ACC_TOP[acc]:

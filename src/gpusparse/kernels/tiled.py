@@ -60,6 +60,14 @@ typedef unsigned long long u64;
 #ifndef INT_W
 #define INT_W 0
 #endif
+// FIXED_W (mode 1 only): float32 weights stored as fixed point, d = round(w · 2**b) (WT is
+// unsigned int); each query weight becomes q = round(w_q · mult) and a product is
+// (q · d) >> shift[query], integer arithmetic throughout; the rounding errors are in the
+// margin (see fixed_point in gpusparse.tiled).
+#ifndef FIXED_W
+#define FIXED_W 0
+#endif
+#define INT_PRODUCTS (INT_W || FIXED_W)
 typedef long long i64;
 
 #define MAXT 256  // query terms whose metadata sits in shared memory at once
@@ -89,7 +97,8 @@ __device__ __forceinline__ void load_terms(
             }
         }
         s_w[j] = (double)qw[j] * scale;  // exact: scale is a power of two
-        s_wi[j] = INT_W ? (unsigned int)s_w[j] : 0u;  // exact when INT_W (checked by the caller)
+        // INT_W: exact (checked by the caller); FIXED_W: rounded to the nearest integer
+        s_wi[j] = INT_W ? (unsigned int)s_w[j] : FIXED_W ? __double2uint_rn(s_w[j]) : 0u;
         s_did[j] = did;
         s_start[j] = start;
         s_len[j] = len;
@@ -110,6 +119,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     const float* __restrict__ q_weights,      // [B, T]
     const double* __restrict__ q_scale,       // [B] power of two: fixed-point units per score unit
     const i64* __restrict__ q_delta,          // [B] error margin in units
+    const int* __restrict__ q_shift,          // [B] FIXED_W: right shift of each product
     const int T, const int V, const int n_docs, const int k, const int tile0, const int select,
     u64* __restrict__ theta,                  // [B] running lower bound of the k-th best score
     int* __restrict__ cand_count,             // [B]
@@ -143,6 +153,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
         s_th0 = __ldcg(&theta[q]);
     }
     const double scale = q_scale[q];
+    const int sh = FIXED_W ? q_shift[q] : 0;
     const int* terms = q_terms + (i64)q * T;
     const float* qw = q_weights + (i64)q * T;
     const i64* seg_tile = seg + (i64)tile * V;
@@ -154,7 +165,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     // 1a. Dense segments: each thread owns VEC consecutive documents in each group of
     //     THREADS * VEC and sums them in registers from coalesced vector reads; the sums
     //     initialise the shared accumulators.
-#if ACC_MODE == 1 && INT_W
+#if ACC_MODE == 1 && INT_PRODUCTS
     unsigned int reg[PER];
 #elif ACC_MODE == 1
     double reg[PER];
@@ -180,7 +191,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
                 const Pack<WT, VEC> p = col[g * THREADS + tid];
 #pragma unroll
                 for (int v = 0; v < VEC; ++v) {
-#if ACC_MODE == 1 && INT_W
+#if ACC_MODE == 1 && FIXED_W
+                    reg[g * VEC + v] += (unsigned int)(((u64)wi * (u64)p.v[v]) >> sh);
+#elif ACC_MODE == 1 && INT_W
                     reg[g * VEC + v] += wi * (unsigned int)p.v[v];
 #elif ACC_MODE == 1
                     reg[g * VEC + v] = fma(w, (double)p.v[v], reg[g * VEC + v]);  // exact product
@@ -199,7 +212,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
 #if ACC_MODE == 0
             lo[i] = (unsigned int)reg[g * VEC + v];
             hi[i] = (unsigned int)(reg[g * VEC + v] >> 32);
-#elif INT_W
+#elif INT_PRODUCTS
             lo[i] = reg[g * VEC + v];
 #else
             lo[i] = (unsigned int)__double2ll_rn(reg[g * VEC + v]);
@@ -269,7 +282,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
                 if (idx[u] < 0) continue;
                 // float32 x float32 is exact in float64 (wq holds w_q * scale, a power of two);
                 // one rounding to the integer unit.
-#if INT_W
+#if FIXED_W
+                const u64 v = ((u64)wqi[u] * (u64)wd[u]) >> sh;
+#elif INT_W
                 const u64 v = (u64)(wqi[u] * (unsigned int)wd[u]);
 #else
                 const u64 v = (u64)__double2ll_rn(wq[u] * (double)wd[u]);
@@ -380,7 +395,9 @@ MIN_BLOCKS = 3  # resident blocks per SM the registers must allow: 3 beat 2 (ncu
 # scale keeps its score bound at or below ``top`` (rounding adds at most n/2 units).
 ACC_MODES = {"carry": 0, "u32": 1}
 ACC_TOP = {"carry": 2.0**61, "u32": 2.0**31}
-_WEIGHT_TYPES = {torch.float32: "float", torch.uint8: "unsigned char"}
+# float32 weights; uint8 levels of a quantized index; int32 holding fixed-point float32
+# weights (read as unsigned, FIXED_W).
+_WEIGHT_TYPES = {torch.float32: "float", torch.uint8: "unsigned char", torch.int32: "unsigned int"}
 # Extra -D options for profiling builds only (bench/profile_tiled.py: PROFILE_SKIP_DENSE,
 # PROFILE_SKIP_SPARSE time one phase without the other; their results are wrong).
 PROFILE_DEFINES: tuple[str, ...] = ()
@@ -440,10 +457,11 @@ def _kernel(
             f"-DMIN_BLOCKS={min_blocks}",
             f"-DACC_MODE={ACC_MODES[acc]}",
             f"-DWT={weight_type.replace(' ', '_')}",
-            f"-DINT_W={int(int_weights)}",
+            f"-DINT_W={int(int_weights and weight_type != 'unsigned int')}",
+            f"-DFIXED_W={int(weight_type == 'unsigned int')}",
             *(f"-D{d}" for d in defines),
         )
-        source = "typedef unsigned char unsigned_char;\n" + CUDA_SOURCE
+        source = "typedef unsigned char unsigned_char;\ntypedef unsigned int unsigned_int;\n" + CUDA_SOURCE
         module = cp.RawModule(code=source, options=options)
         kernel = module.get_function("tiled_candidates")
         kernel.max_dynamic_shared_size_bytes = shared_bytes(tile_bits, acc)
@@ -474,6 +492,7 @@ def tiled_candidates(
     select: bool = True,
     acc: str = "carry",
     int_weights: bool = False,
+    q_shift: torch.Tensor | None = None,
     theta: torch.Tensor,
     cand_count: torch.Tensor,
     cand_doc: torch.Tensor,
@@ -492,7 +511,9 @@ def tiled_candidates(
     ``acc`` is the accumulator mode (:data:`ACC_MODES`); the caller's scales must keep every
     sum within its :data:`ACC_TOP`. ``int_weights`` (with "u32" only): every
     ``q_weights · q_scale`` is an integer (checked by the caller), so the kernel multiplies
-    integers.
+    integers. int32 ``wts`` are fixed-point float32 weights (FIXED_W, "u32" only): each query
+    weight is rounded to ``round(q_weights · q_scale)`` and each product shifted right by the
+    query's ``q_shift`` (int32 ``[B]``).
     """
     import cupy as cp
 
@@ -522,6 +543,13 @@ def tiled_candidates(
         raise ValueError(f"acc must be one of {sorted(ACC_MODES)}")
     if int_weights and acc != "u32":
         raise ValueError('int_weights needs acc="u32"')
+    fixed = wts.dtype == torch.int32
+    if fixed and (acc != "u32" or q_shift is None):
+        raise ValueError('fixed-point weights need acc="u32" and q_shift')
+    if q_shift is None:
+        q_shift = cand_count  # any int32 [B] memory: not read
+    if q_shift.dtype != torch.int32 or q_shift.device != dev or not q_shift.is_contiguous():
+        raise ValueError(f"q_shift must be a contiguous torch.int32 tensor on {dev}")
     if seg.numel() != n_tiles * n_terms + 1:
         raise ValueError("seg does not match n_docs, n_terms and tile_bits")
     first, count = (0, n_tiles) if tiles is None else tiles
@@ -537,7 +565,7 @@ def tiled_candidates(
     kernel = _kernel(tile_bits, dev_index, threads, UNROLL, MIN_BLOCKS, acc, wtype, int_weights, PROFILE_DEFINES)
     if dense.numel() == 0:  # CuPy wants real memory behind every pointer
         dense = torch.zeros((1, 1 << tile_bits), dtype=wts.dtype, device=dev)
-    args = [pointer(x) for x in (seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_delta)]
+    args = [pointer(x) for x in (seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_delta, q_shift)]
     ints = [cp.int32(t), cp.int32(n_terms), cp.int32(n_docs), cp.int32(k), cp.int32(first), cp.int32(select)]
     outs = [pointer(x) for x in (theta, cand_count, cand_doc, cand_val)]
     with cp.cuda.Device(dev.index), cupy_stream(dev):
