@@ -54,9 +54,11 @@ def run_kernel(tl, batch, terms32, fp, k, bufs, acc) -> None:
     theta, count, cand_doc, cand_val = bufs
     theta.zero_()
     count.zero_()
+    q_scale = fp.mult if tl.weight_bits is not None else fp.scale * tl.step
     cuda.tiled_candidates(
-        tl.seg, tl.offs, tl.wts, tl.dense_id, tl.dense, terms32, batch.padded_weights, fp.scale * tl.step, fp.delta,
-        n_docs=tl.n_docs, n_terms=tl.n_terms, tile_bits=tl.tile_bits, k=k, acc=acc,
+        tl.seg, tl.offs, tl.wts, tl.dense_id, tl.dense, terms32, batch.padded_weights, q_scale, fp.delta,
+        n_docs=tl.n_docs, n_terms=tl.n_terms, tile_bits=tl.tile_bits, k=k, acc=acc, q_shift=fp.shift,
+        int_weights=tl.wts.dtype == torch.uint8,
         theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
     )  # fmt: skip
 
@@ -84,6 +86,7 @@ def main() -> None:
     p.add_argument("--dense-min", type=float, nargs="+", default=[0.25], help="0 = all sparse")
     p.add_argument("--acc", nargs="+", default=["carry", "split", "u32"], help="accumulator modes")
     p.add_argument("--quantize", type=int, nargs="+", default=[0], help="0 = float32 weights, 8 = 8-bit impacts")
+    p.add_argument("--fixed", type=int, nargs="+", default=[0], help="1 = fixed-point float32 weights (u32 only)")
     p.add_argument(
         "--phases", action="store_true", help="also time the kernel without its dense / sparse phase (wrong results)"
     )
@@ -106,17 +109,21 @@ def main() -> None:
         queries = SparseCollection(qi.cpu().numpy(), qt.cpu().numpy(), qw.cpu().numpy(), vocab=vocab)
         if qbits:
             queries = quantize_queries(queries, qbits)
-        for tb, dm in [(tb, dm) for tb in args.tile_bits for dm in args.dense_min]:
+        for tb, dm, fx in [(tb, dm, fx) for tb in args.tile_bits for dm in args.dense_min for fx in args.fixed]:
+            if fx and qbits:
+                continue
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            tl = tiled(index, tb, dm or None)
+            tl = tiled(index, tb, dm or None, bool(fx))
             torch.cuda.synchronize()
             build_s = time.perf_counter() - t0
             for b in args.batches:
                 batch = query_batch(queries[:b], index.device)
                 terms32 = batch.padded_terms.to(torch.int32).contiguous()
                 for k, acc in [(k, a) for k in args.ks for a in args.acc]:
-                    fp = fixed_point(index, batch, acc)
+                    if fx and acc != "u32":
+                        continue
+                    fp = fixed_point(index, batch, acc, tl.weight_bits)
                     ref = index.search(queries[:b], k, kernel="scatter") if args.check else None
                     cap = initial_capacity(k, tl.n_tiles)  # one launch over all tiles
                     theta = torch.zeros(b, dtype=torch.int64, device="cuda")
@@ -138,7 +145,9 @@ def main() -> None:
                         launch()
                         torch.cuda.synchronize()
                         c = count.to(torch.float64)
-                        search = partial(tiled_search, index, batch, k, tile_bits=tb, dense_min=dm or None, acc=acc)
+                        search = partial(
+                            tiled_search, index, batch, k, tile_bits=tb, dense_min=dm or None, acc=acc, fixed=bool(fx)
+                        )
                         full_ms = wall(search)
                         if args.search_phases:
                             for name, defs in (
@@ -168,6 +177,7 @@ def main() -> None:
                                 "k": k,
                                 "acc": acc,
                                 "quantize_bits": qbits,
+                                "fixed_weights": bool(fx),
                                 "exact": exact,
                                 "kernel_ms": k_ms,
                                 **{(n if n.startswith("search") else f"kernel_ms_{n}"): v for n, v in phase_ms.items()},
@@ -179,7 +189,7 @@ def main() -> None:
                             }
                         )
                         print(
-                            f"N={n:,} q{qbits} tile=2^{tb} dense>={dm} threads={threads} unroll={unroll} "
+                            f"N={n:,} q{qbits} fixed={fx} tile=2^{tb} dense>={dm} threads={threads} unroll={unroll} "
                             f"min_blocks={min_blocks} B={b} k={k} acc={acc}: "
                             f"kernel {k_ms:.2f} ms "
                             + " ".join(f"{name} {v:.2f}" for name, v in phase_ms.items())
