@@ -32,14 +32,16 @@ if TYPE_CHECKING:
     from .search import QueryBatch
 
 # Tile size and dense-segment threshold by weight type, measured best at 8.8M x 256 on an
-# H200 (bench/results/2026-11-26-H200-profile-tiled-8.8M-v9-layout.json): float32 weights
-# 8,192-document tiles with segments covering half a tile stored densely; 8-bit levels
-# (integer dense sums are cheap) 16,384-document tiles and 12%.
-DEFAULT_LAYOUT = {"float32": (13, 0.5), "uint8": (14, 0.12)}
-DEFAULT_TILE_BITS, DEFAULT_DENSE_MIN = DEFAULT_LAYOUT["float32"]
-# Fixed-point float32 weights by default (integer products in the kernel), unless a query's
-# margin would exceed FIXED_MAX_DELTA units (of ~2**31): then float64 products.
-DEFAULT_FIXED = False
+# H200 (bench/results/2026-11-26-H200-profile-tiled-8.8M-v9-layout.json, -v11-fixed.json):
+# fixed-point float32 weights (integer products) 8,192-document tiles with segments covering
+# 12% of a tile stored densely; float32 weights with float64 products (the fallback) half a
+# tile, as float64 dense sums cost more; 8-bit levels 16,384-document tiles and 12%.
+DEFAULT_LAYOUT = {"fixed": (13, 0.12), "float32": (13, 0.5), "uint8": (14, 0.12)}
+DEFAULT_TILE_BITS, DEFAULT_DENSE_MIN = DEFAULT_LAYOUT["fixed"]
+# Fixed-point float32 weights by default (integer products in the kernel: -15% at k = 1000,
+# -19% at k = 10, v11), unless a query's margin would exceed FIXED_MAX_DELTA units (of
+# ~2**31): then float64 products.
+DEFAULT_FIXED = True
 FIXED_MAX_DELTA = 1 << 16
 AUTO = "auto"
 # A batch this small whose tiles may emit at most this many candidates a query (k per
@@ -186,9 +188,11 @@ def _real_postings(index: Index, lengths: torch.Tensor, list_start: torch.Tensor
         yield a, b, term, index.offsets[term] + (flat - list_start[term])
 
 
-def default_layout(index: Index) -> tuple[int, float]:
+def default_layout(index: Index, fixed: bool = False) -> tuple[int, float]:
     """``(tile_bits, dense_min)`` for this index's weights (see :data:`DEFAULT_LAYOUT`)."""
-    return DEFAULT_LAYOUT["uint8" if index.quantization is not None else "float32"]
+    if index.quantization is not None:
+        return DEFAULT_LAYOUT["uint8"]
+    return DEFAULT_LAYOUT["fixed" if fixed else "float32"]
 
 
 def tiled(
@@ -200,10 +204,10 @@ def tiled(
     ``dense_min=None`` keeps every segment sparse; ``fixed``: fixed-point float32 weights
     (see :func:`build_tiled`).
     """
-    auto_bits, auto_dense = default_layout(index)
+    fixed = fixed and index.quantization is None
+    auto_bits, auto_dense = default_layout(index, fixed)
     tile_bits = auto_bits if tile_bits is None else tile_bits
     dense_min = auto_dense if dense_min == AUTO else dense_min
-    fixed = fixed and index.quantization is None
     key = f"tiled-{tile_bits}-{dense_min}" + ("-fixed" if fixed else "")
     if key not in index.cache:
         index.cache[key] = build_tiled(index, tile_bits, dense_min=dense_min, fixed=fixed)
