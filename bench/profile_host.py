@@ -29,7 +29,13 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--quantize", type=int, default=0)
+    p.add_argument("--fixed", type=int, default=None, help="override tiled.DEFAULT_FIXED (0 or 1)")
+    p.add_argument("--no-profile", action="store_true", help="timings only")
     args = p.parse_args()
+    if args.fixed is not None:
+        import gpusparse.tiled as tiled_mod
+
+        tiled_mod.DEFAULT_FIXED = bool(args.fixed)
     vocab = Vocabulary.bert()
     (di, dt_, dw), (qi, qt, qw) = generate(args.n_docs, args.batch, seed=0, device="cuda")
     index = Index.from_csr(di, dt_, dw, vocab, device="cuda", quantize=args.quantize or None)
@@ -42,7 +48,12 @@ def main() -> None:
         t0 = time.perf_counter()
         index.search(queries, args.k)
         times.append((time.perf_counter() - t0) * 1e3)
-    print(f"N={args.n_docs:,} B={args.batch} k={args.k} q{args.quantize}: median {statistics.median(times):.3f} ms")
+    print(
+        f"N={args.n_docs:,} B={args.batch} k={args.k} q{args.quantize} fixed={args.fixed}: "
+        f"median {statistics.median(times):.3f} ms"
+    )
+    if args.no_profile:
+        return
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(50):
