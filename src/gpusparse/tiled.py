@@ -38,6 +38,12 @@ if TYPE_CHECKING:
 # tile, as float64 dense sums cost more; 8-bit levels 16,384-document tiles and 12%.
 DEFAULT_LAYOUT = {"fixed": (13, 0.12), "float32": (13, 0.5), "uint8": (14, 0.12)}
 DEFAULT_TILE_BITS, DEFAULT_DENSE_MIN = DEFAULT_LAYOUT["fixed"]
+# Dense segments pay where there are many blocks (throughput); with few tiles a block's own
+# latency shows and the dense phase (a pass over the whole tile per dense term) costs more
+# than the atomics it saves: below SMALL_TILES tiles, fixed-point weights use this threshold
+# (bench/results/2026-11-26-H200-fixed-ab.log: 50K documents, batch 1, 12% dense 2.3-2.8 ms
+# against 1.7-1.9 ms at 50%; at 1M equal; at 8.8M x 256 12% is 10-20% faster).
+SMALL_TILES, SMALL_DENSE_MIN = 128, 0.5
 # Fixed-point float32 weights by default (integer products in the kernel: -15% at k = 1000,
 # -19% at k = 10, v11), unless a query's margin would exceed FIXED_MAX_DELTA units (of
 # ~2**31): then float64 products.
@@ -192,7 +198,10 @@ def default_layout(index: Index, fixed: bool = False) -> tuple[int, float]:
     """``(tile_bits, dense_min)`` for this index's weights (see :data:`DEFAULT_LAYOUT`)."""
     if index.quantization is not None:
         return DEFAULT_LAYOUT["uint8"]
-    return DEFAULT_LAYOUT["fixed" if fixed else "float32"]
+    bits, dense_min = DEFAULT_LAYOUT["fixed" if fixed else "float32"]
+    if fixed and (index.n_docs >> bits) < SMALL_TILES:
+        dense_min = SMALL_DENSE_MIN
+    return bits, dense_min
 
 
 def tiled(
