@@ -42,8 +42,9 @@ DEFAULT_TILE_BITS, DEFAULT_DENSE_MIN = DEFAULT_LAYOUT["fixed"]
 # latency shows and the dense phase (a pass over the whole tile per dense term) costs more
 # than the atomics it saves: below SMALL_TILES tiles, fixed-point weights use this threshold
 # (bench/results/2026-11-26-H200-fixed-ab.log: 50K documents, batch 1, 12% dense 2.3-2.8 ms
-# against 1.7-1.9 ms at 50%; at 1M equal; at 8.8M x 256 12% is 10-20% faster).
-SMALL_TILES, SMALL_DENSE_MIN = 128, 0.5
+# against 1.7-1.9 ms at 50%; at 1M batch 1 equal, batch 1024 72.4K QPS at 12% (final6)
+# against 62.9K at 50% (final7); at 8.8M x 256 12% is 10-20% faster).
+SMALL_TILES, SMALL_DENSE_MIN = 32, 0.5
 # Fixed-point float32 weights by default (integer products in the kernel: -15% at k = 1000,
 # -19% at k = 10, v11), unless a query's margin would exceed FIXED_MAX_DELTA units (of
 # ~2**31): then float64 products.
