@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 
 import click
 
+from . import __version__
+
 F = TypeVar("F", bound=Callable[..., Any])
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20}
@@ -74,7 +76,7 @@ def _device(name: str | None) -> str | None:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.version_option(package_name="gpusparse")
+@click.version_option(version=__version__, prog_name="gpusparse")  # also when run from a source tree
 def main() -> None:
     """GPUSparse: exact retrieval over learned sparse vectors (SPLADE and kin), batched on the GPU.
 
@@ -701,7 +703,6 @@ def encode_cmd(
     """
     import shutil
 
-    from . import __version__
     from .beir import read_beir
     from .formats import write_jsonl
     from .index import Index
