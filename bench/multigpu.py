@@ -43,7 +43,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from gpusparse import Index, SparseCollection, Vocabulary
-from gpusparse.bench.runner import RunConfig, environment
+from gpusparse.bench.runner import RunConfig, environment, time_once
 from gpusparse.distributed import StreamedIndex, init_from_env, search_sharded
 from gpusparse.search import SearchResults, choose_kernel
 from gpusparse.shards import document_ranges
@@ -208,17 +208,8 @@ def timed(
         if lockstep:
             dist.barrier()
         _sync(dev)
-        if dev.type == "cuda":
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            out = fn()
-            e1.record()
-            e1.synchronize()
-            times.append(e0.elapsed_time(e1))
-        else:
-            t0 = time.perf_counter()
-            out = fn()
-            times.append((time.perf_counter() - t0) * 1e3)
+        ms, out = time_once(fn, dev)
+        times.append(ms)
     assert out is not None
     return times, out
 

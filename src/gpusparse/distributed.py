@@ -38,6 +38,7 @@ from .index import Index
 from .search import (
     DEFAULT_MEMORY_BUDGET,
     SearchResults,
+    check_search_args,
     choose_kernel,
     plan_chunks,
     prepare_queries,
@@ -245,13 +246,7 @@ def search_sharded(
         tensors whose ids are global document numbers, equal to one index's search of all
         the documents.
     """
-    if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
-        raise ValueError(f"k must be a positive integer, not {k!r}")
-    if batch_size is not None and batch_size <= 0:
-        raise ValueError("batch_size must be positive")
-    budget = DEFAULT_MEMORY_BUDGET if memory_budget is None else int(memory_budget)
-    if budget < 1 << 16:
-        raise ValueError("memory_budget must be at least 64 KiB")
+    budget = check_search_args(k, batch_size, memory_budget)
     dev = shard.device
     streamed = isinstance(shard, StreamedIndex)
     if streamed:

@@ -98,6 +98,18 @@ def as_queries(queries: object, vocab: Vocabulary) -> SparseCollection:
     return q
 
 
+def check_search_args(k: object, batch_size: int | None, memory_budget: int | None) -> int:
+    """Refuse a bad ``k``, ``batch_size`` or ``memory_budget``; the budget in bytes."""
+    if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
+        raise ValueError(f"k must be a positive integer, not {k!r}")
+    if batch_size is not None and batch_size <= 0:
+        raise ValueError("batch_size must be positive")
+    budget = DEFAULT_MEMORY_BUDGET if memory_budget is None else int(memory_budget)
+    if budget < 1 << 16:
+        raise ValueError("memory_budget must be at least 64 KiB")
+    return budget
+
+
 def prepare_queries(queries: object, vocab: Vocabulary, quantization: Quantization | None) -> SparseCollection:
     """:func:`as_queries`, then quantized like the index's documents when they are."""
     q = as_queries(queries, vocab)
@@ -143,13 +155,7 @@ def search(
     progress: bool = False,
 ) -> SearchResults:
     """Exact top-``k`` search; see :meth:`gpusparse.Index.search`."""
-    if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
-        raise ValueError(f"k must be a positive integer, not {k!r}")
-    if batch_size is not None and batch_size <= 0:
-        raise ValueError("batch_size must be positive")
-    budget = DEFAULT_MEMORY_BUDGET if memory_budget is None else int(memory_budget)
-    if budget < 1 << 16:
-        raise ValueError("memory_budget must be at least 64 KiB")
+    budget = check_search_args(k, batch_size, memory_budget)
     dev = index.device if device is None else torch.device(device)
     q = prepare_queries(queries, index.vocab, index.quantization)
     name = choose_kernel(kernel, dev)

@@ -36,7 +36,7 @@ import torch
 from . import __version__
 from .errors import IndexFormatError, InputError
 from .index import PAD, Index
-from .storage import MANIFEST, _fsync_dir, _sha256, _write_synced
+from .storage import MANIFEST, _sha256, _write_synced, replace_folder
 
 FORMAT = "gpusparse-sharded-index"
 FORMAT_VERSION = 1
@@ -186,15 +186,7 @@ def save_sharded(shards: Iterable[Index], path: str | Path, *, overwrite: bool =
             "shards": entries,
         }
         _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=2).encode())
-        _fsync_dir(tmp)
-        if path.exists():
-            old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
-            path.rename(old)
-            tmp.rename(path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(path)
-        _fsync_dir(path.parent)
+        replace_folder(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

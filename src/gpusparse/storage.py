@@ -78,18 +78,23 @@ def save_index(index: Index, path: str | Path, *, overwrite: bool = False) -> No
         if index.quantization is not None:
             manifest["quantization"] = index.quantization.to_dict()
         _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=2).encode())
-        _fsync_dir(tmp)
-        if path.exists():
-            old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
-            path.rename(old)
-            tmp.rename(path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(path)
-        _fsync_dir(path.parent)
+        replace_folder(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def replace_folder(tmp: Path, path: Path) -> None:
+    """Put the finished folder ``tmp`` at ``path`` (an old one there is replaced whole)."""
+    _fsync_dir(tmp)
+    if path.exists():
+        old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
+        path.rename(old)
+        tmp.rename(path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(path)
+    _fsync_dir(path.parent)
 
 
 def load_index(cls: type[Index], path: str | Path, *, device: str | torch.device, mmap: bool, verify: bool) -> Index:

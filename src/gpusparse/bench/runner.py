@@ -168,6 +168,20 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def time_once(fn: Callable[[], object], device: torch.device) -> tuple[float, object]:
+    """Milliseconds of one call (CUDA events on a GPU, the host clock elsewhere) and its result."""
+    if device.type == "cuda":
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        out = fn()
+        e1.record()
+        e1.synchronize()
+        return e0.elapsed_time(e1), out
+    t0 = time.perf_counter()
+    out = fn()
+    return (time.perf_counter() - t0) * 1e3, out
+
+
 def time_call(
     fn: Callable[[], object], device: torch.device, *, reps: int, warmup: int, cap_s: float
 ) -> tuple[list[float], object]:
@@ -183,17 +197,8 @@ def time_call(
     times: list[float] = []
     start = time.perf_counter()
     while len(times) < reps:
-        if device.type == "cuda":
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            out = fn()
-            e1.record()
-            e1.synchronize()
-            times.append(e0.elapsed_time(e1))
-        else:
-            t0 = time.perf_counter()
-            out = fn()
-            times.append((time.perf_counter() - t0) * 1e3)
+        ms, out = time_once(fn, device)
+        times.append(ms)
         if time.perf_counter() - start > cap_s:
             enough = 1 if statistics.median(times) > cap_s * 1e3 / 3 else 3
             if len(times) >= enough:
