@@ -26,7 +26,6 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
-import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ import torch
 from . import __version__
 from .errors import IndexFormatError, InputError
 from .index import PAD, Index
-from .storage import MANIFEST, _sha256, _write_synced, replace_folder
+from .storage import MANIFEST, _sha256, _write_synced, new_folder, replace_folder
 
 FORMAT = "gpusparse-sharded-index"
 FORMAT_VERSION = 1
@@ -144,13 +143,7 @@ def save_sharded(shards: Iterable[Index], path: str | Path, *, overwrite: bool =
     folder at ``path``, atomically: a temporary folder renamed into place. ``shards`` may be a
     generator, so that only one shard is in memory at a time. Returns the manifest's entries."""
     path = Path(path)
-    if path.exists() and not overwrite:
-        raise FileExistsError(f"{path} already exists (pass overwrite=True / --overwrite to replace it)")
-    if path.exists() and not (path / MANIFEST).is_file():
-        raise FileExistsError(f"{path} exists and is not a GPUSparse index; refusing to replace it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
+    tmp = new_folder(path, overwrite)
     try:
         entries: list[dict[str, Any]] = []
         vocab = None

@@ -43,13 +43,7 @@ _DTYPES = {
 def save_index(index: Index, path: str | Path, *, overwrite: bool = False) -> None:
     """Write ``index`` to folder ``path`` atomically (see the module docstring)."""
     path = Path(path)
-    if path.exists() and not overwrite:
-        raise FileExistsError(f"{path} already exists (pass overwrite=True / --overwrite to replace it)")
-    if path.exists() and not (path / MANIFEST).is_file():
-        raise FileExistsError(f"{path} exists and is not a GPUSparse index; refusing to replace it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
+    tmp = new_folder(path, overwrite)
     try:
         files: dict[str, dict[str, Any]] = {}
         for name, tensor in index.arrays().items():
@@ -82,6 +76,19 @@ def save_index(index: Index, path: str | Path, *, overwrite: bool = False) -> No
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def new_folder(path: Path, overwrite: bool) -> Path:
+    """A fresh temporary folder beside ``path`` for :func:`replace_folder` to move into place;
+    refuses an existing ``path`` unless ``overwrite``, and anything not an index."""
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} already exists (pass overwrite=True / --overwrite to replace it)")
+    if path.exists() and not (path / MANIFEST).is_file():
+        raise FileExistsError(f"{path} exists and is not a GPUSparse index; refusing to replace it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    return tmp
 
 
 def replace_folder(tmp: Path, path: Path) -> None:
