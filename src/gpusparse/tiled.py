@@ -359,7 +359,9 @@ def tiled_search(
         from .search import _POSTING_BYTES, DEFAULT_MEMORY_BUDGET, batch_rows, plan_chunks, reference_search
 
         sub = batch_rows(batch, redo, dev)
-        if acc != "carry":  # 2**61 units instead of 2**31
+        # 2**61 units instead of 2**31, on the same layout; fixed-point weights need "u32",
+        # and another layout for a few rows would cost a whole build: the float64 path then.
+        if acc != "carry" and tl.weight_bits is None:
             s2, i2 = tiled_search(index, sub, k, tile_bits=tile_bits, dense_min=dense_min, acc="carry",
                                   fixed=False, emulated=emulated)  # fmt: skip
         else:  # float64 scatter-add: any range
