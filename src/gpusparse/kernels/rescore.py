@@ -76,7 +76,7 @@ def exact_scores_cuda(
     """
     import cupy as cp
 
-    from .tiled import cupy_stream, pointer
+    from .tiled import check_tensors, cupy_stream, pointer
 
     dev = doc_ids.device
     expected = {
@@ -89,9 +89,7 @@ def exact_scores_cuda(
         "rows": (rows, torch.int64),
         "docs": (docs, torch.int64),
     }
-    for name, (tensor, dtype) in expected.items():
-        if tensor.dtype != dtype or tensor.device != dev or not tensor.is_contiguous():
-            raise ValueError(f"{name} must be a contiguous {dtype} tensor on {dev}")
+    check_tensors(expected, dev)
     m = docs.numel()
     out = torch.empty(m, dtype=torch.float32, device=dev)
     if m == 0 or doc_ids.numel() == 0:

@@ -403,6 +403,13 @@ _WEIGHT_TYPES = {torch.float32: "float", torch.uint8: "unsigned char", torch.int
 PROFILE_DEFINES: tuple[str, ...] = ()
 
 
+def check_tensors(expected: dict[str, tuple[torch.Tensor, torch.dtype]], dev: torch.device) -> None:
+    """Refuse a kernel argument that is not a contiguous tensor of its dtype on ``dev``."""
+    for name, (tensor, dtype) in expected.items():
+        if tensor.dtype != dtype or tensor.device != dev or not tensor.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous {dtype} tensor on {dev}")
+
+
 def pointer(tensor: torch.Tensor) -> np.uint64:
     """A tensor's device address as a kernel argument (8 bytes, like the pointer parameter).
 
@@ -536,9 +543,6 @@ def tiled_candidates(
         "cand_val": (cand_val, torch.int64),
     }
     dev = seg.device
-    for name, (tensor, dtype) in expected.items():
-        if tensor.dtype != dtype or tensor.device != dev or not tensor.is_contiguous():
-            raise ValueError(f"{name} must be a contiguous {dtype} tensor on {dev}")
     if acc not in ACC_MODES:
         raise ValueError(f"acc must be one of {sorted(ACC_MODES)}")
     if int_weights and acc != "u32":
@@ -546,10 +550,9 @@ def tiled_candidates(
     fixed = wts.dtype == torch.int32
     if fixed and (acc != "u32" or q_shift is None):
         raise ValueError('fixed-point weights need acc="u32" and q_shift')
-    if q_shift is None:
-        q_shift = cand_count  # any int32 [B] memory: not read
-    if q_shift.dtype != torch.int32 or q_shift.device != dev or not q_shift.is_contiguous():
-        raise ValueError(f"q_shift must be a contiguous torch.int32 tensor on {dev}")
+    expected["q_shift"] = (cand_count if q_shift is None else q_shift, torch.int32)  # None: any int32, not read
+    check_tensors(expected, dev)
+    q_shift = expected["q_shift"][0]
     if seg.numel() != n_tiles * n_terms + 1:
         raise ValueError("seg does not match n_docs, n_terms and tile_bits")
     first, count = (0, n_tiles) if tiles is None else tiles
