@@ -226,6 +226,12 @@ class QueryBatch(NamedTuple):
     # The same padded terms, weights and lengths on the host (for host-side planning).
     host: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
+    def host_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Padded terms, padded weights and lengths on the host (copied back if not kept)."""
+        if self.host is not None:
+            return self.host
+        return self.padded_terms.cpu().numpy(), self.padded_weights.cpu().numpy(), self.n_terms.cpu().numpy()
+
 
 def query_batch(queries: SparseCollection, device: torch.device) -> QueryBatch:
     """Move a (canonical, term-sorted) query batch to ``device``.
@@ -238,10 +244,7 @@ def query_batch(queries: SparseCollection, device: torch.device) -> QueryBatch:
 
 def batch_rows(batch: QueryBatch, rows: np.ndarray, device: torch.device) -> QueryBatch:
     """The queries ``rows`` of ``batch`` as a batch of their own (from its host arrays)."""
-    terms, weights, lengths = batch.host if batch.host is not None else (
-        batch.padded_terms.cpu().numpy(), batch.padded_weights.cpu().numpy(), batch.n_terms.cpu().numpy()
-    )  # fmt: skip
-    terms, weights, lengths = terms[rows], weights[rows], lengths[rows]
+    terms, weights, lengths = (a[rows] for a in batch.host_arrays())
     indptr = np.zeros(len(rows) + 1, dtype=np.int64)
     np.cumsum(lengths, out=indptr[1:])
     valid = terms >= 0  # padding sits at the end of each row: row-major order is CSR order

@@ -279,11 +279,7 @@ def fixed_point(index: Index, batch: QueryBatch, acc: str = "carry", weight_bits
 
     from .kernels.tiled import ACC_TOP
 
-    if batch.host is not None:
-        terms, weights, n_terms = batch.host
-    else:
-        terms, weights = batch.padded_terms.cpu().numpy(), batch.padded_weights.cpu().numpy()
-        n_terms = batch.n_terms.cpu().numpy()
+    terms, weights, n_terms = batch.host_arrays()
     max_scores = index.cache.get("max_scores_host")
     if max_scores is None:
         max_scores = index.cache["max_scores_host"] = index.max_scores.cpu().numpy().astype(np.float64)
@@ -400,9 +396,7 @@ def out_of_range(index: Index, batch: QueryBatch, fp: FixedPoint, scores: torch.
     b = scores.shape[0]
     if b == 0 or k == 0:
         return np.zeros(0, dtype=np.int64)
-    terms, weights, _ = batch.host if batch.host is not None else (
-        batch.padded_terms.cpu().numpy(), batch.padded_weights.cpu().numpy(), None
-    )  # fmt: skip
+    terms, weights, _ = batch.host_arrays()
     qmin = np.where(terms >= 0, weights.astype(np.float64), np.inf).min(1) if terms.shape[1] else np.full(b, np.inf)
     lb = torch.from_numpy(qmin * min_weight(index)).to(scores.device)  # inf: no term, nothing to miss
     delta = fp.delta.to(torch.float64)
