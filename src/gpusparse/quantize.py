@@ -90,15 +90,24 @@ def quantize_csr(
     check_bits(bits)
     if step is None:
         step = power_of_two_step(float(values.max()) if values.numel() else 0.0, bits)
+    csr, n_dropped = _to_levels(indptr, indices, values, step, bits)
+    return csr, QuantizeReport(Quantization(bits, step), int(values.numel()), n_dropped)
+
+
+def _to_levels(
+    indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, step: float | torch.Tensor, bits: int
+) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], int]:
+    """Rows as ``level · step`` (``step`` shared, or one per value), zero levels removed;
+    and how many were removed."""
     lev = levels(values, step, bits)
     keep = lev > 0
     rows = torch.repeat_interleave(torch.arange(indptr.numel() - 1, device=indptr.device), torch.diff(indptr))
     counts = torch.bincount(rows[keep], minlength=indptr.numel() - 1)
     new_indptr = torch.zeros_like(indptr)
     torch.cumsum(counts, 0, out=new_indptr[1:])
-    new_values = (lev[keep].to(torch.float64) * step).to(torch.float32)
-    report = QuantizeReport(Quantization(bits, step), int(values.numel()), int((~keep).sum()))
-    return (new_indptr, indices[keep], new_values), report
+    kept_step = step[keep] if isinstance(step, torch.Tensor) else step
+    new_values = (lev[keep].to(torch.float64) * kept_step).to(torch.float32)
+    return (new_indptr, indices[keep], new_values), int((~keep).sum())
 
 
 def quantize_collection(
@@ -122,18 +131,14 @@ def quantize_queries(queries: SparseCollection, bits: int) -> SparseCollection:
     """Each query quantized with its own power-of-two step, so its result never depends on
     the other queries of a batch. Terms rounding to zero are dropped."""
     check_bits(bits)
-    indptr = queries.indptr.astype(np.int64)
-    values = queries.values.astype(np.float64)
-    lens = np.diff(indptr)
-    row_max = np.zeros(len(lens))
-    nonempty = lens > 0
-    row_max[nonempty] = np.maximum.reduceat(values, indptr[:-1][nonempty]) if values.size else 0.0
-    steps = np.array([power_of_two_step(float(m), bits) for m in row_max])
-    per_value = np.repeat(steps, lens)
-    lev = np.clip(np.rint(values / per_value), 0, (1 << bits) - 1)
-    keep = lev > 0
-    counts = np.bincount(np.repeat(np.arange(len(lens)), lens)[keep], minlength=len(lens))
-    new_indptr = np.zeros(len(lens) + 1, dtype=np.int64)
-    np.cumsum(counts, out=new_indptr[1:])
-    new_values = (lev[keep] * per_value[keep]).astype(np.float32)
-    return SparseCollection(new_indptr, queries.indices[keep], new_values, vocab=queries.vocab, ids=list(queries.ids))
+    indptr = torch.from_numpy(queries.indptr.astype(np.int64))
+    values = torch.from_numpy(queries.values)
+    lens = torch.diff(indptr)
+    rows = torch.repeat_interleave(torch.arange(len(queries)), lens)
+    row_max = torch.zeros(len(queries), dtype=torch.float64).index_reduce_(0, rows, values.double(), "amax")
+    steps = torch.tensor([power_of_two_step(float(m), bits) for m in row_max], dtype=torch.float64)
+    terms = torch.from_numpy(queries.indices)
+    (new_indptr, indices, new_values), _ = _to_levels(indptr, terms, values, steps[rows], bits)
+    return SparseCollection(
+        new_indptr.numpy(), indices.numpy(), new_values.numpy(), vocab=queries.vocab, ids=list(queries.ids)
+    )
