@@ -24,7 +24,7 @@ from gpusparse.kernels import tiled as cuda
 from gpusparse.quantize import quantize_queries
 from gpusparse.search import query_batch
 from gpusparse.synthetic import generate
-from gpusparse.tiled import fixed_point, initial_capacity, tiled, tiled_search
+from gpusparse.tiled import fixed_point, initial_capacity, kernel_scale, tiled, tiled_search
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernels import time_events  # bench/kernels.py: one timing helper for both scripts
@@ -54,7 +54,7 @@ def run_kernel(tl, batch, terms32, fp, k, bufs, acc) -> None:
     theta, count, cand_doc, cand_val = bufs
     theta.zero_()
     count.zero_()
-    q_scale = fp.mult if tl.weight_bits is not None else fp.scale * tl.step
+    q_scale = kernel_scale(tl, fp)
     cuda.tiled_candidates(
         tl.seg, tl.offs, tl.wts, tl.dense_id, tl.dense, terms32, batch.padded_weights, q_scale, fp.delta,
         n_docs=tl.n_docs, n_terms=tl.n_terms, tile_bits=tl.tile_bits, k=k, acc=acc, q_shift=fp.shift,

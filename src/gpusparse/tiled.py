@@ -429,10 +429,7 @@ def candidates(
     b = batch.padded_terms.shape[0]
     terms32 = batch.padded_terms.to(torch.int32).contiguous()
     weights = batch.padded_weights.contiguous()
-    # per stored weight unit (exact: both are powers of two); fixed-point weights: the
-    # multiplier of each query weight, and the shift of each product
-    q_scale = fp.mult if tl.weight_bits is not None else fp.scale * tl.step
-    q_shift = fp.shift
+    q_scale, q_shift = kernel_scale(tl, fp), fp.shift
     if b <= SINGLE_WAVE_MAX_BATCH and k * tl.n_tiles <= SINGLE_WAVE_MAX_CANDIDATES:
         first_wave = tl.n_tiles  # small batches: one launch, no host sync between waves
     else:
@@ -472,6 +469,12 @@ def candidates(
     docs = torch.where(present, cand_doc[:, :width].to(torch.int64), torch.full_like(cols[None, :], -1))
     vals = torch.where(present, cand_val[:, :width], torch.zeros_like(docs))
     return docs, vals
+
+
+def kernel_scale(tl: TiledIndex, fp: FixedPoint) -> torch.Tensor:
+    """The kernel's ``q_scale``: the fixed-point scale per stored weight unit (exact: both
+    are powers of two), or with fixed-point weights the multiplier of each query weight."""
+    return fp.mult if tl.weight_bits is not None else fp.scale * tl.step
 
 
 def _compact(
