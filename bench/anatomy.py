@@ -1,0 +1,130 @@
+"""Anatomy of one tiled search: the work per (query, tile) block, and every device operation's time.
+
+Usage (GPU machine):
+    python bench/anatomy.py --out $OUT --commit SHA [--n 8841823] [--batch 256] [--ks 10 1000]
+Prints (and writes ``<out>/anatomy.json``):
+
+* per-block work of the batch on the default layout: sparse postings, dense rows and their
+  real postings per (query, tile), so a kernel time can be read per unit of work;
+* per search: wall time, the device time of each operation (torch.profiler) and the gap
+  between them (host work and syncs).
+
+Under ``ncu`` give ``--ncu``: the script then only warms up and runs one search, whose third
+wave (``--launch-skip 2 --launch-count 1 -k regex:tiled_candidates``) is the big one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from gpusparse import Index, SparseCollection, Vocabulary
+from gpusparse.search import query_batch
+from gpusparse.synthetic import generate
+from gpusparse.tiled import DEFAULT_FIXED, tiled, tiled_search
+
+
+def block_work(tl, batch) -> dict[str, float]:
+    """Mean work of a (query, tile) block: sparse postings, dense rows, real postings in those rows."""
+    nt, v = tl.n_tiles, tl.n_terms
+    terms = batch.padded_terms
+    valid = terms >= 0
+    tt = torch.where(valid, terms, 0).to(torch.int64)
+    sparse = dense_rows = dense_real = 0.0
+    real_per_row = (tl.dense != 0).sum(1) if tl.dense.numel() else torch.zeros(1, dtype=torch.int64)
+    real_per_row = real_per_row.to(terms.device)
+    for t0 in range(0, nt, 64):  # [tiles, B, T] at a time, bounded
+        t1 = min(nt, t0 + 64)
+        seglen = (tl.seg[t0 * v + 1 : t1 * v + 1] - tl.seg[t0 * v : t1 * v]).view(t1 - t0, v)
+        did = tl.dense_id[t0 * v : t1 * v].view(t1 - t0, v)[:, tt]  # [tiles, B, T]
+        sparse += float((seglen[:, tt] * valid).sum())
+        isd = (did >= 0) & valid
+        dense_rows += float(isd.sum())
+        dense_real += float(torch.where(isd, real_per_row[did.clamp_min(0)], 0).sum())
+    blocks = nt * terms.shape[0]
+    return {
+        "blocks": blocks,
+        "sparse_postings_per_block": sparse / blocks,
+        "dense_rows_per_block": dense_rows / blocks,
+        "dense_real_postings_per_block": dense_real / blocks,
+        "dense_slots_per_block": dense_rows * (1 << tl.tile_bits) / blocks,
+    }
+
+
+def device_ops(fn, sync) -> tuple[float, list[dict]]:
+    """Device time of each operation of one call (torch.profiler), and the call's wall ms."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sync()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        wall = (time.perf_counter() - t0) * 1e3
+    ops = []
+    for e in prof.key_averages():
+        dev_us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
+        if dev_us and e.count and not e.key.startswith("aten::") and not e.key.startswith("cuda"):
+            ops.append({"op": e.key[:70], "count": e.count, "device_ms": dev_us / 1e3})
+    ops.sort(key=lambda o: -o["device_ms"])
+    return wall, ops
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--n", type=int, default=8_841_823)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--ks", type=int, nargs="+", default=[10, 1000])
+    p.add_argument("--ncu", action="store_true", help="only warm up and search once (for ncu)")
+    p.add_argument("--out", type=Path, default=Path("."))
+    p.add_argument("--commit", default="unknown")
+    p.add_argument("--device", default="cuda")
+    args = p.parse_args()
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+    vocab = Vocabulary.bert()
+    (di, dt_, dw), (qi, qt, qw) = generate(args.n, args.batch, seed=0, device=args.device)
+    index = Index.from_csr(di, dt_, dw, vocab, device=args.device)
+    del di, dt_, dw
+    queries = SparseCollection(qi.cpu().numpy(), qt.cpu().numpy(), qw.cpu().numpy(), vocab=vocab)
+    batch = query_batch(queries, index.device)
+    tl = tiled(index, None, "auto", DEFAULT_FIXED)
+    if args.ncu:
+        sync()
+        tiled_search(index, batch, max(args.ks))
+        sync()
+        return
+    card = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
+    out = {"card": card, "commit": args.commit, "n_docs": args.n, "batch": args.batch}
+    out["layout"] = {"tile_bits": tl.tile_bits, "dense_rows": tl.dense.shape[0], "sparse_postings": tl.offs.numel()}
+    out["work"] = block_work(tl, batch)
+    print(json.dumps(out["layout"]), json.dumps(out["work"]), flush=True)
+    for k in args.ks:
+        for _ in range(3):
+            tiled_search(index, batch, k)
+        walls = []
+        for _ in range(10):
+            sync()
+            t0 = time.perf_counter()
+            tiled_search(index, batch, k)
+            sync()
+            walls.append((time.perf_counter() - t0) * 1e3)
+        wall, ops = device_ops(lambda: tiled_search(index, batch, k), sync)  # noqa: B023
+        busy = sum(o["device_ms"] for o in ops)
+        out[f"k{k}"] = {"wall_ms_median": statistics.median(walls), "profiled_wall_ms": wall, "ops": ops}
+        print(f"--- k={k}: wall median {statistics.median(walls):.2f} ms; profiled call {wall:.2f} ms, "
+              f"device busy {busy:.2f} ms, idle {wall - busy:.2f} ms")  # fmt: skip
+        for o in ops[:25]:
+            print(f"  {o['device_ms']:8.3f} ms  x{o['count']:<4d} {o['op']}")
+    (args.out / "anatomy.json").write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
