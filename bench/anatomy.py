@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from gpusparse import Index, SparseCollection, Vocabulary
+from gpusparse.kernels import tiled as cuda
 from gpusparse.search import query_batch
 from gpusparse.synthetic import generate
 from gpusparse.tiled import DEFAULT_FIXED, tiled, tiled_search
@@ -87,6 +88,8 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("."))
     p.add_argument("--commit", default="unknown")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--check", action="store_true", help="compare each search with the scatter kernel's")
+    p.add_argument("--baseline", nargs="*", default=[], help="older kernels/tiled.py files to time the same way")
     args = p.parse_args()
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     vocab = Vocabulary.bert()
@@ -106,23 +109,36 @@ def main() -> None:
     out["layout"] = {"tile_bits": tl.tile_bits, "dense_rows": tl.dense.shape[0], "sparse_postings": tl.offs.numel()}
     out["work"] = block_work(tl, batch)
     print(json.dumps(out["layout"]), json.dumps(out["work"]), flush=True)
-    for k in args.ks:
-        for _ in range(3):
-            tiled_search(index, batch, k)
-        walls = []
-        for _ in range(10):
-            sync()
-            t0 = time.perf_counter()
-            tiled_search(index, batch, k)
-            sync()
-            walls.append((time.perf_counter() - t0) * 1e3)
-        wall, ops = device_ops(lambda: tiled_search(index, batch, k), sync)  # noqa: B023
-        busy = sum(o["device_ms"] for o in ops)
-        out[f"k{k}"] = {"wall_ms_median": statistics.median(walls), "profiled_wall_ms": wall, "ops": ops}
-        print(f"--- k={k}: wall median {statistics.median(walls):.2f} ms; profiled call {wall:.2f} ms, "
-              f"device busy {busy:.2f} ms, idle {wall - busy:.2f} ms")  # fmt: skip
-        for o in ops[:25]:
-            print(f"  {o['device_ms']:8.3f} ms  x{o['count']:<4d} {o['op']}")
+    sources = [("current", None)] + [(Path(b).name, Path(b)) for b in args.baseline]
+    for label, path in sources:
+        if path is not None:  # an older kernels/tiled.py: its CUDA source, same launcher
+            namespace: dict = {}
+            exec(compile(path.read_text(), str(path), "exec"), namespace)
+            cuda.CUDA_SOURCE = namespace["CUDA_SOURCE"]
+            cuda._kernel.cache_clear()
+        for k in args.ks:
+            exact = None
+            if args.check:
+                ref = index.search(queries, k, kernel="scatter" if args.device == "cuda" else "reference")
+                s_, i_ = tiled_search(index, batch, k)
+                exact = bool(torch.equal(i_.cpu(), ref.ids) and torch.equal(s_.cpu(), ref.scores))
+            for _ in range(3):
+                tiled_search(index, batch, k)
+            walls = []
+            for _ in range(10):
+                sync()
+                t0 = time.perf_counter()
+                tiled_search(index, batch, k)
+                sync()
+                walls.append((time.perf_counter() - t0) * 1e3)
+            wall, ops = device_ops(lambda: tiled_search(index, batch, k), sync)  # noqa: B023
+            busy = sum(o["device_ms"] for o in ops)
+            med = statistics.median(walls)
+            out[f"{label}-k{k}"] = {"wall_ms_median": med, "profiled_wall_ms": wall, "exact": exact, "ops": ops}
+            print(f"--- {label} k={k}: wall median {med:.2f} ms (exact {exact}); profiled call {wall:.2f} ms, "
+                  f"device busy {busy:.2f} ms, idle {wall - busy:.2f} ms")  # fmt: skip
+            for o in ops[:8]:
+                print(f"  {o['device_ms']:8.3f} ms  x{o['count']:<4d} {o['op']}")
     (args.out / "anatomy.json").write_text(json.dumps(out, indent=2))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 import torch
 
 from gpusparse import Index, SparseCollection
@@ -215,6 +216,32 @@ def test_cuda_kernel_at_scale_and_with_candidate_overflow(monkeypatch):
     monkeypatch.setattr(tiled_mod, "initial_capacity", lambda k, first_wave: 8)  # forces the rerun path
     s, i = tiled_search(index, query_batch(queries, index.device), 1000)
     assert torch.equal(i.cpu(), ref.ids) and torch.equal(s.cpu(), ref.scores)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_kernel_with_long_queries_and_long_segments():
+    """Queries of more than one chunk of terms (the kernel's MAXT = 256), and blocks of up to
+    ~10**5 sparse postings (the chunk map's coarser pieces), against the reference."""
+    if not cuda_kernel_available():
+        pytest.skip("needs CuPy")
+    rng = np.random.default_rng()
+    docs = random_collection(rng, 40_000, 2000, 60, skew=0.5)
+    long_q = random_collection(rng, 6, 2000, 420, skew=0.3)
+    short_q = random_collection(rng, 6, 2000, 3, empty_fraction=0.3)
+    queries = SparseCollection.from_scipy(sp.vstack([long_q.to_scipy(), short_q.to_scipy()]))
+    assert int(np.diff(queries.indptr).max()) > 256
+    index = Index.build(docs, device="cuda")
+    for k in (10, 1000):
+        ref = index.search(queries, k, kernel="reference")
+        for tile_bits, dense_min in ((13, None), (13, 0.02), (12, 0.2)):
+            for acc, fixed in (("carry", False), ("u32", False), ("u32", True)):
+                s, i = tiled_search(
+                    index, query_batch(queries, index.device), k, tile_bits=tile_bits, dense_min=dense_min,
+                    acc=acc, fixed=fixed,
+                )  # fmt: skip
+                same = torch.equal(i.cpu(), ref.ids) and torch.equal(s.cpu(), ref.scores)
+                assert same, (k, tile_bits, dense_min, acc, fixed)
 
 
 def fake_kernel(seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_delta, *, n_docs, n_terms, tile_bits,

@@ -79,36 +79,101 @@ typedef long long i64;
 #define VEC (PER >= 4 ? 4 : PER)
 template <typename T, int N> struct alignas(sizeof(T) * N) Pack { T v[N]; };
 
-// Loads the metadata of query terms [0, nj) of a chunk into shared memory (all threads).
+// Shared-memory metadata of a chunk of query terms, compacted (padding and empty segments
+// dropped): the dense rows [0, nd) and the non-empty sparse segments [0, ns). Weights as
+// float64 only where products are float64 (INT_PRODUCTS needs the integer ones only).
+#if INT_PRODUCTS
+#define WMAX 1
+#else
+#define WMAX MAXT
+#endif
+struct Terms {
+    int nd, ns;
+    int* d_row;            // [MAXT] dense row
+    unsigned int* d_wi;    // [MAXT] integer query weight (INT_PRODUCTS)
+    double* d_w;           // [WMAX] float64 query weight
+    i64* s_start;          // [MAXT] first posting of a sparse segment
+    int* s_pref;           // [MAXT + 1] segment lengths, then their exclusive prefix sums
+    unsigned int* s_wi;    // [MAXT]
+    double* s_w;           // [WMAX]
+    int* warp_counts;      // [2 * warps]
+};
+
+#define NWARPS ((THREADS + 31) / 32)
+// A block of tiny tiles may have fewer than 32 threads: warp-wide operations use WL lanes.
+#define WL (THREADS < 32 ? THREADS : 32)
+#define WMASK (WL == 32 ? 0xffffffffu : (1u << WL) - 1u)
+
+// Loads the metadata of query terms [0, nj) of a chunk (all threads), compacted in term order:
+// each warp's entries by ballot, the warps' counts through shared memory. Every load a term
+// needs is issued at once (its dense row and its segment bounds), so one round trip follows
+// the term id's instead of a chain of three.
 __device__ __forceinline__ void load_terms(
-    const int* terms, const float* qw, int nj, double scale, const int* did_tile, const i64* seg_tile,
-    double* s_w, unsigned int* s_wi, int* s_did, i64* s_start, int* s_len)
+    const int* terms, const float* qw, int nj, double scale, const int* did_tile, const i64* seg_tile, Terms& m)
 {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     __syncthreads();  // the previous chunk's metadata is no longer read
-    for (int j = threadIdx.x; j < nj; j += THREADS) {
-        const int t = terms[j];
+    int nd = 0, ns = 0;
+    for (int r0 = 0; r0 < nj; r0 += THREADS) {
+        const int j = r0 + tid;
         int did = -1, len = 0;
         i64 start = 0;
-        if (t >= 0) {
-            did = did_tile[t];
-            if (did < 0) {
+        double w = 0.0;
+        if (j < nj) {
+            const int t = terms[j];
+            w = (double)qw[j] * scale;  // exact: scale is a power of two
+            if (t >= 0) {
+                did = did_tile[t];
                 start = seg_tile[t];
                 len = (int)(seg_tile[t + 1] - start);
             }
         }
-        s_w[j] = (double)qw[j] * scale;  // exact: scale is a power of two
+        const bool dense = did >= 0, sparse = !dense && len > 0;
+        const unsigned int bd = __ballot_sync(WMASK, dense), bs = __ballot_sync(WMASK, sparse);
+        if (lane == 0) {
+            m.warp_counts[warp] = __popc(bd);
+            m.warp_counts[NWARPS + warp] = __popc(bs);
+        }
+        __syncthreads();
+        int od = nd, os = ns;
+        for (int v = 0; v < NWARPS; ++v) {
+            const int cd = m.warp_counts[v], cs = m.warp_counts[NWARPS + v];
+            if (v < warp) {
+                od += cd;
+                os += cs;
+            }
+            nd += cd;
+            ns += cs;
+        }
+        const unsigned int below = (1u << lane) - 1u;
         // INT_W: exact (checked by the caller); FIXED_W: rounded to the nearest integer
-        s_wi[j] = INT_W ? (unsigned int)s_w[j] : FIXED_W ? __double2uint_rn(s_w[j]) : 0u;
-        s_did[j] = did;
-        s_start[j] = start;
-        s_len[j] = len;
+        const unsigned int wi = INT_W ? (unsigned int)w : FIXED_W ? __double2uint_rn(w) : 0u;
+        if (dense) {
+            od += __popc(bd & below);
+            m.d_row[od] = did;
+            m.d_wi[od] = wi;
+            if (!INT_PRODUCTS) m.d_w[od] = w;
+        }
+        if (sparse) {
+            os += __popc(bs & below);
+            m.s_start[os] = start;
+            m.s_pref[os] = len;
+            m.s_wi[os] = wi;
+            if (!INT_PRODUCTS) m.s_w[os] = w;
+        }
+        __syncthreads();  // warp_counts is rewritten by the next round
     }
-    __syncthreads();
+    m.nd = nd;
+    m.ns = ns;
 }
 
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 2
 #endif
+// Sparse postings are assigned to segments through a map of NCHUNK equal pieces (each piece's
+// first segment, found by binary search once per block), so a thread's search for its
+// posting's segment starts next to it.
+#define NCHUNK 512
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidates(
     const i64* __restrict__ seg,              // [n_tiles * V + 1] start of each sparse (tile, term) segment
     const unsigned short* __restrict__ offs,  // [P] document offset inside the tile
@@ -130,14 +195,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     extern __shared__ unsigned int smem[];
     unsigned int* lo = smem;
     unsigned int* hi = smem + TILE;  // unused (not allocated) in mode 1
+    // The radix histogram of the selection, and before it the sparse phase's chunk map.
     __shared__ unsigned int hist[256];
-    __shared__ double s_w[MAXT];
-    __shared__ unsigned int s_wi[MAXT];
+    unsigned short* s_chunk = reinterpret_cast<unsigned short*>(hist);
+    __shared__ int d_row[MAXT], s_pref[MAXT + 1], warp_counts[2 * NWARPS];
+    __shared__ unsigned int d_wi[MAXT], s_wi[MAXT];
     __shared__ i64 s_start[MAXT];
-    __shared__ int s_did[MAXT], s_len[MAXT], s_pref[MAXT + 1];
+    __shared__ double d_w[WMAX], s_w[WMAX];
     __shared__ u64 s_max, s_val, s_th0;
     __shared__ unsigned int s_above;
     __shared__ int s_bucket;
+    Terms meta{0, 0, d_row, d_wi, d_w, s_start, s_pref, s_wi, s_w, warp_counts};
 
     const int q = blockIdx.x;
     const int tile = tile0 + blockIdx.y;  // waves of tiles: see gpusparse.tiled
@@ -176,16 +244,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     for (int r = 0; r < PER; ++r) reg[r] = 0;
     for (int j0 = 0; j0 < T; j0 += MAXT) {
         const int nj = min(MAXT, T - j0);
-        load_terms(terms + j0, qw + j0, nj, scale, did_tile, seg_tile, s_w, s_wi, s_did, s_start, s_len);
+        load_terms(terms + j0, qw + j0, nj, scale, did_tile, seg_tile, meta);
 #ifdef PROFILE_SKIP_DENSE  // profiling only (bench/profile_tiled.py): results are wrong
         continue;
 #endif
-        for (int j = 0; j < nj; ++j) {
-            const int did = s_did[j];
-            if (did < 0) continue;
-            const Pack<WT, VEC>* col = reinterpret_cast<const Pack<WT, VEC>*>(dense + (i64)did * TILE);
-            const double w = s_w[j];
-            const unsigned int wi = s_wi[j];
+        for (int d = 0; d < meta.nd; ++d) {
+            const Pack<WT, VEC>* col = reinterpret_cast<const Pack<WT, VEC>*>(dense + (i64)d_row[d] * TILE);
+            const double w = INT_PRODUCTS ? 0.0 : d_w[d];
+            const unsigned int wi = d_wi[d];
 #pragma unroll
             for (int g = 0; g < PER / VEC; ++g) {
                 const Pack<WT, VEC> p = col[g * THREADS + tid];
@@ -223,34 +289,45 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     // 1b. Sparse segments: one flat loop over all their postings, so that every thread has
     //     independent loads in flight whatever the segments' lengths.
     for (int j0 = 0; j0 < T; j0 += MAXT) {
-        const int nj = min(MAXT, T - j0);
         // one chunk (the usual case): its metadata is still there from the dense phase
-        if (T > MAXT) load_terms(terms + j0, qw + j0, nj, scale, did_tile, seg_tile, s_w, s_wi, s_did, s_start, s_len);
-        // Exclusive prefix sums of the segment lengths, by the first warp (W lanes at a time;
-        // a block of tiny tiles may have fewer than 32 threads).
-        constexpr int W = THREADS < 32 ? THREADS : 32;
-        constexpr unsigned int WMASK = W == 32 ? 0xffffffffu : (1u << W) - 1u;
-        if (tid < W) {
+        if (T > MAXT) load_terms(terms + j0, qw + j0, min(MAXT, T - j0), scale, did_tile, seg_tile, meta);
+        const int ns = meta.ns;
+        // Exclusive prefix sums of the segment lengths, in place, by the first warp.
+        if (tid < WL) {
             int carry = 0;
-            for (int c = 0; c < nj; c += W) {
-                const int len = c + tid < nj ? s_len[c + tid] : 0;
+            for (int c = 0; c < ns; c += WL) {
+                const int len = c + tid < ns ? s_pref[c + tid] : 0;
                 int incl = len;
-                for (int o = 1; o < W; o <<= 1) {
+                for (int o = 1; o < WL; o <<= 1) {
                     const int up = __shfl_up_sync(WMASK, incl, o);
                     if (tid >= o) incl += up;
                 }
-                if (c + tid < nj) s_pref[c + tid] = carry + incl - len;
-                carry += __shfl_sync(WMASK, incl, W - 1);
+                if (c + tid < ns) s_pref[c + tid] = carry + incl - len;
+                carry += __shfl_sync(WMASK, incl, WL - 1);
             }
-            if (tid == 0) s_pref[nj] = carry;
+            if (tid == 0) s_pref[ns] = carry;
         }
         __syncthreads();
 #ifdef PROFILE_SKIP_SPARSE  // profiling only: results are wrong
         const int total = 0;
 #else
-        const int total = s_pref[nj];
+        const int total = s_pref[ns];
 #endif
-        int j = 0;
+        // Chunk map: s_chunk[c] = the segment holding posting c << cs (segments are non-empty,
+        // so the prefix sums increase strictly).
+        int cs = 5;
+        while (total > 0 && ((total - 1) >> cs) >= NCHUNK) ++cs;
+        for (int c = tid; total > 0 && c <= (total - 1) >> cs; c += THREADS) {
+            const int pos = c << cs;
+            int a = 0, b = ns - 1;
+            while (a < b) {
+                const int mid = (a + b + 1) >> 1;
+                if (s_pref[mid] <= pos) a = mid;
+                else b = mid - 1;
+            }
+            s_chunk[c] = (unsigned short)a;
+        }
+        __syncthreads();
         // UNROLL postings per thread and step: all their loads are issued before the first
         // atomic, so several global loads are in flight per thread.
         for (int f0 = tid; f0 < total; f0 += UNROLL * THREADS) {
@@ -262,9 +339,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
                 const int f = f0 + u * THREADS;
                 idx[u] = -1;
                 if (f < total) {
-                    while (s_pref[j + 1] <= f) ++j;  // f only grows: j advances, amortised O(1)
+                    int j = s_chunk[f >> cs];
+                    while (s_pref[j + 1] <= f) ++j;  // a piece is at most a few segments
                     idx[u] = s_start[j] + (f - s_pref[j]);
-                    wq[u] = s_w[j];
+                    wq[u] = INT_PRODUCTS ? 0.0 : s_w[j];
                     wqi[u] = s_wi[j];
                 }
             }
@@ -303,10 +381,25 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     __syncthreads();
 
     // 2. The tile's largest score.
+    const int lane = tid & 31;
+#if ACC_MODE == 1 && VEC == 4
+    // 32-bit sums: each thread reads back the groups of four it wrote, one vector load each
+    // (past `width` the sums are 0: no posting or dense weight lies there).
+    const uint4* lo4 = reinterpret_cast<const uint4*>(lo);
+    unsigned int m32 = 0u;
+#pragma unroll
+    for (int g = 0; g < PER / 4; ++g) {
+        const uint4 x = lo4[g * THREADS + tid];
+        m32 = max(m32, max(max(x.x, x.y), max(x.z, x.w)));
+    }
+    m32 = __reduce_max_sync(WMASK, m32);
+    if (lane == 0) atomicMax(&s_max, (u64)m32);
+#else
     u64 m = 0ull;
     for (int i = tid; i < width; i += nt) m = max(m, ACC(i));
     for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_down_sync(0xffffffffu, m, o));
-    if ((tid & 31) == 0) atomicMax(&s_max, m);
+    if (lane == 0) atomicMax(&s_max, m);
+#endif
     __syncthreads();
     const u64 vmax = s_max;
     if (vmax == 0ull) return;  // no document of this tile matches the query
@@ -366,7 +459,40 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     const u64 th = s_val;
     const u64 d = (u64)q_delta[q] + (th >> 22);  // + one float32 ulp: ties after rounding
     const u64 thr = th > d ? max(th - d, 1ull) : 1ull;
-    const int lane = tid & 31;
+#if ACC_MODE == 1 && VEC == 4
+    // Few documents pass: a warp tests 128 of them per step (one vector load a thread) and
+    // only a warp holding some takes the slots, by a prefix sum of its lanes' counts.
+    if (thr > 0xffffffffull) return;  // above every 32-bit sum
+    const unsigned int t32 = (unsigned int)thr;
+    for (int g = 0; g < PER / 4; ++g) {
+        const uint4 x = lo4[g * THREADS + tid];
+        const unsigned int f = (unsigned int)(x.x >= t32) | ((unsigned int)(x.y >= t32) << 1) |
+                               ((unsigned int)(x.z >= t32) << 2) | ((unsigned int)(x.w >= t32) << 3);
+        if (__ballot_sync(WMASK, f != 0u) == 0u) continue;
+        const int cnt = __popc(f);
+        int incl = cnt;
+        for (int o = 1; o < WL; o <<= 1) {
+            const int up = __shfl_up_sync(WMASK, incl, o);
+            if (lane >= o) incl += up;
+        }
+        int first = 0;
+        if (lane == WL - 1) first = atomicAdd(&cand_count[q], incl);
+        first = __shfl_sync(WMASK, first, WL - 1);
+        int slot = first + incl - cnt;
+        const int i = (g * THREADS + tid) * 4;
+        const unsigned int xv[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+        for (int v = 0; v < 4; ++v) {
+            if ((f >> v) & 1u) {
+                if (slot < cap) {
+                    cand_doc[(i64)q * cap + slot] = base + i + v;
+                    cand_val[(i64)q * cap + slot] = xv[v];
+                }
+                ++slot;
+            }
+        }
+    }
+#else
     for (int i0 = 0; i0 < width; i0 += nt) {
         const int i = i0 + tid;
         const u64 v = i < width ? ACC(i) : 0ull;
@@ -385,6 +511,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
             }
         }
     }
+#endif
 }
 """
 
