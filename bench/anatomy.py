@@ -60,8 +60,9 @@ def block_work(tl, batch) -> dict[str, float]:
     }
 
 
-def device_ops(fn, sync) -> tuple[float, list[dict]]:
-    """Device time of each operation of one call (torch.profiler), and the call's wall ms."""
+def device_ops(fn, sync, trace: Path | None = None) -> tuple[float, list[dict]]:
+    """Device time of each operation of one call (torch.profiler), and the call's wall ms;
+    ``trace``: also write the call's timeline there (Chrome trace format)."""
     from torch.profiler import ProfilerActivity, profile
 
     sync()
@@ -70,6 +71,8 @@ def device_ops(fn, sync) -> tuple[float, list[dict]]:
         fn()
         sync()
         wall = (time.perf_counter() - t0) * 1e3
+    if trace is not None:
+        prof.export_chrome_trace(str(trace))
     ops = []
     for e in prof.key_averages():
         dev_us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
@@ -88,6 +91,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("."))
     p.add_argument("--commit", default="unknown")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--trace", action="store_true", help="write each profiled search's timeline (Chrome trace)")
     p.add_argument("--check", action="store_true", help="compare each search with the scatter kernel's")
     p.add_argument("--baseline", nargs="*", default=[], help="older kernels/tiled.py files to time the same way")
     args = p.parse_args()
@@ -131,7 +135,8 @@ def main() -> None:
                 tiled_search(index, batch, k)
                 sync()
                 walls.append((time.perf_counter() - t0) * 1e3)
-            wall, ops = device_ops(lambda: tiled_search(index, batch, k), sync)  # noqa: B023
+            trace = args.out / f"trace-{label}-k{k}.json" if args.trace else None
+            wall, ops = device_ops(lambda: tiled_search(index, batch, k), sync, trace)  # noqa: B023
             busy = sum(o["device_ms"] for o in ops)
             med = statistics.median(walls)
             out[f"{label}-k{k}"] = {"wall_ms_median": med, "profiled_wall_ms": wall, "exact": exact, "ops": ops}

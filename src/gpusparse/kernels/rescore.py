@@ -1,7 +1,7 @@
-"""Canonical rescoring of (query, document) pairs on the GPU, one thread per pair.
+"""Canonical rescoring of (query, document) pairs on the GPU, one warp per pair.
 
-Each thread walks its query's terms in ascending order, finds the document in the term's
-posting list by binary search and adds ``w_q · w_d`` in float64 — exactly the summation order
+The warp's lanes find the document in the posting lists of the query's terms by binary
+search (one term each), and lane 0 adds ``w_q · w_d`` in float64 — exactly the summation order
 of :func:`gpusparse.search.exact_scores`'s PyTorch path, so both give the same bits — then
 rounds once to float32. One launch replaces the PyTorch path's few hundred small ones.
 """
@@ -17,6 +17,9 @@ from .tiled import available  # same requirements: CUDA and CuPy
 __all__ = ["available", "exact_scores_cuda"]
 
 CUDA_SOURCE = r"""
+// One warp per pair: lane j looks the document up in query term j's list (32 terms at a
+// time), so the ~22 dependent loads of a binary search overlap across the query's terms
+// instead of running one term after the other; lane 0 then adds the products in term order.
 extern "C" __global__ void exact_scores_kernel(
     const int* __restrict__ doc_ids, const float* __restrict__ scores,
     const long long* __restrict__ offsets, const int* __restrict__ lengths,
@@ -26,24 +29,40 @@ extern "C" __global__ void exact_scores_kernel(
     const long long* __restrict__ rows, const long long* __restrict__ docs, const long long m,
     float* __restrict__ out)
 {
-    const long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (p >= m) return;
+    const long long p = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (p >= m) return;  // the whole warp: p is the same for its lanes
     const long long r = rows[p];
     const int d = (int)docs[p];
-    if (d < 0) { out[p] = 0.0f; return; }  // a slot the caller does not need
-    double acc = 0.0;
-    for (int j = 0; j < T; ++j) {
-        const long long t = q_terms[r * T + j];
-        if (t < 0) break;
-        const long long start = offsets[t], end = start + lengths[t];
-        long long lo = start, hi = end;
-        while (lo < hi) {
-            const long long mid = (lo + hi) >> 1;
-            if (doc_ids[mid] < d) lo = mid + 1; else hi = mid;
-        }
-        if (lo < end && doc_ids[lo] == d) acc += (double)scores[lo] * (double)q_weights[r * T + j];
+    if (d < 0) {  // a slot the caller does not need
+        if (lane == 0) out[p] = 0.0f;
+        return;
     }
-    out[p] = (float)acc;
+    double acc = 0.0;
+    for (int j0 = 0; j0 < T; j0 += 32) {
+        const int j = j0 + lane;
+        const long long t = j < T ? q_terms[r * T + j] : -1;
+        double prod = 0.0;
+        bool hit = false;
+        if (t >= 0) {
+            const long long start = offsets[t], end = start + lengths[t];
+            long long lo = start, hi = end;
+            while (lo < hi) {
+                const long long mid = (lo + hi) >> 1;
+                if (doc_ids[mid] < d) lo = mid + 1; else hi = mid;
+            }
+            hit = lo < end && doc_ids[lo] == d;
+            if (hit) prod = (double)scores[lo] * (double)q_weights[r * T + j];
+        }
+        const unsigned int hits = __ballot_sync(0xffffffffu, hit);
+        const bool more = __any_sync(0xffffffffu, t >= 0) && j0 + 32 < T;
+        for (int v = 0; v < 32; ++v) {  // in term order, as the PyTorch path adds them
+            const double x = __shfl_sync(0xffffffffu, prod, v);
+            if ((hits >> v) & 1u) acc += x;
+        }
+        if (!more) break;  // padding reached: the terms are at the front
+    }
+    if (lane == 0) out[p] = (float)acc;
 }
 """
 
@@ -97,7 +116,7 @@ def exact_scores_cuda(
     kernel = _kernel(dev.index if dev.index is not None else torch.cuda.current_device())
     args = [pointer(x) for x in (doc_ids, scores, offsets, lengths, q_terms, q_weights)]
     tail = [pointer(rows), pointer(docs), cp.int64(m), pointer(out)]
-    blocks = (m + THREADS - 1) // THREADS
+    blocks = (m * 32 + THREADS - 1) // THREADS  # a warp per pair
     with cp.cuda.Device(dev.index), cupy_stream(dev):
         kernel((blocks,), (THREADS,), (*args, cp.int32(q_terms.shape[1]), *tail))
     return out

@@ -515,9 +515,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
 }
 """
 
-THREADS = 512  # measured: 512 beat 1024 at 8K-document tiles (bench/results)
+# Threads per block and resident blocks per SM the registers must allow; None: launch_shape's
+# choice (profiling scripts set numbers to sweep them).
+THREADS: int | None = None
 UNROLL = 4  # sparse postings per thread and step
-MIN_BLOCKS = 3  # resident blocks per SM the registers must allow: 3 beat 2 (ncu: 2 left occupancy at 50%)
+MIN_BLOCKS: int | None = None
 # Accumulator modes (see CUDA_SOURCE) and the largest fixed-point value each holds: a query's
 # scale keeps its score bound at or below ``top`` (rounding adds at most n/2 units).
 ACC_MODES = {"carry": 0, "u32": 1}
@@ -528,6 +530,22 @@ _WEIGHT_TYPES = {torch.float32: "float", torch.uint8: "unsigned char", torch.int
 # Extra -D options for profiling builds only (bench/profile_tiled.py: PROFILE_SKIP_DENSE,
 # PROFILE_SKIP_SPARSE time one phase without the other; their results are wrong).
 PROFILE_DEFINES: tuple[str, ...] = ()
+
+
+def launch_shape(tile_bits: int, acc: str = "u32") -> tuple[int, int]:
+    """``(threads, min_blocks)`` for tiles of ``2**tile_bits`` documents.
+
+    Measured at 8.8M x 256 on an H200 (bench/results/2026-11-26-H200-profile-tiled-8.8M-v12-shape.json):
+    at 8K documents a tile, 256 threads (32 documents each in the dense phase) with room in
+    the registers for 4 blocks per SM beat 512 threads with 3 (search 14.5 against 15.4 ms
+    at k = 1000), and 2 blocks were slowest. Larger tiles keep 32 documents a thread (at
+    most 1,024 threads); the blocks per SM are what shared memory and the SM's 2,048
+    threads allow.
+    """
+    tile = 1 << tile_bits
+    threads = THREADS or min(tile, max(256, tile >> 5), 1024)
+    fit = (227 << 10) // (shared_bytes(tile_bits, acc) + (8 << 10))  # + the static arrays
+    return threads, MIN_BLOCKS or max(1, min(4 if threads <= 256 else 3, fit, 2048 // threads))
 
 
 def check_tensors(expected: dict[str, tuple[torch.Tensor, torch.dtype]], dev: torch.device) -> None:
@@ -689,10 +707,10 @@ def tiled_candidates(
         raise ValueError(f"{count} tiles exceed the grid's y limit; use larger tiles or waves")
     if b == 0 or count == 0 or t == 0:
         return
-    threads = min(THREADS, 1 << tile_bits)
+    threads, min_blocks = launch_shape(tile_bits, acc)
     dev_index = dev.index if dev.index is not None else torch.cuda.current_device()
     wtype = _WEIGHT_TYPES[wts.dtype]
-    kernel = _kernel(tile_bits, dev_index, threads, UNROLL, MIN_BLOCKS, acc, wtype, int_weights, PROFILE_DEFINES)
+    kernel = _kernel(tile_bits, dev_index, threads, UNROLL, min_blocks, acc, wtype, int_weights, PROFILE_DEFINES)
     if dense.numel() == 0:  # CuPy wants real memory behind every pointer
         dense = torch.zeros((1, 1 << tile_bits), dtype=wts.dtype, device=dev)
     args = [pointer(x) for x in (seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_delta, q_shift)]
