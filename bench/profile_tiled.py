@@ -80,9 +80,9 @@ def main() -> None:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 256])
     p.add_argument("--ks", type=int, nargs="+", default=[10, 1000])
     p.add_argument("--tile-bits", type=int, nargs="+", default=[13, 14])
-    p.add_argument("--threads", type=int, nargs="+", default=[512])
+    p.add_argument("--threads", type=int, nargs="+", default=[0], help="0 = the launcher's choice")
     p.add_argument("--unroll", type=int, nargs="+", default=[4])
-    p.add_argument("--min-blocks", type=int, nargs="+", default=[2])
+    p.add_argument("--min-blocks", type=int, nargs="+", default=[0], help="0 = the launcher's choice")
     p.add_argument("--dense-min", type=float, nargs="+", default=[0.25], help="0 = all sparse")
     p.add_argument("--acc", nargs="+", default=["carry", "split", "u32"], help="accumulator modes")
     p.add_argument("--quantize", type=int, nargs="+", default=[0], help="0 = float32 weights, 8 = 8-bit impacts")
@@ -132,7 +132,7 @@ def main() -> None:
                     cand_val = torch.empty((b, cap), dtype=torch.int64, device="cuda")
                     combos = [(t, u, mb) for t in args.threads for u in args.unroll for mb in args.min_blocks]
                     for threads, unroll, min_blocks in combos:
-                        cuda.THREADS, cuda.UNROLL, cuda.MIN_BLOCKS = threads, unroll, min_blocks
+                        cuda.THREADS, cuda.UNROLL, cuda.MIN_BLOCKS = threads or None, unroll, min_blocks or None
                         bufs = (theta, count, cand_doc, cand_val)
                         launch = partial(run_kernel, tl, batch, terms32, fp, k, bufs, acc)
                         k_ms = events(launch)

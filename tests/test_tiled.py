@@ -244,6 +244,41 @@ def test_cuda_kernel_with_long_queries_and_long_segments():
                 assert same, (k, tile_bits, dense_min, acc, fixed)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_compaction_equals_the_pytorch_one():
+    if not cuda_kernel_available():
+        pytest.skip("needs CuPy")
+    from gpusparse.kernels.tiled import compact_candidates
+    from gpusparse.tiled import FixedPoint, _compact
+
+    rng = np.random.default_rng()
+    b, cap = 37, 3000
+    for k in (1, 10, 1000, 2999):
+        for spread in (2**8, 2**31, 2**60):  # small spreads: many ties
+            count = rng.integers(0, cap + 1, b)
+            count[:4] = [0, cap, k, k - 1]
+            vals = rng.integers(1, spread, (b, cap), dtype=np.int64)
+            docs = rng.integers(0, 10**6, (b, cap)).astype(np.int32)
+            for r in range(b):  # poison past each row's count: neither version may read it
+                vals[r, count[r] :] = -1
+                docs[r, count[r] :] = -7
+            theta = rng.integers(0, spread, b, dtype=np.int64) // rng.integers(1, 4, b)
+            theta[:2] = 0
+            delta = rng.integers(0, 100, b, dtype=np.int64)
+            most = int(count.max())
+            cpu = [torch.from_numpy(x.copy()) for x in (theta, count.astype(np.int32), docs, vals)]
+            fp = FixedPoint(torch.ones(b, dtype=torch.float64), torch.from_numpy(delta))
+            _compact(*cpu, most, fp, k)
+            gpu = [torch.from_numpy(x.copy()).cuda() for x in (theta, count.astype(np.int32), docs, vals)]
+            compact_candidates(*gpu, torch.from_numpy(delta).cuda(), k, most)
+            th, cnt, d, v = (x.cpu() for x in gpu)
+            assert torch.equal(th, cpu[0]) and torch.equal(cnt, cpu[1]), (k, spread)
+            for r in range(b):
+                n = int(cnt[r])
+                assert torch.equal(d[r, :n], cpu[2][r, :n]) and torch.equal(v[r, :n], cpu[3][r, :n]), (k, spread, r)
+
+
 def fake_kernel(seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_delta, *, n_docs, n_terms, tile_bits,
                 k, tiles, select, acc, int_weights, q_shift, theta, cand_count, cand_doc, cand_val):  # fmt: skip
     """The CUDA kernel's contract in PyTorch, block by block, so the host's waves run on a CPU."""

@@ -345,10 +345,11 @@ def tiled_search(
     dev = index.device
     if dev.type == "cuda" and cuda.available() and not emulated:
         launch, n_sm = cuda.tiled_candidates, torch.cuda.get_device_properties(dev).multi_processor_count
+        compact = _cuda_compact
     else:
-        launch, n_sm = torch_tiled_candidates, 1
+        launch, n_sm, compact = torch_tiled_candidates, 1, _compact
     int_w = integer_weights(tl, batch, fp, acc)
-    docs, vals = candidates(tl, batch, fp, k, launch=launch, n_sm=n_sm, acc=acc, int_weights=int_w)
+    docs, vals = candidates(tl, batch, fp, k, launch=launch, n_sm=n_sm, acc=acc, int_weights=int_w, compact=compact)
     scores, ids = finalize_candidates(index, batch, fp, docs, vals, k)
     redo = out_of_range(index, batch, fp, scores, k)
     if redo.size:  # queries whose matches may include scores below one fixed-point unit
@@ -415,9 +416,11 @@ def candidates(
     n_sm: int,
     acc: str = "carry",
     int_weights: bool = False,
+    compact: Callable[..., None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Candidates from ``launch`` (the CUDA kernel or :func:`torch_tiled_candidates`), in waves
     of tiles: ``(docs, values)`` ``[B, C]`` (``-1``/0 padded). ``n_sm``: the GPU's multiprocessors.
+    ``compact``: :func:`_compact` (the default) or its one-launch CUDA version.
 
     A block only knows its own tile's k-th score; the k-th of everything seen so far is a far
     better threshold. So tiles go in waves of growing size (at least enough blocks to fill the
@@ -426,6 +429,7 @@ def candidates(
     Candidates then stay near k per wave instead of near k per tile.
     """
     dev = tl.seg.device
+    compact = compact or _compact
     b = batch.padded_terms.shape[0]
     terms32 = batch.padded_terms.to(torch.int32).contiguous()
     weights = batch.padded_weights.contiguous()
@@ -457,7 +461,7 @@ def candidates(
                 break
             compacted = done < tl.n_tiles or b >= FINAL_COMPACTION_MIN_BATCH
             if compacted:
-                _compact(theta, count, cand_doc, cand_val, most, fp, k)
+                compact(theta, count, cand_doc, cand_val, most, fp, k)
         if not overflow:
             break
         cap = 2 * most  # rare: start again with room for every candidate
@@ -504,6 +508,21 @@ def _compact(
     cand_doc[r, dest[r, c]] = docs
     cand_val[r, dest[r, c]] = kept_vals
     count.copy_(new_count.to(torch.int32))
+
+
+def _cuda_compact(
+    theta: torch.Tensor,
+    count: torch.Tensor,
+    cand_doc: torch.Tensor,
+    cand_val: torch.Tensor,
+    most: int,
+    fp: FixedPoint,
+    k: int,
+) -> None:
+    """:func:`_compact` by the CUDA kernel (one launch instead of ~20 small operations)."""
+    from .kernels.tiled import compact_candidates
+
+    compact_candidates(theta, count, cand_doc, cand_val, fp.delta, k, most)
 
 
 def initial_capacity(k: int, first_wave: int) -> int:
