@@ -40,10 +40,12 @@ def test_layout(tile_bits, dense_min):
     if dense_min is None:
         assert (dense_id == -1).all() and tl.dense.shape[0] == 0
     offs = tl.offs.numpy().astype(np.int64) & 0xFFFF
+    list_pos = tl.list_pos.numpy()
     for t in range(tl.n_tiles):
         for term in range(tl.n_terms):
             a, b = seg[t * tl.n_terms + term], seg[t * tl.n_terms + term + 1]
             expected = np.nonzero(dense[t * tile : (t + 1) * tile, term])[0] + t * tile
+            assert list_pos[t * tl.n_terms + term] == np.count_nonzero(dense[: t * tile, term])
             did = dense_id[t * tl.n_terms + term]
             if did >= 0:
                 assert a == b and expected.size >= max(1, int(dense_min * tile))
@@ -379,3 +381,34 @@ def test_cuda_rescoring_equals_the_pytorch_path(monkeypatch):
     assert torch.equal(fast, slow)
     ref = dense_scores(docs, queries)[rows.cpu().numpy(), cand.cpu().numpy()].astype(np.float32)
     np.testing.assert_array_equal(fast.cpu().numpy(), ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("tile_bits", [None, 6, 12])
+def test_cuda_candidate_keys_equal_the_pytorch_path(monkeypatch, tile_bits):
+    """The one-launch finalisation (keys, rescoring narrowed to a tile's share of each list)
+    against the PyTorch steps, on candidates whose fixed-point values leave some scores
+    certain and some not; absent slots included."""
+    from gpusparse.kernels import rescore
+    from gpusparse.tiled import finalize_candidates, tiled
+
+    if not rescore.available():
+        pytest.skip("needs CuPy")
+    rng = np.random.default_rng()
+    docs = random_collection(rng, 5000, 500, 30, empty_fraction=0.02)
+    queries = random_collection(rng, 40, 500, 20, empty_fraction=0.05)
+    index = Index.build(docs, device="cuda")
+    batch = query_batch(queries, index.device)
+    fp = fixed_point(index, batch, "u32")
+    exact = torch.from_numpy(dense_scores(docs, queries)).cuda()
+    cand = torch.from_numpy(rng.integers(-1, 5000, (40, 300))).cuda()
+    true = exact.gather(1, cand.clamp_min(0)) * fp.scale[:, None]
+    vals = torch.round(true + torch.from_numpy(rng.normal(0, 20, (40, 300))).cuda()).clamp_min(1).to(torch.int64)
+    tl = tiled(index, tile_bits, None) if tile_bits else None
+    for k in (1, 10, 300, 400):
+        fast = finalize_candidates(index, batch, fp, cand, vals, k, tl)
+        with monkeypatch.context() as m:
+            m.setattr(rescore, "available", lambda: False)
+            slow = finalize_candidates(index, batch, fp, cand, vals, k, tl)
+        assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1]), k

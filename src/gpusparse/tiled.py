@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from .topk import topk_by_key
+from .topk import decode_keys, topk_by_key
 
 if TYPE_CHECKING:
     from .index import Index
@@ -79,6 +79,10 @@ class TiledIndex:
     step: float = 1.0  # what a stored weight is worth (1 for float32 weights)
     # Fixed-point float32 weights (int32 storage): stored = round(weight · 2**weight_bits).
     weight_bits: int | None = None
+    # int32 [n_tiles * n_terms]: real postings of each term in earlier tiles, i.e. where a
+    # tile's share of the term's list starts in the index's own list; it narrows the binary
+    # searches of canonical rescoring from the whole list (~22 steps) to one tile's share.
+    list_pos: torch.Tensor | None = None
 
     @property
     def n_tiles(self) -> int:
@@ -88,8 +92,8 @@ class TiledIndex:
     @property
     def nbytes(self) -> int:
         """Device bytes of the arrays."""
-        arrays = (self.seg, self.offs, self.wts, self.dense_id, self.dense)
-        return sum(t.numel() * t.element_size() for t in arrays)
+        arrays = (self.seg, self.offs, self.wts, self.dense_id, self.dense, self.list_pos)
+        return sum(t.numel() * t.element_size() for t in arrays if t is not None)
 
 
 def build_tiled(
@@ -172,7 +176,8 @@ def build_tiled(
         new = seg[key[s]] + rank - before[tile[s], term[s]]
         offs[new] = torch.where(off[s] >= 1 << 15, off[s] - (1 << 16), off[s]).to(torch.int16)
         wts[new] = stored(index.scores[pos[s]])
-    return TiledIndex(tile_bits, n_docs, n_terms, seg, offs, wts, dense_id, dense, step, weight_bits)
+    list_pos = before.reshape(-1).to(torch.int32)  # < n_docs
+    return TiledIndex(tile_bits, n_docs, n_terms, seg, offs, wts, dense_id, dense, step, weight_bits, list_pos)
 
 
 def fixed_weight_bits(max_weight: float) -> int:
@@ -350,7 +355,7 @@ def tiled_search(
         launch, n_sm, compact = torch_tiled_candidates, 1, _compact
     int_w = integer_weights(tl, batch, fp, acc)
     docs, vals = candidates(tl, batch, fp, k, launch=launch, n_sm=n_sm, acc=acc, int_weights=int_w, compact=compact)
-    scores, ids = finalize_candidates(index, batch, fp, docs, vals, k)
+    scores, ids = finalize_candidates(index, batch, fp, docs, vals, k, tl)
     redo = out_of_range(index, batch, fp, scores, k)
     if redo.size:  # queries whose matches may include scores below one fixed-point unit
         from .search import _POSTING_BYTES, DEFAULT_MEMORY_BUDGET, batch_rows, plan_chunks, reference_search
@@ -626,14 +631,33 @@ def torch_tiled_candidates(
 
 
 def finalize_candidates(
-    index: Index, batch: QueryBatch, fp: FixedPoint, docs: torch.Tensor, vals: torch.Tensor, k: int
+    index: Index,
+    batch: QueryBatch,
+    fp: FixedPoint,
+    docs: torch.Tensor,
+    vals: torch.Tensor,
+    k: int,
+    tl: TiledIndex | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Canonical float32 scores of the candidates, then the tie-broken top-k (padded to ``k``)."""
+    """Canonical float32 scores of the candidates, then the tie-broken top-k (padded to ``k``).
+
+    On a GPU one kernel turns the candidates into ranking keys (rescoring the uncertain ones,
+    its searches narrowed by ``tl.list_pos``); the PyTorch steps below are its reference.
+    """
     from .kernels import rescore
     from .search import exact_scores, finalize
 
     b = docs.shape[0]
     dev = docs.device
+    if docs.is_cuda and rescore.available():  # one launch over all slots, no host sync
+        keys = rescore.candidate_keys_cuda(
+            index.doc_ids, index.scores, index.offsets, index.lengths,
+            batch.padded_terms.contiguous(), batch.padded_weights.contiguous(),
+            docs.contiguous(), vals.contiguous(), fp.delta, fp.scale,
+            list_pos=tl.list_pos if tl is not None else None, tile_bits=tl.tile_bits if tl is not None else 0,
+        )  # fmt: skip
+        top = torch.topk(keys, min(k, keys.shape[1]), dim=1, largest=True, sorted=True).values
+        return finalize(decode_keys(top) if docs.shape[1] else None, k, b, dev)
     present = docs >= 0
     v = vals.to(torch.float64)
     margin = fp.delta[:, None].to(torch.float64) + v * 2.0**-50
@@ -642,16 +666,7 @@ def finalize_candidates(
     high = ((v + margin) / scale).to(torch.float32)
     scores = torch.where(present, low, torch.zeros_like(low))
     unsure = present & (low != high)
-    if docs.is_cuda and rescore.available():  # one launch over all slots, no host sync
-        rows = torch.arange(b, device=dev)[:, None].expand_as(docs)
-        todo = torch.where(unsure, docs, torch.full_like(docs, -1))  # -1: the kernel skips it
-        exact = rescore.exact_scores_cuda(
-            index.doc_ids, index.scores, index.offsets, index.lengths,
-            batch.padded_terms.contiguous(), batch.padded_weights.contiguous(),
-            rows.reshape(-1).contiguous(), todo.reshape(-1).contiguous(),
-        ).view_as(scores)  # fmt: skip
-        scores = torch.where(unsure, exact, scores)
-    elif bool(unsure.any()):
+    if bool(unsure.any()):
         r, c = unsure.nonzero(as_tuple=True)
         scores[r, c] = exact_scores(index, batch, r, docs[r, c])
     ids = torch.where(present, docs, torch.full_like(docs, (1 << 31) - 1))

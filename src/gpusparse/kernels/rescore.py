@@ -10,49 +10,48 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import torch
 
 from .tiled import available  # same requirements: CUDA and CuPy
 
-__all__ = ["available", "exact_scores_cuda"]
+__all__ = ["available", "candidate_keys_cuda", "exact_scores_cuda"]
 
 CUDA_SOURCE = r"""
-// One warp per pair: lane j looks the document up in query term j's list (32 terms at a
-// time), so the ~22 dependent loads of a binary search overlap across the query's terms
-// instead of running one term after the other; lane 0 then adds the products in term order.
-extern "C" __global__ void exact_scores_kernel(
+typedef long long i64;
+// The canonical score of document d for query row r, by the calling warp: lane j looks the
+// document up in query term j's list (32 terms at a time), so the ~22 dependent loads of a
+// binary search overlap across the query's terms instead of running one term after the
+// other; then the products are added in term order. `list_pos` (optional, n_tiles > 0)
+// narrows each search to the document's tile: list_pos[tile * V + t] real postings of term
+// t lie in earlier tiles of 2**tile_bits documents (see gpusparse.tiled).
+__device__ __forceinline__ float canonical(
     const int* __restrict__ doc_ids, const float* __restrict__ scores,
-    const long long* __restrict__ offsets, const int* __restrict__ lengths,
-    const long long* __restrict__ q_terms,  // [B, T], ascending, -1 padding at the end
-    const float* __restrict__ q_weights,    // [B, T]
-    const int T,
-    const long long* __restrict__ rows, const long long* __restrict__ docs, const long long m,
-    float* __restrict__ out)
+    const i64* __restrict__ offsets, const int* __restrict__ lengths,
+    const i64* __restrict__ terms, const float* __restrict__ weights, const int T, const int d,
+    const int* __restrict__ list_pos, const int tile_bits, const int V, const int n_tiles)
 {
-    const long long p = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
-    if (p >= m) return;  // the whole warp: p is the same for its lanes
-    const long long r = rows[p];
-    const int d = (int)docs[p];
-    if (d < 0) {  // a slot the caller does not need
-        if (lane == 0) out[p] = 0.0f;
-        return;
-    }
+    const int tile = n_tiles > 0 ? d >> tile_bits : 0;
     double acc = 0.0;
     for (int j0 = 0; j0 < T; j0 += 32) {
         const int j = j0 + lane;
-        const long long t = j < T ? q_terms[r * T + j] : -1;
+        const i64 t = j < T ? terms[j] : -1;
         double prod = 0.0;
         bool hit = false;
         if (t >= 0) {
-            const long long start = offsets[t], end = start + lengths[t];
-            long long lo = start, hi = end;
+            const i64 start = offsets[t], end = start + lengths[t];
+            i64 lo = start, hi = end;
+            if (n_tiles > 0) {
+                lo = start + list_pos[(i64)tile * V + t];
+                if (tile + 1 < n_tiles) hi = start + list_pos[(i64)(tile + 1) * V + t];
+            }
             while (lo < hi) {
-                const long long mid = (lo + hi) >> 1;
+                const i64 mid = (lo + hi) >> 1;
                 if (doc_ids[mid] < d) lo = mid + 1; else hi = mid;
             }
             hit = lo < end && doc_ids[lo] == d;
-            if (hit) prod = (double)scores[lo] * (double)q_weights[r * T + j];
+            if (hit) prod = (double)scores[lo] * (double)weights[j];
         }
         const unsigned int hits = __ballot_sync(0xffffffffu, hit);
         const bool more = __any_sync(0xffffffffu, t >= 0) && j0 + 32 < T;
@@ -62,7 +61,59 @@ extern "C" __global__ void exact_scores_kernel(
         }
         if (!more) break;  // padding reached: the terms are at the front
     }
-    if (lane == 0) out[p] = (float)acc;
+    return (float)acc;
+}
+
+// One warp per pair (rows[p], docs[p]).
+extern "C" __global__ void exact_scores_kernel(
+    const int* __restrict__ doc_ids, const float* __restrict__ scores,
+    const i64* __restrict__ offsets, const int* __restrict__ lengths,
+    const i64* __restrict__ q_terms,  // [B, T], ascending, -1 padding at the end
+    const float* __restrict__ q_weights,    // [B, T]
+    const int T,
+    const i64* __restrict__ rows, const i64* __restrict__ docs, const i64 m,
+    float* __restrict__ out)
+{
+    const i64 p = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (p >= m) return;  // the whole warp: p is the same for its lanes
+    const i64 r = rows[p];
+    const int d = (int)docs[p];
+    const float s = d < 0 ? 0.0f  // a slot the caller does not need
+        : canonical(doc_ids, scores, offsets, lengths, q_terms + r * T, q_weights + r * T, T, d, nullptr, 0, 0, 0);
+    if ((threadIdx.x & 31) == 0) out[p] = s;
+}
+
+// The tiled engine's candidates [B, W] to ranking keys (gpusparse.topk.encode_keys): a
+// candidate's float32 score is read off its fixed-point sum where the margin leaves one
+// float32 value possible, and computed canonically otherwise; absent slots (doc -1) get key
+// 0. The same float64 operations as gpusparse.tiled.finalize_candidates's PyTorch path, each
+// rounded on its own (no contraction), so both give the same bits. One warp per slot.
+extern "C" __global__ void candidate_keys(
+    const int* __restrict__ doc_ids, const float* __restrict__ scores,
+    const i64* __restrict__ offsets, const int* __restrict__ lengths,
+    const i64* __restrict__ q_terms, const float* __restrict__ q_weights, const int T,
+    const int* __restrict__ list_pos, const int tile_bits, const int V, const int n_tiles,
+    const i64* __restrict__ cand_doc, const i64* __restrict__ cand_val, const i64 W,
+    const i64* __restrict__ q_delta, const double* __restrict__ q_scale, const i64 m,
+    i64* __restrict__ keys)
+{
+    const i64 p = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (p >= m) return;
+    const i64 r = p / W;
+    const i64 d = cand_doc[p];
+    i64 key = 0;
+    if (d >= 0) {
+        const double v = (double)cand_val[p];
+        const double margin = __dadd_rn((double)q_delta[r], __dmul_rn(v, 0x1p-50));
+        const double scale = q_scale[r];
+        const float low = __double2float_rn(__ddiv_rn(fmax(__dsub_rn(v, margin), 0.0), scale));
+        const float high = __double2float_rn(__ddiv_rn(__dadd_rn(v, margin), scale));
+        const float s = low == high ? low
+            : canonical(doc_ids, scores, offsets, lengths, q_terms + r * T, q_weights + r * T, T, (int)d,
+                        list_pos, tile_bits, V, n_tiles);
+        key = ((i64)__float_as_int(s) << 31) | (((i64)1 << 31) - 1 - d);
+    }
+    if ((threadIdx.x & 31) == 0) keys[p] = key;
 }
 """
 
@@ -70,11 +121,15 @@ THREADS = 256
 
 
 @functools.cache
-def _kernel(device_index: int):  # -> cupy.RawKernel
+def _module(device_index: int):  # -> cupy.RawModule
     import cupy as cp
 
     with cp.cuda.Device(device_index):
-        return cp.RawModule(code=CUDA_SOURCE).get_function("exact_scores_kernel")
+        return cp.RawModule(code=CUDA_SOURCE)
+
+
+def _kernel(device_index: int, name: str = "exact_scores_kernel"):  # -> cupy.RawKernel
+    return _module(device_index).get_function(name)
 
 
 def exact_scores_cuda(
@@ -120,3 +175,65 @@ def exact_scores_cuda(
     with cp.cuda.Device(dev.index), cupy_stream(dev):
         kernel((blocks,), (THREADS,), (*args, cp.int32(q_terms.shape[1]), *tail))
     return out
+
+
+def candidate_keys_cuda(
+    doc_ids: torch.Tensor,
+    scores: torch.Tensor,
+    offsets: torch.Tensor,
+    lengths: torch.Tensor,
+    q_terms: torch.Tensor,
+    q_weights: torch.Tensor,
+    cand_doc: torch.Tensor,
+    cand_val: torch.Tensor,
+    q_delta: torch.Tensor,
+    q_scale: torch.Tensor,
+    *,
+    list_pos: torch.Tensor | None = None,
+    tile_bits: int = 0,
+) -> torch.Tensor:
+    """int64 ranking keys ``[B, W]`` of the tiled engine's candidates (see the CUDA source).
+
+    Index arrays as in :class:`gpusparse.Index`; ``q_terms`` int64 and ``q_weights`` float32
+    ``[B, T]``; ``cand_doc`` (-1: absent) and ``cand_val`` int64 ``[B, W]``; ``q_delta`` int64 and
+    ``q_scale`` float64 ``[B]``; ``list_pos`` (optional) int32 ``[n_tiles · V]`` real postings of
+    each term before each tile of ``2**tile_bits`` documents. All contiguous on one CUDA device.
+    """
+    import cupy as cp
+
+    from .tiled import check_tensors, cupy_stream, pointer
+
+    dev = doc_ids.device
+    b, w = cand_doc.shape
+    t = q_terms.shape[1]
+    v = offsets.numel()
+    n_tiles = 0 if list_pos is None else list_pos.numel() // max(v, 1)
+    expected = {
+        "doc_ids": (doc_ids, torch.int32),
+        "scores": (scores, torch.float32),
+        "offsets": (offsets, torch.int64),
+        "lengths": (lengths, torch.int32),
+        "q_terms": (q_terms, torch.int64),
+        "q_weights": (q_weights, torch.float32),
+        "cand_doc": (cand_doc, torch.int64),
+        "cand_val": (cand_val, torch.int64),
+        "q_delta": (q_delta, torch.int64),
+        "q_scale": (q_scale, torch.float64),
+        "list_pos": (offsets if list_pos is None else list_pos, offsets.dtype if list_pos is None else torch.int32),
+    }
+    check_tensors(expected, dev)
+    if list_pos is not None and list_pos.numel() != n_tiles * v:
+        raise ValueError("list_pos must hold one entry per (tile, term)")
+    keys = torch.empty((b, w), dtype=torch.int64, device=dev)
+    m = b * w
+    if m == 0:
+        return keys
+    kernel = _kernel(dev.index if dev.index is not None else torch.cuda.current_device(), "candidate_keys")
+    index_args = [pointer(x) for x in (doc_ids, scores, offsets, lengths, q_terms, q_weights)]
+    lp = pointer(list_pos) if list_pos is not None else np.uint64(0)
+    tiles = [lp, cp.int32(tile_bits), cp.int32(v), cp.int32(n_tiles)]
+    cands = [pointer(cand_doc), pointer(cand_val), cp.int64(w), pointer(q_delta), pointer(q_scale), cp.int64(m)]
+    blocks = (m * 32 + THREADS - 1) // THREADS  # a warp per slot
+    with cp.cuda.Device(dev.index), cupy_stream(dev):
+        kernel((blocks,), (THREADS,), (*index_args, cp.int32(t), *tiles, *cands, pointer(keys)))
+    return keys
