@@ -47,7 +47,7 @@ from .search import (
 from .shards import assign_shards, document_ranges, is_sharded, load_sharded, read_sharded_manifest, slice_documents
 from .tiled import TiledIndex
 from .tiled import tiled as tiled_layout
-from .topk import merge_results
+from .topk import merge_keys, merge_results, result_keys
 
 # Share of the device's free memory an index may take when no budget is given.
 FREE_MEMORY_SHARE = 0.9
@@ -283,13 +283,13 @@ def merge_across_ranks(
     scores: torch.Tensor, ids: torch.Tensor, k: int, group: dist.ProcessGroup | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """All-gather every process's ``[B, k]`` (scores, global ids) and merge them on the device:
-    the top-``k`` of all, by score descending, then id ascending (every process gets it)."""
+    the top-``k`` of all, by score descending, then id ascending (every process gets it).
+    Each result travels as one int64 ranking key, so one collective carries both."""
     world = dist.get_world_size(group)
-    all_s = [torch.empty_like(scores) for _ in range(world)]
-    all_i = [torch.empty_like(ids) for _ in range(world)]
-    dist.all_gather(all_s, scores.contiguous(), group=group)
-    dist.all_gather(all_i, ids.contiguous(), group=group)
-    return merge_results(torch.cat(all_s, 1), torch.cat(all_i, 1), k)
+    keys = result_keys(scores, ids).contiguous()
+    parts = [torch.empty_like(keys) for _ in range(world)]
+    dist.all_gather(parts, keys, group=group)
+    return merge_keys(torch.cat(parts, 1), k)
 
 
 # -- processes ------------------------------------------------------------------------------

@@ -35,8 +35,10 @@ if TYPE_CHECKING:
 # H200 (bench/results/2026-11-26-H200-profile-tiled-8.8M-v9-layout.json, -v11-fixed.json):
 # fixed-point float32 weights (integer products) 8,192-document tiles with segments covering
 # 12% of a tile stored densely; float32 weights with float64 products (the fallback) half a
-# tile, as float64 dense sums cost more; 8-bit levels 16,384-document tiles and 12%.
-DEFAULT_LAYOUT = {"fixed": (13, 0.12), "float32": (13, 0.5), "uint8": (14, 0.12)}
+# tile, as float64 dense sums cost more; 8-bit levels 8,192-document tiles and 12% since the
+# kernel's launch shape follows the tile size (...-v13-q8.json: 10.3 / 8.0 ms at k = 1000 /
+# 10 against 11.0 / 9.4 ms with 16,384-document tiles; 16K had won with 512 threads at 8K).
+DEFAULT_LAYOUT = {"fixed": (13, 0.12), "float32": (13, 0.5), "uint8": (13, 0.12)}
 DEFAULT_TILE_BITS, DEFAULT_DENSE_MIN = DEFAULT_LAYOUT["fixed"]
 # Dense segments pay where there are many blocks (throughput); with few tiles a block's own
 # latency shows and the dense phase (a pass over the whole tile per dense term) costs more

@@ -96,14 +96,24 @@ def merge_results(scores: torch.Tensor, ids: torch.Tensor, k: int) -> tuple[torc
     Merging shards' or segments' top-k lists with their global ids this way gives the top-k
     of one index over all their documents.
     """
-    b, c = ids.shape
-    out_s = torch.zeros((b, k), dtype=torch.float32, device=ids.device)
-    out_i = torch.full((b, k), -1, dtype=torch.int64, device=ids.device)
-    if c == 0:
-        return out_s, out_i
+    return merge_keys(result_keys(scores, ids), k)
+
+
+def result_keys(scores: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """One int64 ranking key per slot of padded result lists (see :func:`merge_results`):
+    empty slots (id ``-1`` or score ``0``) get key 0, below every real result's."""
     ok = (ids >= 0) & (scores > 0)
     keys = encode_keys(torch.where(ok, scores, torch.zeros_like(scores)), ids.clamp_min(0))
-    keys = torch.where(ok, keys, torch.zeros_like(keys))  # a real result's key is > 0
+    return torch.where(ok, keys, torch.zeros_like(keys))
+
+
+def merge_keys(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-``k`` results of :func:`result_keys` keys ``[B, C]``, padded as :func:`merge_results`'s."""
+    b, c = keys.shape
+    out_s = torch.zeros((b, k), dtype=torch.float32, device=keys.device)
+    out_i = torch.full((b, k), -1, dtype=torch.int64, device=keys.device)
+    if c == 0:
+        return out_s, out_i
     top = torch.topk(keys, min(k, c), dim=1, largest=True, sorted=True).values
     s, i = decode_keys(top)
     hit = top > 0
