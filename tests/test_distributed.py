@@ -381,12 +381,17 @@ def test_streamed_on_cuda_equals_resident():
     docs, qs = tied_collection(21, n_base=300, copies=4), queries_for(21, 40)
     full = Index.build(docs)
     resident = full.to("cuda")
+    import gpusparse.tiled as tiled_mod
+
     for n_pieces in (2, 5):
         streamed = StreamedIndex(full, n_pieces, "cuda")
         assert all(p.doc_ids.is_pinned() for _, p in streamed.pieces)
         for k in (1, 10, 500):
-            got = streamed.search(qs, k, batch_size=16)
             want = resident.search(qs, k)
+            # Each piece brings the layout the search uses: none is built while searching.
+            with pytest.MonkeyPatch.context() as m:
+                m.setattr(tiled_mod, "build_tiled", lambda *a, **kw: pytest.fail("layout rebuilt per search"))
+                got = streamed.search(qs, k, batch_size=16)
             assert_same(got, (want.scores, want.ids), (n_pieces, k))
 
 

@@ -45,8 +45,7 @@ from .search import (
     search_batch,
 )
 from .shards import assign_shards, document_ranges, is_sharded, load_sharded, read_sharded_manifest, slice_documents
-from .tiled import TiledIndex
-from .tiled import tiled as tiled_layout
+from .tiled import TiledIndex, search_layout
 from .topk import merge_keys, merge_results, result_keys
 
 # Share of the device's free memory an index may take when no budget is given.
@@ -79,7 +78,7 @@ class StreamedIndex:
             piece = slice_documents(index, a, b)
             if cuda and self.kernel == "tiled":
                 on_device = piece.to(self.device)
-                tiled_layout(on_device)
+                search_layout(on_device)  # the layout the search will ask for
                 piece.cache.update(on_device.cache)
                 del on_device
             self.pieces.append((a, _moved(piece, "cpu", pin=cuda)))

@@ -231,6 +231,19 @@ def tiled(
     return index.cache[key]  # type: ignore[return-value]
 
 
+def search_layout(
+    index: Index,
+    tile_bits: int | None = None,
+    dense_min: float | str | None = AUTO,
+    acc: str | None = None,
+    fixed: bool | None = None,
+) -> TiledIndex:
+    """The layout :func:`tiled_search` searches with these arguments (built once per index)."""
+    acc = choose_acc(acc)
+    fixed = (DEFAULT_FIXED if fixed is None else fixed) and acc == "u32" and index.quantization is None
+    return tiled(index, tile_bits, dense_min, fixed)
+
+
 @dataclass(frozen=True)
 class FixedPoint:
     """Per-query fixed-point parameters: ``scale`` (a power of two) and the margin ``delta``;
@@ -342,8 +355,7 @@ def tiled_search(
     from .kernels import tiled as cuda
 
     acc = choose_acc(acc)
-    fixed = (DEFAULT_FIXED if fixed is None else fixed) and acc == "u32" and index.quantization is None
-    tl = tiled(index, tile_bits, dense_min, fixed)
+    tl = search_layout(index, tile_bits, dense_min, acc, fixed)
     try:
         fp = fixed_point(index, batch, acc, tl.weight_bits)
     except ValueError:  # weights too far from 1 for 64-bit products: float64 arithmetic instead
