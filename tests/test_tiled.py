@@ -412,3 +412,34 @@ def test_cuda_candidate_keys_equal_the_pytorch_path(monkeypatch, tile_bits):
             m.setattr(rescore, "available", lambda: False)
             slow = finalize_candidates(index, batch, fp, cand, vals, k, tl)
         assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1]), k
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_synchronisation_free_path_flags_rows_it_cannot_finish(monkeypatch):
+    """Rows whose candidates outgrow the fixed final width are flagged by device_search and
+    searched again the general way; the results stay exact."""
+    if not cuda_kernel_available():
+        pytest.skip("needs CuPy")
+    import gpusparse.tiled as tiled_mod
+
+    rng = np.random.default_rng()
+    base = random_collection(rng, 1000, 60, 12).to_scipy()
+    docs = SparseCollection.from_scipy(sp.vstack([base, base, base]))  # every score three times
+    queries = random_collection(rng, 24, 60, 6, empty_fraction=0.1)
+    index = Index.build(docs, device="cuda")
+    batch = query_batch(queries, index.device)
+    scores = dense_scores(docs, queries)
+    monkeypatch.setattr(tiled_mod, "DEVICE_WIDTH_SLACK", 0)
+    for k in (1, 5, 50):
+        tl = tiled_mod.search_layout(index, 7)
+        fp = fixed_point(index, batch, "u32", tl.weight_bits)
+        n_sm = torch.cuda.get_device_properties(0).multi_processor_count
+        _, _, redo = tiled_mod.device_search(index, tl, batch, fp, k, acc="u32", int_weights=False, n_sm=n_sm)
+        if k == 1:  # three tied documents at the top of every row with a match: past 2k slots
+            matched = torch.from_numpy(scores.max(1) > 0).cuda()
+            assert bool(matched.any()) and torch.equal(redo & matched, matched)
+        s, i = tiled_search(index, batch, k, tile_bits=7)
+        ref_s, ref_i = reference_topk(scores, k)
+        np.testing.assert_array_equal(i.cpu().numpy(), ref_i)
+        np.testing.assert_array_equal(s.cpu().numpy(), ref_s)

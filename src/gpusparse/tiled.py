@@ -253,6 +253,7 @@ class FixedPoint:
     delta: torch.Tensor  # int64 [B], in units
     mult: torch.Tensor | None = None  # float64 [B]: q = round(w_q · mult), mult = scale · 2**c
     shift: torch.Tensor | None = None  # int32 [B]: b + c, product = (q · d) >> shift
+    scale_host: np.ndarray | None = None  # float64 [B]: ``scale`` on the host (no copy back)
 
 
 def choose_acc(acc: str | None) -> str:
@@ -268,11 +269,13 @@ def choose_acc(acc: str | None) -> str:
 def integer_weights(tl: TiledIndex, batch: QueryBatch, fp: FixedPoint, acc: str) -> bool:
     """Whether the kernel may multiply integers: 8-bit levels, "u32", and every scaled query
     weight an integer (true for quantized queries: their step times the scale is a power of
-    two of at least 1). One small device reduction and a host sync."""
+    two of at least 1). Checked on the host copies: no device work."""
     if tl.wts.dtype != torch.uint8 or acc != "u32":
         return False
-    w = batch.padded_weights.to(torch.float64) * (fp.scale * tl.step)[:, None]
-    return bool((w == torch.round(w)).all())
+    _, weights, _ = batch.host_arrays()
+    scale = fp.scale_host if fp.scale_host is not None else fp.scale.cpu().numpy()
+    w = weights.astype(np.float64) * (scale * tl.step)[:, None]
+    return bool((w == np.round(w)).all())
 
 
 def fixed_point(index: Index, batch: QueryBatch, acc: str = "carry", weight_bits: int | None = None) -> FixedPoint:
@@ -314,7 +317,7 @@ def fixed_point(index: Index, batch: QueryBatch, acc: str = "carry", weight_bits
     if weight_bits is None:
         delta = np.ceil(2 * (n / 2 + 1) + 2 * canon + 2)
         both = torch.from_numpy(np.stack([scale, delta])).to(dev)
-        return FixedPoint(both[0], both[1].to(torch.int64))
+        return FixedPoint(both[0], both[1].to(torch.int64), scale_host=scale)
     qs = weights.astype(np.float64) * scale[:, None]  # w_q · scale, exact
     qmax = qs.max(1) if qs.shape[1] else np.zeros(len(scale))
     _, qexpo = np.frexp(qmax)
@@ -330,7 +333,7 @@ def fixed_point(index: Index, batch: QueryBatch, acc: str = "carry", weight_bits
     if (shift < 0).any() or (shift > 62).any() or (delta > FIXED_MAX_DELTA).any():
         raise ValueError("weights outside the fixed-point range")
     vals = torch.from_numpy(np.stack([scale, delta, np.ldexp(scale, c), shift.astype(np.float64)])).to(dev)
-    return FixedPoint(vals[0], vals[1].to(torch.int64), vals[2], vals[3].to(torch.int32))
+    return FixedPoint(vals[0], vals[1].to(torch.int64), vals[2], vals[3].to(torch.int32), scale_host=scale)
 
 
 def tiled_search(
@@ -343,16 +346,21 @@ def tiled_search(
     acc: str | None = None,
     fixed: bool | None = None,
     emulated: bool = False,
+    general: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact top-k of a query batch with the tiled engine: ``(scores, ids)`` ``[B, k]`` on the device.
 
     Uses the CUDA kernel on a GPU with CuPy, and the same algorithm in PyTorch elsewhere
-    (or when ``emulated``). ``tile_bits`` / ``dense_min``: the layout (see :func:`tiled`).
+    (or when ``emulated``). On a GPU the search runs without host synchronisation
+    (:func:`device_search`) and rows it flags go the general way, which syncs after each
+    wave to size its buffers (``general``: every row that way).
+    ``tile_bits`` / ``dense_min``: the layout (see :func:`tiled`).
     ``acc``: the kernel's accumulator mode (default
     :data:`DEFAULT_ACC`); it sets the fixed-point scale, so the PyTorch path follows it too.
     ``fixed``: fixed-point float32 weights (default :data:`DEFAULT_FIXED`; "u32" only).
     """
     from .kernels import tiled as cuda
+    from .search import batch_rows
 
     acc = choose_acc(acc)
     tl = search_layout(index, tile_bits, dense_min, acc, fixed)
@@ -362,24 +370,31 @@ def tiled_search(
         tl = tiled(index, tile_bits, dense_min, False)
         fp = fixed_point(index, batch, acc)
     dev = index.device
-    if dev.type == "cuda" and cuda.available() and not emulated:
-        launch, n_sm = cuda.tiled_candidates, torch.cuda.get_device_properties(dev).multi_processor_count
-        compact = _cuda_compact
-    else:
-        launch, n_sm, compact = torch_tiled_candidates, 1, _compact
     int_w = integer_weights(tl, batch, fp, acc)
+    on_gpu = dev.type == "cuda" and cuda.available() and not emulated
+    n_sm = torch.cuda.get_device_properties(dev).multi_processor_count if on_gpu else 1
+    if on_gpu and not general:
+        scores, ids, redo_rows = device_search(index, tl, batch, fp, k, acc=acc, int_weights=int_w, n_sm=n_sm)
+        redo = redo_rows.nonzero().flatten().cpu().numpy()  # the search's one host sync
+        if redo.size:  # capacities overflowed, or scores below one unit may be missed: the general path
+            s2, i2 = tiled_search(index, batch_rows(batch, redo, dev), k, tile_bits=tile_bits, dense_min=dense_min,
+                                  acc=acc, fixed=fixed, general=True)  # fmt: skip
+            at = torch.from_numpy(redo).to(dev)
+            scores[at], ids[at] = s2, i2
+        return scores, ids
+    launch, compact = (cuda.tiled_candidates, _cuda_compact) if on_gpu else (torch_tiled_candidates, _compact)
     docs, vals = candidates(tl, batch, fp, k, launch=launch, n_sm=n_sm, acc=acc, int_weights=int_w, compact=compact)
     scores, ids = finalize_candidates(index, batch, fp, docs, vals, k, tl)
     redo = out_of_range(index, batch, fp, scores, k)
     if redo.size:  # queries whose matches may include scores below one fixed-point unit
-        from .search import _POSTING_BYTES, DEFAULT_MEMORY_BUDGET, batch_rows, plan_chunks, reference_search
+        from .search import _POSTING_BYTES, DEFAULT_MEMORY_BUDGET, plan_chunks, reference_search
 
         sub = batch_rows(batch, redo, dev)
         # 2**61 units instead of 2**31, on the same layout; fixed-point weights need "u32",
         # and another layout for a few rows would cost a whole build: the float64 path then.
         if acc != "carry" and tl.weight_bits is None:
             s2, i2 = tiled_search(index, sub, k, tile_bits=tile_bits, dense_min=dense_min, acc="carry",
-                                  fixed=False, emulated=emulated)  # fmt: skip
+                                  fixed=False, emulated=emulated, general=True)  # fmt: skip
         else:  # float64 scatter-add: any range
             _, chunk = plan_chunks(len(redo), index.n_docs, DEFAULT_MEMORY_BUDGET, len(redo))
             most = DEFAULT_MEMORY_BUDGET // _POSTING_BYTES
@@ -387,6 +402,70 @@ def tiled_search(
         at = torch.from_numpy(redo).to(dev)
         scores[at], ids[at] = s2, i2
     return scores, ids
+
+
+# Candidate slots per query kept for the final selection on the synchronisation-free path:
+# after the last compaction a row holds its k best plus the few within the margin of the k-th.
+DEVICE_WIDTH_SLACK = 1024
+
+
+def device_search(
+    index: Index,
+    tl: TiledIndex,
+    batch: QueryBatch,
+    fp: FixedPoint,
+    k: int,
+    *,
+    acc: str,
+    int_weights: bool,
+    n_sm: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The CUDA search without host synchronisation: ``(scores, ids, redo)`` on the device.
+
+    The waves, capacities and final width are fixed in advance (:func:`wave_plan`,
+    :func:`initial_capacity`, ``2k +`` :data:`DEVICE_WIDTH_SLACK`); each wave's candidates are
+    compacted by one kernel, turned into keys by another, and the top-k taken. A row whose
+    candidates outgrew a capacity, or whose top-k may miss documents below one fixed-point
+    unit (:func:`uncertain_rows`), is flagged in ``redo`` (bool ``[B]``): its results are not
+    to be used, and :func:`tiled_search` searches it again the general way.
+    """
+    from .kernels import rescore
+    from .kernels import tiled as cuda
+    from .search import finalize
+
+    dev = tl.seg.device
+    b = batch.padded_terms.shape[0]
+    lb = match_floor(index, batch, dev)  # before any launch: this copy would wait for them
+    terms32 = batch.padded_terms.to(torch.int32).contiguous()
+    weights = batch.padded_weights.contiguous()
+    q_scale = kernel_scale(tl, fp)
+    plan = wave_plan(tl.n_tiles, b, k, n_sm)
+    cap = initial_capacity(k, plan[0][1] if plan else 1)
+    theta = torch.zeros(b, dtype=torch.int64, device=dev)
+    count = torch.zeros(b, dtype=torch.int32, device=dev)
+    cand_doc = torch.empty((b, cap), dtype=torch.int32, device=dev)
+    cand_val = torch.empty((b, cap), dtype=torch.int64, device=dev)
+    redo = torch.zeros(b, dtype=torch.bool, device=dev)
+    for first, n in plan:
+        cuda.tiled_candidates(
+            tl.seg, tl.offs, tl.wts, tl.dense_id, tl.dense, terms32, weights, q_scale, fp.delta,
+            n_docs=tl.n_docs, n_terms=tl.n_terms, tile_bits=tl.tile_bits, k=k, tiles=(first, n), select=first == 0,
+            acc=acc, int_weights=int_weights, q_shift=fp.shift,
+            theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
+        )  # fmt: skip
+        redo |= count > cap  # candidates past the capacity were counted, not stored
+        cuda.compact_candidates(theta, count, cand_doc, cand_val, fp.delta, k, cap)
+    width = min(cap, 2 * k + DEVICE_WIDTH_SLACK)
+    redo |= count > width
+    keys = rescore.candidate_keys_cuda(
+        index.doc_ids, index.scores, index.offsets, index.lengths,
+        batch.padded_terms.contiguous(), weights, cand_doc, cand_val, fp.delta, fp.scale,
+        width=width, count=count, list_pos=tl.list_pos, tile_bits=tl.tile_bits,
+    )  # fmt: skip
+    top = torch.topk(keys, min(k, width), dim=1, largest=True, sorted=True).values
+    scores, ids = finalize(decode_keys(top) if width else None, k, b, dev)
+    redo |= uncertain_rows(index, batch, fp, scores, k, lb)
+    return scores, ids, redo
 
 
 def min_weight(index: Index) -> float:
@@ -413,16 +492,30 @@ def out_of_range(index: Index, batch: QueryBatch, fp: FixedPoint, scores: torch.
     (the smallest query weight times the index's smallest weight, less half the margin).
     One host sync.
     """
+    return uncertain_rows(index, batch, fp, scores, k).nonzero().flatten().cpu().numpy()
+
+
+def uncertain_rows(
+    index: Index, batch: QueryBatch, fp: FixedPoint, scores: torch.Tensor, k: int, lb: torch.Tensor | None = None
+) -> torch.Tensor:
+    """:func:`out_of_range` as a bool ``[B]`` tensor on the device, without a host sync;
+    ``lb``: :func:`match_floor`'s tensor, if already on the device."""
     b = scores.shape[0]
     if b == 0 or k == 0:
-        return np.zeros(0, dtype=np.int64)
-    terms, weights, _ = batch.host_arrays()
-    qmin = np.where(terms >= 0, weights.astype(np.float64), np.inf).min(1) if terms.shape[1] else np.full(b, np.inf)
-    lb = torch.from_numpy(qmin * min_weight(index)).to(scores.device)  # inf: no term, nothing to miss
+        return torch.zeros(b, dtype=torch.bool, device=scores.device)
+    lb = match_floor(index, batch, scores.device) if lb is None else lb
     delta = fp.delta.to(torch.float64)
     kth = scores[:, k - 1].to(torch.float64) * fp.scale * (1 - 2.0**-22)  # float32 rounding
-    certain = (kth > delta) | (lb * fp.scale >= delta / 2 + 1)
-    return (~certain).nonzero().flatten().cpu().numpy()
+    return ~((kth > delta) | (lb * fp.scale >= delta / 2 + 1))
+
+
+def match_floor(index: Index, batch: QueryBatch, dev: torch.device) -> torch.Tensor:
+    """float64 ``[B]``: no document matching a query scores below this (its smallest weight
+    times the index's smallest weight; inf for a query without terms: nothing to miss)."""
+    terms, weights, _ = batch.host_arrays()
+    b = terms.shape[0]
+    qmin = np.where(terms >= 0, weights.astype(np.float64), np.inf).min(1) if terms.shape[1] else np.full(b, np.inf)
+    return torch.from_numpy(qmin * min_weight(index)).to(dev)
 
 
 def candidates(
@@ -453,32 +546,27 @@ def candidates(
     terms32 = batch.padded_terms.to(torch.int32).contiguous()
     weights = batch.padded_weights.contiguous()
     q_scale, q_shift = kernel_scale(tl, fp), fp.shift
-    if b <= SINGLE_WAVE_MAX_BATCH and k * tl.n_tiles <= SINGLE_WAVE_MAX_CANDIDATES:
-        first_wave = tl.n_tiles  # small batches: one launch, no host sync between waves
-    else:
-        first_wave = max(4, min(32, -(-2 * n_sm // max(b, 1))))
-    cap = initial_capacity(k, first_wave)
+    plan = wave_plan(tl.n_tiles, b, k, n_sm)
+    cap = initial_capacity(k, plan[0][1] if plan else 1)
+    most, compacted = 0, False
     while True:
         theta = torch.zeros(b, dtype=torch.int64, device=dev)
         count = torch.zeros(b, dtype=torch.int32, device=dev)
         cand_doc = torch.empty((b, cap), dtype=torch.int32, device=dev)
         cand_val = torch.empty((b, cap), dtype=torch.int64, device=dev)
-        done, wave, overflow = 0, first_wave, False
-        while done < tl.n_tiles:
-            n = min(wave, tl.n_tiles - done)
+        overflow = False
+        for first, n in plan:
             launch(
                 tl.seg, tl.offs, tl.wts, tl.dense_id, tl.dense, terms32, weights, q_scale, fp.delta,
-                n_docs=tl.n_docs, n_terms=tl.n_terms, tile_bits=tl.tile_bits, k=k, tiles=(done, n), select=done == 0,
+                n_docs=tl.n_docs, n_terms=tl.n_terms, tile_bits=tl.tile_bits, k=k, tiles=(first, n), select=first == 0,
                 acc=acc, int_weights=int_weights, q_shift=q_shift,
                 theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
             )  # fmt: skip
-            done += n
-            wave = max(16 * wave, -(-4 * n_sm // max(b, 1)))  # few waves: each costs a sync
             most = int(count.max()) if b else 0
             if most > cap:
                 overflow = True
                 break
-            compacted = done < tl.n_tiles or b >= FINAL_COMPACTION_MIN_BATCH
+            compacted = first + n < tl.n_tiles or b >= FINAL_COMPACTION_MIN_BATCH
             if compacted:
                 compact(theta, count, cand_doc, cand_val, most, fp, k)
         if not overflow:
@@ -492,6 +580,26 @@ def candidates(
     docs = torch.where(present, cand_doc[:, :width].to(torch.int64), torch.full_like(cols[None, :], -1))
     vals = torch.where(present, cand_val[:, :width], torch.zeros_like(docs))
     return docs, vals
+
+
+def wave_plan(n_tiles: int, b: int, k: int, n_sm: int) -> list[tuple[int, int]]:
+    """``(first tile, tiles)`` of each wave of a search (see :func:`candidates`).
+
+    Small batches whose tiles emit few candidates run in one wave (no host sync between
+    waves); otherwise the first wave fills the GPU about twice and each later one is 16
+    times larger (few waves: each costs a compaction and, on the host path, a sync).
+    """
+    if b <= SINGLE_WAVE_MAX_BATCH and k * n_tiles <= SINGLE_WAVE_MAX_CANDIDATES:
+        wave = n_tiles
+    else:
+        wave = max(4, min(32, -(-2 * n_sm // max(b, 1))))
+    plan, done = [], 0
+    while done < n_tiles:
+        n = min(wave, n_tiles - done)
+        plan.append((done, n))
+        done += n
+        wave = max(16 * wave, -(-4 * n_sm // max(b, 1)))
+    return plan
 
 
 def kernel_scale(tl: TiledIndex, fp: FixedPoint) -> torch.Tensor:
@@ -667,7 +775,7 @@ def finalize_candidates(
         keys = rescore.candidate_keys_cuda(
             index.doc_ids, index.scores, index.offsets, index.lengths,
             batch.padded_terms.contiguous(), batch.padded_weights.contiguous(),
-            docs.contiguous(), vals.contiguous(), fp.delta, fp.scale,
+            docs.to(torch.int32), vals.contiguous(), fp.delta, fp.scale,
             list_pos=tl.list_pos if tl is not None else None, tile_bits=tl.tile_bits if tl is not None else 0,
         )  # fmt: skip
         top = torch.topk(keys, min(k, keys.shape[1]), dim=1, largest=True, sorted=True).values

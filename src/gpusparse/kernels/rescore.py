@@ -83,7 +83,7 @@ extern "C" __global__ void exact_scores_kernel(
     if ((threadIdx.x & 31) == 0) out[p] = s;
 }
 
-// The tiled engine's candidates [B, W] to ranking keys (gpusparse.topk.encode_keys): a
+// The tiled engine's candidates (the first W of each row of ld slots) to ranking keys (gpusparse.topk.encode_keys): a
 // candidate's float32 score is read off its fixed-point sum where the margin leaves one
 // float32 value possible, and computed canonically otherwise; absent slots (doc -1) get key
 // 0. The same float64 operations as gpusparse.tiled.finalize_candidates's PyTorch path, each
@@ -93,17 +93,19 @@ extern "C" __global__ void candidate_keys(
     const i64* __restrict__ offsets, const int* __restrict__ lengths,
     const i64* __restrict__ q_terms, const float* __restrict__ q_weights, const int T,
     const int* __restrict__ list_pos, const int tile_bits, const int V, const int n_tiles,
-    const i64* __restrict__ cand_doc, const i64* __restrict__ cand_val, const i64 W,
+    const int* __restrict__ cand_doc, const i64* __restrict__ cand_val, const i64 ld,
+    const int* __restrict__ count, const i64 W,
     const i64* __restrict__ q_delta, const double* __restrict__ q_scale, const i64 m,
     i64* __restrict__ keys)
 {
     const i64 p = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (p >= m) return;
-    const i64 r = p / W;
-    const i64 d = cand_doc[p];
+    const i64 r = p / W, j = p - r * W;
+    // slot j of row r: absent past the row's count (if given) or where its document is -1
+    const i64 d = count != nullptr && j >= count[r] ? -1 : cand_doc[r * ld + j];
     i64 key = 0;
     if (d >= 0) {
-        const double v = (double)cand_val[p];
+        const double v = (double)cand_val[r * ld + j];
         const double margin = __dadd_rn((double)q_delta[r], __dmul_rn(v, 0x1p-50));
         const double scale = q_scale[r];
         const float low = __double2float_rn(__ddiv_rn(fmax(__dsub_rn(v, margin), 0.0), scale));
@@ -189,22 +191,27 @@ def candidate_keys_cuda(
     q_delta: torch.Tensor,
     q_scale: torch.Tensor,
     *,
+    width: int | None = None,
+    count: torch.Tensor | None = None,
     list_pos: torch.Tensor | None = None,
     tile_bits: int = 0,
 ) -> torch.Tensor:
-    """int64 ranking keys ``[B, W]`` of the tiled engine's candidates (see the CUDA source).
+    """int64 ranking keys ``[B, width]`` of the tiled engine's candidates (see the CUDA source).
 
     Index arrays as in :class:`gpusparse.Index`; ``q_terms`` int64 and ``q_weights`` float32
-    ``[B, T]``; ``cand_doc`` (-1: absent) and ``cand_val`` int64 ``[B, W]``; ``q_delta`` int64 and
-    ``q_scale`` float64 ``[B]``; ``list_pos`` (optional) int32 ``[n_tiles · V]`` real postings of
-    each term before each tile of ``2**tile_bits`` documents. All contiguous on one CUDA device.
+    ``[B, T]``; ``cand_doc`` int32 (-1: absent) and ``cand_val`` int64 ``[B, C]``, of which the
+    first ``width`` (default ``C``) slots are read, and only the first ``count[b]`` of row
+    ``b`` if ``count`` (int32 ``[B]``) is given; ``q_delta`` int64 and ``q_scale`` float64
+    ``[B]``; ``list_pos`` (optional) int32 ``[n_tiles · V]`` real postings of each term before
+    each tile of ``2**tile_bits`` documents. All contiguous on one CUDA device.
     """
     import cupy as cp
 
     from .tiled import check_tensors, cupy_stream, pointer
 
     dev = doc_ids.device
-    b, w = cand_doc.shape
+    b, ld = cand_doc.shape
+    w = ld if width is None else width
     t = q_terms.shape[1]
     v = offsets.numel()
     n_tiles = 0 if list_pos is None else list_pos.numel() // max(v, 1)
@@ -215,13 +222,18 @@ def candidate_keys_cuda(
         "lengths": (lengths, torch.int32),
         "q_terms": (q_terms, torch.int64),
         "q_weights": (q_weights, torch.float32),
-        "cand_doc": (cand_doc, torch.int64),
+        "cand_doc": (cand_doc, torch.int32),
         "cand_val": (cand_val, torch.int64),
         "q_delta": (q_delta, torch.int64),
         "q_scale": (q_scale, torch.float64),
-        "list_pos": (offsets if list_pos is None else list_pos, offsets.dtype if list_pos is None else torch.int32),
     }
+    if count is not None:
+        expected["count"] = (count, torch.int32)
+    if list_pos is not None:
+        expected["list_pos"] = (list_pos, torch.int32)
     check_tensors(expected, dev)
+    if cand_val.shape != cand_doc.shape or not 0 <= w <= ld:
+        raise ValueError("cand_doc and cand_val must have one shape, of at least width columns")
     if list_pos is not None and list_pos.numel() != n_tiles * v:
         raise ValueError("list_pos must hold one entry per (tile, term)")
     keys = torch.empty((b, w), dtype=torch.int64, device=dev)
@@ -230,10 +242,11 @@ def candidate_keys_cuda(
         return keys
     kernel = _kernel(dev.index if dev.index is not None else torch.cuda.current_device(), "candidate_keys")
     index_args = [pointer(x) for x in (doc_ids, scores, offsets, lengths, q_terms, q_weights)]
-    lp = pointer(list_pos) if list_pos is not None else np.uint64(0)
-    tiles = [lp, cp.int32(tile_bits), cp.int32(v), cp.int32(n_tiles)]
-    cands = [pointer(cand_doc), pointer(cand_val), cp.int64(w), pointer(q_delta), pointer(q_scale), cp.int64(m)]
+    null = np.uint64(0)
+    tiles = [pointer(list_pos) if list_pos is not None else null, cp.int32(tile_bits), cp.int32(v), cp.int32(n_tiles)]
+    cands = [pointer(cand_doc), pointer(cand_val), cp.int64(ld), pointer(count) if count is not None else null]
+    rest = [cp.int64(w), pointer(q_delta), pointer(q_scale), cp.int64(m)]
     blocks = (m * 32 + THREADS - 1) // THREADS  # a warp per slot
     with cp.cuda.Device(dev.index), cupy_stream(dev):
-        kernel((blocks,), (THREADS,), (*index_args, cp.int32(t), *tiles, *cands, pointer(keys)))
+        kernel((blocks,), (THREADS,), (*index_args, cp.int32(t), *tiles, *cands, *rest, pointer(keys)))
     return keys
