@@ -443,3 +443,34 @@ def test_synchronisation_free_path_flags_rows_it_cannot_finish(monkeypatch):
         ref_s, ref_i = reference_topk(scores, k)
         np.testing.assert_array_equal(i.cpu().numpy(), ref_i)
         np.testing.assert_array_equal(s.cpu().numpy(), ref_s)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_small_batches_replay_a_captured_graph(monkeypatch):
+    """Small batches run a CUDA graph captured once per shape: each new batch's queries are
+    copied in before the replay (fresh queries, same shape: still exact), and the results
+    equal the steps run one by one."""
+    if not cuda_kernel_available():
+        pytest.skip("needs CuPy")
+    import gpusparse.tiled as tiled_mod
+
+    rng = np.random.default_rng()
+    docs = random_collection(rng, 20_000, 300, 30)
+    index = Index.build(docs, device="cuda")
+    for trial in range(4):
+        queries = random_collection(rng, 3, 300, 9 + trial)
+        scores = dense_scores(docs, queries)
+        for k in (10, 1000):
+            batch = query_batch(queries, index.device)
+            s, i = tiled_search(index, batch, k, tile_bits=12)
+            ref_s, ref_i = reference_topk(scores, k)
+            np.testing.assert_array_equal(i.cpu().numpy(), ref_i)
+            np.testing.assert_array_equal(s.cpu().numpy(), ref_s)
+            with monkeypatch.context() as m:
+                m.setattr(tiled_mod, "GRAPH_MAX_BATCH", 0)
+                s2, i2 = tiled_search(index, batch, k, tile_bits=12)
+            assert torch.equal(s, s2) and torch.equal(i, i2)
+    graphs = index.cache["graphs"]
+    assert graphs and all(entry is not False for entry in graphs.values())  # captured, and reused:
+    assert len(graphs) <= 2 * 3  # two k, query widths of at most three powers of two

@@ -428,16 +428,41 @@ def device_search(
     candidates outgrew a capacity, or whose top-k may miss documents below one fixed-point
     unit (:func:`uncertain_rows`), is flagged in ``redo`` (bool ``[B]``): its results are not
     to be used, and :func:`tiled_search` searches it again the general way.
+
+    Batches of at most :data:`GRAPH_MAX_BATCH` queries replay a captured CUDA graph of these
+    steps (their time is mostly the host's launching them); the graph is captured on the
+    first batch of its shape and kept with the index.
     """
+    dev = tl.seg.device
+    lb = match_floor(index, batch, dev)  # before any launch: this copy would wait for them
+    terms, weights = batch.padded_terms, batch.padded_weights
+    if terms.shape[0] <= GRAPH_MAX_BATCH:
+        out = _graphed_search(index, tl, terms, weights, fp, lb, k, acc=acc, int_weights=int_weights, n_sm=n_sm)
+        if out is not None:
+            return out
+    return _device_steps(index, tl, terms.contiguous(), weights.contiguous(), fp, lb, k, acc, int_weights, n_sm)
+
+
+def _device_steps(
+    index: Index,
+    tl: TiledIndex,
+    terms: torch.Tensor,
+    weights: torch.Tensor,
+    fp: FixedPoint,
+    lb: torch.Tensor,
+    k: int,
+    acc: str,
+    int_weights: bool,
+    n_sm: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`device_search`'s device work, from tensors only (so that it can be captured)."""
     from .kernels import rescore
     from .kernels import tiled as cuda
     from .search import finalize
 
     dev = tl.seg.device
-    b = batch.padded_terms.shape[0]
-    lb = match_floor(index, batch, dev)  # before any launch: this copy would wait for them
-    terms32 = batch.padded_terms.to(torch.int32).contiguous()
-    weights = batch.padded_weights.contiguous()
+    b = terms.shape[0]
+    terms32 = terms.to(torch.int32)
     q_scale = kernel_scale(tl, fp)
     plan = wave_plan(tl.n_tiles, b, k, n_sm)
     cap = initial_capacity(k, plan[0][1] if plan else 1)
@@ -458,14 +483,101 @@ def device_search(
     width = min(cap, 2 * k + DEVICE_WIDTH_SLACK)
     redo |= count > width
     keys = rescore.candidate_keys_cuda(
-        index.doc_ids, index.scores, index.offsets, index.lengths,
-        batch.padded_terms.contiguous(), weights, cand_doc, cand_val, fp.delta, fp.scale,
-        width=width, count=count, list_pos=tl.list_pos, tile_bits=tl.tile_bits,
+        index.doc_ids, index.scores, index.offsets, index.lengths, terms, weights, cand_doc, cand_val,
+        fp.delta, fp.scale, width=width, count=count, list_pos=tl.list_pos, tile_bits=tl.tile_bits,
     )  # fmt: skip
     top = torch.topk(keys, min(k, width), dim=1, largest=True, sorted=True).values
     scores, ids = finalize(decode_keys(top) if width else None, k, b, dev)
-    redo |= uncertain_rows(index, batch, fp, scores, k, lb)
+    redo |= uncertain_rows(index, None, fp, scores, k, lb)
     return scores, ids, redo
+
+
+# Batches of at most this many queries replay a captured CUDA graph (device_search); at most
+# GRAPH_CACHE graphs are kept per index, the least recently used dropped first.
+GRAPH_MAX_BATCH = 8
+GRAPH_CACHE = 8
+
+
+def _graphed_search(
+    index: Index,
+    tl: TiledIndex,
+    terms: torch.Tensor,
+    weights: torch.Tensor,
+    fp: FixedPoint,
+    lb: torch.Tensor,
+    k: int,
+    *,
+    acc: str,
+    int_weights: bool,
+    n_sm: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """:func:`_device_steps` by a CUDA graph for this shape, captured once (``None``: it
+    could not be captured here; the caller runs the steps themselves).
+
+    The query width is padded to a power of two (at least 8) so that few shapes occur; the
+    padding is what a batch's shorter rows already have (term -1, weight 0).
+    """
+    from collections import OrderedDict
+
+    b, t = terms.shape
+    width = max(8, 1 << max(t - 1, 0).bit_length())
+    graphs = index.cache.setdefault("graphs", OrderedDict())
+    key = (id(tl), b, width, k, acc, int_weights, fp.mult is not None, fp.shift is not None)
+    entry = graphs.get(key)
+    if entry is False:
+        return None
+    if entry is None:
+        entry = _capture(index, tl, b, width, fp, k, acc, int_weights, n_sm)
+        graphs[key] = entry if entry is not None else False
+        while len(graphs) > GRAPH_CACHE:
+            graphs.popitem(last=False)
+        if entry is None:
+            return None
+    graphs.move_to_end(key)
+    graph, inputs, outputs = entry
+    inputs["terms"].fill_(-1)
+    inputs["terms"][:, :t].copy_(terms)
+    inputs["weights"].zero_()
+    inputs["weights"][:, :t].copy_(weights)
+    for name in ("scale", "delta", "mult", "shift"):
+        if getattr(fp, name) is not None:
+            inputs[name].copy_(getattr(fp, name))
+    inputs["lb"].copy_(lb)
+    graph.replay()
+    return tuple(x.clone() for x in outputs)  # type: ignore[return-value]
+
+
+def _capture(
+    index: Index, tl: TiledIndex, b: int, width: int, fp: FixedPoint, k: int, acc: str, int_weights: bool, n_sm: int
+):  # -> (graph, inputs, outputs) | None
+    dev = tl.seg.device
+    inputs = {
+        "terms": torch.full((b, width), -1, dtype=torch.int64, device=dev),
+        "weights": torch.zeros((b, width), dtype=torch.float32, device=dev),
+        "lb": torch.zeros(b, dtype=torch.float64, device=dev),
+    }
+    for name in ("scale", "delta", "mult", "shift"):
+        if getattr(fp, name) is not None:
+            inputs[name] = getattr(fp, name).clone()
+    static = FixedPoint(inputs["scale"], inputs["delta"], inputs.get("mult"), inputs.get("shift"))
+
+    def steps():
+        return _device_steps(index, tl, inputs["terms"], inputs["weights"], static, inputs["lb"], k, acc,
+                             int_weights, n_sm)  # fmt: skip
+
+    try:
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):  # warm up: kernels compiled, allocations made
+            steps()
+        torch.cuda.current_stream(dev).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outputs = steps()
+    except RuntimeError:  # capture unsupported here: the caller runs the steps directly
+        torch.cuda.synchronize(dev)
+        return None
+    return graph, inputs, outputs
 
 
 def min_weight(index: Index) -> float:
@@ -496,14 +608,22 @@ def out_of_range(index: Index, batch: QueryBatch, fp: FixedPoint, scores: torch.
 
 
 def uncertain_rows(
-    index: Index, batch: QueryBatch, fp: FixedPoint, scores: torch.Tensor, k: int, lb: torch.Tensor | None = None
+    index: Index,
+    batch: QueryBatch | None,
+    fp: FixedPoint,
+    scores: torch.Tensor,
+    k: int,
+    lb: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`out_of_range` as a bool ``[B]`` tensor on the device, without a host sync;
-    ``lb``: :func:`match_floor`'s tensor, if already on the device."""
+    ``lb``: :func:`match_floor`'s tensor, if already on the device (then ``batch`` is not read)."""
     b = scores.shape[0]
     if b == 0 or k == 0:
         return torch.zeros(b, dtype=torch.bool, device=scores.device)
-    lb = match_floor(index, batch, scores.device) if lb is None else lb
+    if lb is None:
+        if batch is None:
+            raise ValueError("uncertain_rows needs the batch or its match floor")
+        lb = match_floor(index, batch, scores.device)
     delta = fp.delta.to(torch.float64)
     kth = scores[:, k - 1].to(torch.float64) * fp.scale * (1 - 2.0**-22)  # float32 rounding
     return ~((kth > delta) | (lb * fp.scale >= delta / 2 + 1))
