@@ -26,6 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+import gpusparse.search as search_mod
 from gpusparse import Index, SparseCollection, Vocabulary
 from gpusparse.kernels import tiled as cuda
 from gpusparse.search import query_batch
@@ -136,8 +137,6 @@ def main() -> None:
                 sync()
                 walls.append((time.perf_counter() - t0) * 1e3)
             trace = args.out / f"trace-{label}-k{k}.json" if args.trace else None
-            import gpusparse.search as search_mod
-
             h2h_by = {}  # the same batch host to host: Index.search (queries in, top-k back on the host)
             for pinned in (False, True):
                 search_mod.PINNED_RESULTS = pinned
