@@ -42,6 +42,7 @@ from .search import (
     choose_kernel,
     plan_chunks,
     prepare_queries,
+    results_to_host,
     search_batch,
 )
 from .shards import assign_shards, document_ranges, is_sharded, load_sharded, read_sharded_manifest, slice_documents
@@ -272,7 +273,7 @@ def search_sharded(
         i = torch.where(i >= 0, i + offset, i)
         if world > 1:
             s, i = merge_across_ranks(s, i, k, group)
-        out_scores[a:b], out_ids[a:b] = s.cpu(), i.cpu()
+        out_scores[a:b], out_ids[a:b] = results_to_host(s, i)
         bar.update(b - a)
     bar.close()
     return SearchResults(out_scores, out_ids)
