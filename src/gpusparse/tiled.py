@@ -104,14 +104,14 @@ def build_tiled(
     *,
     dense_min: float | None = DEFAULT_DENSE_MIN,
     fixed: bool = False,
-    chunk: int = 1 << 24,
+    chunk: int = 1 << 23,
 ) -> TiledIndex:
     """Regroup an index's postings by (tile, term), on the index's device.
 
     No sort is needed: inside a term's list documents are ascending, so each tile's share
     of the list is contiguous and keeps its order; a posting's new position is its
     (tile, term) segment start plus its rank inside that share. Temporaries are bounded by
-    ``chunk`` postings (~100 bytes each: 2**24 keep the build within ~2 GB beside the index)
+    ``chunk`` postings (~100 bytes each: 2**23 keep the build within ~1 GB beside the index)
     plus a few ``[n_tiles, V]`` count matrices.
 
     Segments holding at least ``dense_min`` of a tile's documents are stored densely instead
