@@ -3,17 +3,21 @@
 Layout (built from an :class:`~gpusparse.index.Index`, kept in ``index.cache``): documents
 are cut into tiles of ``2**tile_bits``; postings are stored tile-major, then term-major,
 then by document: ``offs`` (int16 holding the unsigned 16-bit offset inside the tile) and
-``wts`` (float32), with ``seg[tile * V + term]`` the start of each (tile, term) segment — 6
-bytes a posting instead of the paper's 8, and no padding.
+``wts`` (float32, 30-bit fixed-point integers, or 8-bit levels), with ``seg[tile * V +
+term]`` the start of each (tile, term) segment — 6 bytes a posting instead of the paper's
+8, and no padding. Segments covering a large share of a tile are stored densely, one weight
+per document of the tile.
 
-Search (per query batch): every (query, tile) pair accumulates its scores in 64-bit fixed
-point (on a GPU in shared memory, :mod:`gpusparse.kernels.tiled`; on a CPU the same steps in
-PyTorch), keeps a running per-query lower bound ``theta`` of the k-th best score, and emits
-only documents within an error margin of it. The margin covers the fixed-point rounding
-(half a unit per product), the canonical float64 sum's own error and one float32 ulp, so
-the candidates always contain the exact top-k of the search contract (see
-:mod:`gpusparse.search`); candidates whose float32 score is not certain from the integer
-sum are rescored canonically. No ``[B, N]`` buffer is ever allocated.
+Search (per query batch): every (query, tile) pair accumulates its scores in fixed point
+(32-bit sums by default, see :data:`DEFAULT_ACC`; on a GPU in shared memory,
+:mod:`gpusparse.kernels.tiled`; on a CPU the same steps in PyTorch), keeps a running
+per-query lower bound ``theta`` of the k-th best score, and emits only documents within an
+error margin of it. The margin covers the fixed-point rounding, the canonical float64
+sum's own error and one float32 ulp, so the candidates always contain the exact top-k of
+the search contract (see :mod:`gpusparse.search`); candidates whose float32 score is not
+certain from the integer sum are rescored canonically. No ``[B, N]`` buffer is ever
+allocated. On a GPU the steps run without host synchronisation (:func:`device_search`);
+rows it cannot finish go the general way (:func:`candidates`, which syncs per wave).
 """
 
 from __future__ import annotations

@@ -7,15 +7,17 @@ query's scores for the whole tile in shared memory, so no ``[B, N]`` buffer exis
 only device-memory traffic is reading postings (blocks of the same tile run together and
 share them through L2) and writing a few candidates.
 
-Scores are accumulated in 64-bit fixed point: every product ``w_q · w_d`` (exact in
-float64) is scaled by the query's power-of-two ``scale`` and rounded to an integer, so the
-sum is exact integer arithmetic, independent of the order of the atomics, within
-``n_terms / 2`` units of the true sum. After accumulating, the block finds by a two-pass
+Scores are accumulated in fixed point (ACC_MODES: 32-bit sums, or 64 bits as two 32-bit
+halves): every product ``w_q · w_d`` is scaled by the query's power-of-two ``scale`` and
+rounded to an integer (or, with fixed-point weights, computed in integers), so the sum is
+exact integer arithmetic, independent of the order of the atomics, within a bounded number
+of units of the true sum. After accumulating, the block finds by a two-pass
 radix histogram a value ``tau`` that at least ``k`` of its documents reach, raises the
 query's running threshold ``theta`` to it (a lower bound of the k-th best score of the
 whole collection), and emits every document within the error margin ``delta`` of
 ``max(tau, theta)`` as a candidate. Triton cannot express shared-memory atomics, hence CUDA
-(through CuPy's NVRTC); :func:`available` says whether it can run here.
+(through CuPy's NVRTC); :func:`available` says whether it can run here. The same module
+holds the one-launch compaction of a wave's candidates (:func:`compact_candidates`).
 """
 
 from __future__ import annotations
