@@ -134,6 +134,26 @@ def _kernel(device_index: int, name: str = "exact_scores_kernel"):  # -> cupy.Ra
     return _module(device_index).get_function(name)
 
 
+def _index_arrays(
+    doc_ids: torch.Tensor,
+    scores: torch.Tensor,
+    offsets: torch.Tensor,
+    lengths: torch.Tensor,
+    q_terms: torch.Tensor,
+    q_weights: torch.Tensor,
+) -> dict[str, tuple[torch.Tensor, torch.dtype]]:
+    """The index and query arrays both kernels read first, with their dtypes (for
+    ``check_tensors``; their pointers lead the launch arguments in this order)."""
+    return {
+        "doc_ids": (doc_ids, torch.int32),
+        "scores": (scores, torch.float32),
+        "offsets": (offsets, torch.int64),
+        "lengths": (lengths, torch.int32),
+        "q_terms": (q_terms, torch.int64),
+        "q_weights": (q_weights, torch.float32),
+    }
+
+
 def exact_scores_cuda(
     doc_ids: torch.Tensor,
     scores: torch.Tensor,
@@ -155,23 +175,14 @@ def exact_scores_cuda(
     from .tiled import check_tensors, cupy_stream, pointer
 
     dev = doc_ids.device
-    expected = {
-        "doc_ids": (doc_ids, torch.int32),
-        "scores": (scores, torch.float32),
-        "offsets": (offsets, torch.int64),
-        "lengths": (lengths, torch.int32),
-        "q_terms": (q_terms, torch.int64),
-        "q_weights": (q_weights, torch.float32),
-        "rows": (rows, torch.int64),
-        "docs": (docs, torch.int64),
-    }
-    check_tensors(expected, dev)
+    index = _index_arrays(doc_ids, scores, offsets, lengths, q_terms, q_weights)
+    check_tensors({**index, "rows": (rows, torch.int64), "docs": (docs, torch.int64)}, dev)
     m = docs.numel()
     out = torch.empty(m, dtype=torch.float32, device=dev)
     if m == 0 or doc_ids.numel() == 0:
         return out.zero_()
     kernel = _kernel(dev.index if dev.index is not None else torch.cuda.current_device())
-    args = [pointer(x) for x in (doc_ids, scores, offsets, lengths, q_terms, q_weights)]
+    args = [pointer(x) for x, _ in index.values()]
     tail = [pointer(rows), pointer(docs), cp.int64(m), pointer(out)]
     blocks = (m * 32 + THREADS - 1) // THREADS  # a warp per pair
     with cp.cuda.Device(dev.index), cupy_stream(dev):
@@ -215,13 +226,9 @@ def candidate_keys_cuda(
     t = q_terms.shape[1]
     v = offsets.numel()
     n_tiles = 0 if list_pos is None else list_pos.numel() // max(v, 1)
+    index = _index_arrays(doc_ids, scores, offsets, lengths, q_terms, q_weights)
     expected = {
-        "doc_ids": (doc_ids, torch.int32),
-        "scores": (scores, torch.float32),
-        "offsets": (offsets, torch.int64),
-        "lengths": (lengths, torch.int32),
-        "q_terms": (q_terms, torch.int64),
-        "q_weights": (q_weights, torch.float32),
+        **index,
         "cand_doc": (cand_doc, torch.int32),
         "cand_val": (cand_val, torch.int64),
         "q_delta": (q_delta, torch.int64),
@@ -241,7 +248,7 @@ def candidate_keys_cuda(
     if m == 0:
         return keys
     kernel = _kernel(dev.index if dev.index is not None else torch.cuda.current_device(), "candidate_keys")
-    index_args = [pointer(x) for x in (doc_ids, scores, offsets, lengths, q_terms, q_weights)]
+    index_args = [pointer(x) for x, _ in index.values()]
     null = np.uint64(0)
     tiles = [pointer(list_pos) if list_pos is not None else null, cp.int32(tile_bits), cp.int32(v), cp.int32(n_tiles)]
     cands = [pointer(cand_doc), pointer(cand_val), cp.int64(ld), pointer(count) if count is not None else null]
