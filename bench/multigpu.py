@@ -58,13 +58,16 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--stream-pieces", type=int, default=4, help="pieces of each streamed index")
-    ap.add_argument("--stream-reps", type=int, default=5)
+    ap.add_argument("--stream-reps", type=int, default=5, help="timed streamed calls (0: no streamed rows)")
     ap.add_argument("--exact-sample", type=int, default=32, help="queries checked against the reference kernel")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cpu", action="store_true", help="dry run on the CPU with gloo")
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     ap.add_argument("--name", default="multigpu")
     ap.add_argument("--commit", help="git commit to record [default: git rev-parse HEAD]")
+    ap.add_argument(
+        "--profile", action="store_true", help="also profile one resident search per mode (timeline under --out)"
+    )
     args = ap.parse_args()
 
     rank, world, dev = init_from_env("cpu" if args.cpu else None)
@@ -109,6 +112,11 @@ def main() -> None:
         _reset_peak(dev)
         times, one = timed(lambda: search_sharded(full, queries, args.k, distributed=False), dev, args, lockstep=False)
         rows.append(_row("resident", 1, times, args, dev, identical=True))
+        if args.profile:
+            trace = args.out / "trace-1gpu-rank0.json"
+            rows[-1]["profile"] = profile_call(
+                lambda: search_sharded(full, queries, args.k, distributed=False), dev, trace
+            )
         n = min(args.exact_sample, len(queries))
         ref = full.search(queries[:n], args.k, kernel="reference")
         exact = torch.equal(ref.ids, one.ids[:n]) and ref.scores.numpy().tobytes() == one.scores[:n].numpy().tobytes()
@@ -128,8 +136,16 @@ def main() -> None:
         return search_sharded(shard, queries, args.k, offset=a, n_docs=args.docs)
 
     times, many = timed(sharded, dev, args, lockstep=True)
+    prof = None
+    if args.profile:
+        dist.barrier()
+        prof = profile_call(sharded, dev, args.out / f"trace-{world}gpu-rank{rank}.json", dist.barrier)
+    profs: list[dict | None] = [None] * world
+    dist.all_gather_object(profs, prof)
     if rank == 0:
         row = _row("resident", world, times, args, dev, identical=_same(many, one))
+        if args.profile:
+            row["profile_per_process"] = profs
         row["speedup_vs_1_gpu"] = rows[0]["median_ms"] / row["median_ms"]
         rows.append(row)
         log(
@@ -138,6 +154,12 @@ def main() -> None:
         )
 
     # -- streamed from pinned host memory ------------------------------------------------------
+    if args.stream_reps <= 0:
+        if rank == 0:
+            write(args, env, collection, rows)
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     h2d = _h2d_rate(dev) if cuda and rank == 0 else None
     streamed_one = StreamedIndex(full, args.stream_pieces, dev, kernel=kernel) if rank == 0 else None
     streamed_many = StreamedIndex(shard, args.stream_pieces, dev, kernel=kernel)
@@ -212,6 +234,72 @@ def timed(
         times.append(ms)
     assert out is not None
     return times, out
+
+
+# Functions timed as named ranges under --profile: (module, attribute) -> range name.
+PROFILED = {
+    ("gpusparse.distributed", "prepare_queries"): "prepare_queries",
+    ("gpusparse.search", "query_batch"): "query_batch",
+    ("gpusparse.tiled", "fixed_point"): "fixed_point",
+    ("gpusparse.tiled", "match_floor"): "match_floor",
+    ("gpusparse.tiled", "device_search"): "device_search",
+    ("gpusparse.tiled", "tiled_search"): "tiled_search",
+    ("gpusparse.distributed", "search_batch"): "search_batch",
+    ("gpusparse.distributed", "merge_across_ranks"): "merge_across_ranks",
+    ("gpusparse.distributed", "results_to_host"): "results_to_host",
+}
+
+
+def profile_call(
+    fn: Callable[[], object], dev: torch.device, trace: Path, start: Callable[[], object] | None = None
+) -> dict:
+    """One call under torch.profiler: its wall ms, the host ms inside each :data:`PROFILED`
+    function, every device operation's ms, and the device's idle time; timeline to ``trace``.
+    ``start``: called inside the profiled region just before the timed call (a barrier)."""
+    import importlib
+
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    saved = []
+    for (mod_name, attr), label in PROFILED.items():
+        mod = importlib.import_module(mod_name)
+        orig = getattr(mod, attr)
+
+        def wrapped(*a, _orig=orig, _label=label, **kw):
+            with record_function(_label):
+                return _orig(*a, **kw)
+
+        saved.append((mod, attr, orig))
+        setattr(mod, attr, wrapped)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    try:
+        fn()  # the wrappers' first call
+        _sync(dev)
+        with profile(activities=activities) as prof:
+            if start is not None:
+                start()
+            _sync(dev)
+            t0 = time.perf_counter()
+            fn()
+            _sync(dev)
+            wall = (time.perf_counter() - t0) * 1e3
+    finally:
+        for mod, attr, orig in saved:
+            setattr(mod, attr, orig)
+    trace.parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(str(trace))
+    labels = set(PROFILED.values())
+    regions, ops = {}, []
+    for e in prof.key_averages():
+        if e.key in labels:
+            regions[e.key] = {"count": e.count, "host_ms": e.cpu_time_total / 1e3}
+            continue
+        dev_us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
+        if dev_us and e.count and not e.key.startswith(("aten::", "cuda")):
+            ops.append({"op": e.key[:70], "count": e.count, "device_ms": dev_us / 1e3})
+    ops.sort(key=lambda o: -o["device_ms"])
+    busy = sum(o["device_ms"] for o in ops)
+    return {"wall_ms": wall, "device_busy_ms": busy, "regions": regions, "ops": ops[:16]}
 
 
 def _row(
@@ -305,6 +393,15 @@ def write(args: argparse.Namespace, env: dict, collection: dict, rows: list[dict
             f"{r['mode']:<10}{r['gpus']:>5}{r['median_ms']:>12.1f}{r['qps']:>10,.0f}{base / r['median_ms']:>9.2f}x"
             f"{r['identical_to_1_gpu']!s:>11}{r.get('pieces', ''):>8}{'' if rate is None else f'{rate / 1e9:.1f}':>8}"
         )
+    for r in rows:
+        for rank, p in enumerate(r.get("profile_per_process") or ([r["profile"]] if "profile" in r else [])):
+            if p is None:
+                continue
+            print(f"profile, {r['gpus']} GPU(s), process {rank}: wall {p['wall_ms']:.2f} ms, device busy "
+                  f"{p['device_busy_ms']:.2f} ms; host ms: "
+                  + ", ".join(f"{k} {v['host_ms']:.2f}" for k, v in p["regions"].items()))  # fmt: skip
+            for o in p["ops"][:8]:
+                print(f"    {o['device_ms']:7.3f} ms x{o['count']:<3d} {o['op']}")
     h2d = rows[-1].get("pinned_h2d_bytes_per_s")
     if h2d:
         print(f"pinned host-to-device copy rate: {h2d / 1e9:.1f} GB/s (GB/s above: process 0's streamed bytes / time)")
