@@ -6,32 +6,64 @@ the children import only what they need.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
+import gpusparse.distributed as distributed_mod
 from gpusparse import read_vectors
 from gpusparse.distributed import load_shard, open_for_search, search_sharded
+from gpusparse.search import BatchResult
+
+
+def flagging(search_batch: Callable, seed: int) -> Callable:
+    """``search_batch`` whose deferred results flag every third row (which ones depends on
+    ``seed``) and hold garbage there, as a GPU search's rows to search again do; asked
+    again, it gives their real results. Merges must come out exact all the same."""
+
+    def wrapped(index, queries, k, *, deferred=False, **kw):
+        out = search_batch(index, queries, k, **kw)
+        if not deferred:
+            return out
+        scores, ids = out
+        flags = (torch.arange(len(queries)) + seed) % 3 == 0
+        bad_s, bad_i = scores.clone(), ids.clone()
+        bad_s[flags], bad_i[flags] = 1e30, 0  # would win every merge if it were used
+
+        def again(rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+            at = torch.from_numpy(rows)
+            return scores[at].clone(), ids[at].clone()
+
+        return BatchResult(bad_s, bad_i, flags, again)
+
+    return wrapped
 
 
 def search_worker(rank: int, world: int, tmp: str, folders: list[str], ks: list[int], kernels: list[str]) -> None:
     """For each folder, pieces (resident, or streamed in 2) and k: this rank's merged results,
     saved to ``tmp/rank{rank}.pt`` as ``{(folder, pieces, kernel, k): (scores, ids)}``."""
     dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world)
+    plain = distributed_mod.search_batch
     try:
         out = {}
         for folder in folders:
             host, offset, n_docs = load_shard(folder, rank, world)
             queries = read_vectors(Path(tmp) / "queries.jsonl", host.vocab, progress=False)
-            for kernel in kernels:
+            for name in kernels:
+                kernel = "reference" if name == "flagged" else name
+                # "flagged": the reference kernel, some rows to search again (others on each process)
+                distributed_mod.search_batch = flagging(plain, rank) if name == "flagged" else plain
                 for pieces in (None, 2):
                     shard = open_for_search(host, "cpu", kernel=kernel, pieces=pieces)
                     for k in ks:
                         res = search_sharded(
                             shard, queries, k, offset=offset, n_docs=n_docs, batch_size=4, kernel=kernel
                         )
-                        out[(Path(folder).name, pieces, kernel, k)] = (res.scores, res.ids)
+                        out[(Path(folder).name, pieces, name, k)] = (res.scores, res.ids)
         torch.save(out, Path(tmp) / f"rank{rank}.pt")
     finally:
+        distributed_mod.search_batch = plain
         dist.destroy_process_group()

@@ -149,7 +149,8 @@ def test_gloo_processes_equal_single_process(tmp_path, world):
     for folder in folders:
         n = int(folder.name.split("-")[1])
         save_sharded((Index.build(docs[a:b]) for a, b in document_ranges(len(docs), n)), folder)
-    kernels = ["reference", "tiled"] if world == 2 else ["reference"]
+    # "flagged": some rows on each process are searched again after the merge
+    kernels = ["reference", "tiled", "flagged"] if world == 2 else ["reference", "flagged"]
     mp.spawn(search_worker, args=(world, str(tmp_path), [str(f) for f in folders], KS, kernels), nprocs=world)
 
     full = Index.build(docs)

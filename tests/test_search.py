@@ -64,6 +64,45 @@ def test_search_matches_brute_force(n_docs, n_q, n_terms, d_nnz, q_nnz, empty, q
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_to_device_keeps_every_array(device):
+    """One copy for many arrays: each comes back with its dtype, shape and values, whatever
+    their sizes (odd byte counts, empty) and the order."""
+    from gpusparse.search import to_device
+
+    rng = np.random.default_rng()
+    arrays = [
+        rng.random(5),
+        rng.integers(-(2**40), 2**40, (3, 7)),
+        rng.integers(-5, 5, 3).astype(np.int32),
+        np.zeros((0, 4), dtype=np.float32),
+        rng.random((2, 3)).astype(np.float32),
+        rng.random(7) > 0.5,
+        np.arange(1, dtype=np.int64),
+    ]
+    got = to_device(arrays, torch.device(device))
+    for a, t in zip(arrays, got, strict=True):
+        assert t.device.type == device and tuple(t.shape) == a.shape
+        np.testing.assert_array_equal(t.cpu().numpy(), a)
+        assert t.cpu().numpy().dtype == a.dtype
+
+
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_rows_flagged_for_another_search_are_replaced(monkeypatch, batch_size):
+    """A batch's rows that its deferred search flags (a GPU search's overflowing rows) hold
+    garbage until searched again after the host sync; the output must not show it."""
+    import gpusparse.search as search_mod
+
+    from .distributed_worker import flagging
+
+    rng = np.random.default_rng()
+    docs = random_collection(rng, 300, 60, 8, quantized=True)
+    queries = random_collection(rng, 11, 60, 5, quantized=True, empty_fraction=0.1)
+    index = Index.build(docs)
+    monkeypatch.setattr(search_mod, "search_batch", flagging(search_mod.search_batch, 1))
+    check(index, docs, queries, 20, exact=True, kernel="reference", batch_size=batch_size)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kernel", available_kernels())
 def test_chunking_does_not_change_results(device, kernel):
     if device == "cpu" and kernel != "reference":

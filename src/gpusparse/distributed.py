@@ -28,6 +28,7 @@ import os
 from dataclasses import fields, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
@@ -37,6 +38,7 @@ from .errors import InputError
 from .index import Index
 from .search import (
     DEFAULT_MEMORY_BUDGET,
+    BatchResult,
     SearchResults,
     check_search_args,
     choose_kernel,
@@ -261,35 +263,79 @@ def search_sharded(
     q = prepare_queries(queries, shard.vocab, shard.quantization)
     n_q = len(q)
     bq, dc = plan_chunks(n_q, shard.n_docs if n_docs is None else n_docs, budget, batch_size)
-    out_scores = torch.zeros((n_q, k), dtype=torch.float32)
-    out_ids = torch.full((n_q, k), -1, dtype=torch.int64)
+    parts: list[tuple[torch.Tensor, torch.Tensor]] = []
     bar = tqdm(total=n_q, unit="q", desc="searching", disable=not progress or None, leave=False)
     for a in range(0, n_q, bq):
         b = min(n_q, a + bq)
+        part = q if (a, b) == (0, n_q) else q[a:b]
         if streamed:
-            s, i = shard.search_batch(q[a:b], k, doc_chunk=dc, memory_budget=budget)  # type: ignore[union-attr]
+            r = BatchResult(*shard.search_batch(part, k, doc_chunk=dc, memory_budget=budget))  # type: ignore[union-attr]
         else:
-            s, i = search_batch(shard, q[a:b], k, kernel=name, doc_chunk=dc, memory_budget=budget)  # type: ignore[arg-type]
-        i = torch.where(i >= 0, i + offset, i)
-        if world > 1:
-            s, i = merge_across_ranks(s, i, k, group)
-        out_scores[a:b], out_ids[a:b] = results_to_host(s, i)
+            r = search_batch(shard, part, k, kernel=name, doc_chunk=dc, memory_budget=budget, deferred=True)  # type: ignore[arg-type,assignment]
+        parts.append(_merged_batch(r, offset, k, world > 1, group))
         bar.update(b - a)
     bar.close()
-    return SearchResults(out_scores, out_ids)
+    if len(parts) == 1:
+        return SearchResults(*parts[0])
+    if not parts:
+        return SearchResults(torch.zeros((0, k), dtype=torch.float32), torch.zeros((0, k), dtype=torch.int64))
+    return SearchResults(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
+
+
+def _merged_batch(
+    r: BatchResult, offset: int, k: int, merge: bool, group: dist.ProcessGroup | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One batch's shard results, merged over ``group``'s processes if ``merge``, on the host
+    after one sync. Rows that a process flagged (:class:`~gpusparse.search.BatchResult`) are
+    merged again: that process searches them again, the others send their rows as they were."""
+    scores, ids = r.scores, torch.where(r.ids >= 0, r.ids + offset, r.ids)
+    mine = r.redo if r.redo is not None else torch.zeros(scores.shape[0], dtype=torch.bool, device=scores.device)
+    flags = mine
+    if merge:
+        scores, ids, flags = merge_across_ranks(scores, ids, k, group, flags=mine)  # type: ignore[misc]
+    host_s, host_i, redo, own = results_to_host(scores, ids, flags, mine if merge else None)
+    if not bool(redo.any()):  # the same on every process: the flags were merged too
+        return host_s, host_i
+    rows = redo.nonzero().flatten().numpy()
+    s2, i2 = r.scores[torch.from_numpy(rows).to(r.scores.device)], r.ids[torch.from_numpy(rows).to(r.ids.device)]
+    again = np.flatnonzero((own if own is not None else redo).numpy()[rows])  # this process's flagged rows
+    if again.size:
+        assert r.redo_search is not None
+        s3, i3 = r.redo_search(rows[again])
+        at = torch.from_numpy(again).to(s2.device)
+        s2[at], i2[at] = s3, i3
+    i2 = torch.where(i2 >= 0, i2 + offset, i2)
+    if merge:
+        s2, i2 = merge_across_ranks(s2, i2, k, group)  # type: ignore[misc]
+    at = torch.from_numpy(rows)
+    host_s[at], host_i[at] = results_to_host(s2, i2)
+    return host_s, host_i
 
 
 def merge_across_ranks(
-    scores: torch.Tensor, ids: torch.Tensor, k: int, group: dist.ProcessGroup | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
+    scores: torch.Tensor,
+    ids: torch.Tensor,
+    k: int,
+    group: dist.ProcessGroup | None = None,
+    *,
+    flags: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """All-gather every process's ``[B, k]`` (scores, global ids) and merge them on the device:
     the top-``k`` of all, by score descending, then id ascending (every process gets it).
-    Each result travels as one int64 ranking key, so one collective carries both."""
+    Each result travels as one int64 ranking key, so one collective carries both; ``flags``
+    (bool ``[B]``) travel in the same collective as one more column, and come back as a
+    third output: each row's flag on any process."""
     world = dist.get_world_size(group)
-    keys = result_keys(scores, ids).contiguous()
+    keys = result_keys(scores, ids)
+    if flags is not None:
+        keys = torch.cat([keys, flags.to(torch.int64)[:, None]], 1)
+    keys = keys.contiguous()
     parts = [torch.empty_like(keys) for _ in range(world)]
     dist.all_gather(parts, keys, group=group)
-    return merge_keys(torch.cat(parts, 1), k)
+    if flags is None:
+        return merge_keys(torch.cat(parts, 1), k)
+    merged = merge_keys(torch.cat([p[:, :-1] for p in parts], 1), k)
+    return (*merged, torch.stack([p[:, -1] for p in parts]).any(0))
 
 
 # -- processes ------------------------------------------------------------------------------

@@ -149,14 +149,42 @@ def check_vocab(query_vocab: Vocabulary, index_vocab: Vocabulary) -> None:
 PINNED_RESULTS = True
 
 
-def results_to_host(scores: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A batch's ``(scores, ids)`` on the host (from a GPU through page-locked memory)."""
-    if scores.device.type != "cuda" or not PINNED_RESULTS:
-        return scores.cpu(), ids.cpu()
-    host_s = torch.empty(scores.shape, dtype=scores.dtype, pin_memory=True).copy_(scores, non_blocking=True)
-    host_i = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True).copy_(ids, non_blocking=True)
-    torch.cuda.current_stream(scores.device).synchronize()
-    return host_s, host_i
+def results_to_host(*tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    """Device tensors (a batch's scores, ids, and any flags) on the host, after one sync
+    (from a GPU through page-locked memory); ``None`` stays ``None``."""
+    present = [t for t in tensors if t is not None]
+    if not present or present[0].device.type != "cuda" or not PINNED_RESULTS:
+        return tuple(None if t is None else t.cpu() for t in tensors)
+    out = tuple(
+        None if t is None else torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+        for t in tensors
+    )
+    torch.cuda.current_stream(present[0].device).synchronize()
+    return out
+
+
+class BatchResult(NamedTuple):
+    """One batch's top-k on the device before any host sync (:func:`search_batch` with
+    ``deferred``): ``scores``/``ids`` ``[B, k]``; rows flagged in ``redo`` (bool ``[B]`` on the
+    device; ``None``: no row) hold no valid results, and ``redo_search(rows)`` (host row
+    numbers) returns theirs, ``(scores, ids)`` on the device."""
+
+    scores: torch.Tensor
+    ids: torch.Tensor
+    redo: torch.Tensor | None = None
+    redo_search: Callable[[np.ndarray], tuple[torch.Tensor, torch.Tensor]] | None = None
+
+
+def complete(result: BatchResult) -> tuple[torch.Tensor, torch.Tensor]:
+    """A :class:`BatchResult` on the host: one sync, and the flagged rows searched again."""
+    scores, ids, redo = results_to_host(result.scores, result.ids, result.redo)
+    if redo is not None and bool(redo.any()):
+        rows = redo.nonzero().flatten().numpy()
+        assert result.redo_search is not None
+        s2, i2 = results_to_host(*result.redo_search(rows))
+        at = torch.from_numpy(rows)
+        scores[at], ids[at] = s2, i2
+    return scores, ids  # type: ignore[return-value]
 
 
 def search(
@@ -179,16 +207,17 @@ def search(
     n_q = len(q)
     bq, dc = plan_chunks(n_q, idx.n_docs, budget, batch_size)
     if n_q and bq >= n_q:  # one batch: its results are the output
-        s, i = search_batch(idx, q, k, kernel=name, doc_chunk=dc, memory_budget=budget)
-        return SearchResults(*results_to_host(s, i))
-    out_scores = torch.zeros((n_q, k), dtype=torch.float32)
-    out_ids = torch.full((n_q, k), -1, dtype=torch.int64)
+        return SearchResults(*complete(search_batch(idx, q, k, kernel=name, doc_chunk=dc, memory_budget=budget,
+                                                    deferred=True)))  # fmt: skip
+    # Every row is written below (a batch's results are padded to k).
+    out_scores = torch.empty((n_q, k), dtype=torch.float32)
+    out_ids = torch.empty((n_q, k), dtype=torch.int64)
     bar = tqdm(total=n_q, unit="q", desc="searching", disable=None, leave=False) if progress else None
     for a in range(0, n_q, bq):
         b = min(n_q, a + bq)
         part = q if (a, b) == (0, n_q) else q[a:b]
-        s, i = search_batch(idx, part, k, kernel=name, doc_chunk=dc, memory_budget=budget)
-        out_scores[a:b], out_ids[a:b] = results_to_host(s, i)
+        r = search_batch(idx, part, k, kernel=name, doc_chunk=dc, memory_budget=budget, deferred=True)
+        out_scores[a:b], out_ids[a:b] = complete(r)
         if bar is not None:
             bar.update(b - a)
     if bar is not None:
@@ -197,21 +226,32 @@ def search(
 
 
 def search_batch(
-    index: Index, queries: SparseCollection, k: int, *, kernel: str, doc_chunk: int, memory_budget: int
-) -> tuple[torch.Tensor, torch.Tensor]:
+    index: Index,
+    queries: SparseCollection,
+    k: int,
+    *,
+    kernel: str,
+    doc_chunk: int,
+    memory_budget: int,
+    deferred: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor] | BatchResult:
     """Exact top-``k`` of one query batch with a resolved ``kernel`` (:func:`choose_kernel`):
     ``(scores, ids)`` ``[batch, k]`` left on the index's device, padded as :func:`search`'s.
 
     ``doc_chunk`` documents are scored at a time (see :func:`plan_chunks`). Callers that
     merge results on the device (shards, streamed pieces) use this instead of :func:`search`.
+    ``deferred``: a :class:`BatchResult` instead, before the host sync that the tiled
+    engine's GPU path otherwise makes to learn which rows to search again.
     """
-    if kernel == "reference":
-        return reference_search(index, queries, k, doc_chunk=doc_chunk, max_postings=memory_budget // _POSTING_BYTES)
     if kernel == "tiled":
         from .tiled import tiled_search
 
-        return tiled_search(index, query_batch(queries, index.device), k)
-    return kernel_search(index, queries, k, kernel=kernel, doc_chunk=doc_chunk)
+        return tiled_search(index, query_batch(queries, index.device), k, deferred=deferred)
+    if kernel == "reference":
+        out = reference_search(index, queries, k, doc_chunk=doc_chunk, max_postings=memory_budget // _POSTING_BYTES)
+    else:
+        out = kernel_search(index, queries, k, kernel=kernel, doc_chunk=doc_chunk)
+    return BatchResult(*out) if deferred else out
 
 
 def plan_chunks(n_queries: int, n_docs: int, budget: int, batch_size: int | None) -> tuple[int, int]:
@@ -255,8 +295,8 @@ class QueryBatch(NamedTuple):
 def query_batch(queries: SparseCollection, device: torch.device) -> QueryBatch:
     """Move a (canonical, term-sorted) query batch to ``device``.
 
-    Laid out on the host and moved in two copies (one int64, one float32 buffer): a
-    batch is small, and each device operation costs more host time than the arithmetic.
+    Laid out on the host and moved in one copy (:func:`to_device`): a batch is small, and
+    each device operation costs more host time than the arithmetic.
     """
     return _batch_from_csr(queries.indptr, queries.indices, queries.values, device)
 
@@ -274,20 +314,19 @@ def _batch_from_csr(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray,
     lengths = np.diff(indptr).astype(np.int64)
     b, nnz = len(lengths), int(indices.size)
     width = int(lengths.max()) if b else 0
+    real = np.arange(width) < lengths[:, None]  # row-major order of the real slots is CSR order
     rows = np.repeat(np.arange(b, dtype=np.int64), lengths)
-    col = np.arange(nnz, dtype=np.int64) - (indptr[:-1].astype(np.int64))[rows]
     ints = np.empty(2 * nnz + b * width + b, dtype=np.int64)  # rows | terms | padded terms | lengths
     ints[:nnz] = rows
     ints[nnz : 2 * nnz] = indices
     padded = ints[2 * nnz : 2 * nnz + b * width].reshape(b, width)
     padded.fill(-1)
-    padded[rows, col] = indices
+    padded[real] = indices
     ints[2 * nnz + b * width :] = lengths
     floats = np.zeros(nnz + b * width, dtype=np.float32)  # weights | padded weights
     floats[:nnz] = values
-    floats[nnz:].reshape(b, width)[rows, col] = values
-    ints_d = torch.from_numpy(ints).to(device)
-    floats_d = torch.from_numpy(floats).to(device)
+    floats[nnz:].reshape(b, width)[real] = values
+    ints_d, floats_d = to_device([ints, floats], device)
     return QueryBatch(
         ints_d[:nnz],
         ints_d[nnz : 2 * nnz],
@@ -297,6 +336,27 @@ def _batch_from_csr(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray,
         ints_d[2 * nnz + b * width :],
         (padded, floats[nnz:].reshape(b, width), lengths),
     )
+
+
+def to_device(arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+    """numpy ``arrays`` as tensors on ``device`` (same dtypes and shapes) in one copy: to a GPU
+    through one page-locked buffer, without waiting for the copy (the allocator keeps the
+    buffer until the copy is done). A copy costs more host time than a small batch's bytes."""
+    if device.type != "cuda":
+        return [torch.from_numpy(np.ascontiguousarray(a)).to(device) for a in arrays]
+    starts, total = [], 0
+    for a in arrays:
+        starts.append(total)
+        total += -(-a.nbytes // 8) * 8  # every array 8-byte aligned, so each view is legal
+    host = torch.empty(max(total, 8), dtype=torch.uint8, pin_memory=True)
+    staging = host.numpy()
+    for a, start in zip(arrays, starts, strict=True):
+        staging[start : start + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    moved = host.to(device, non_blocking=True)
+    return [
+        moved[start : start + a.nbytes].view(torch.from_numpy(a[:0].reshape(-1)).dtype).view(a.shape)
+        for a, start in zip(arrays, starts, strict=True)
+    ]
 
 
 def exact_scores(

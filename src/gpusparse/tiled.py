@@ -33,7 +33,7 @@ from .topk import decode_keys, topk_by_key
 
 if TYPE_CHECKING:
     from .index import Index
-    from .search import QueryBatch
+    from .search import BatchResult, QueryBatch
 
 # Tile size and dense-segment threshold by weight type, measured best at 8.8M x 256 on an
 # H200 (bench/results/2026-11-26-H200-profile-tiled-8.8M-v9-layout.json, -v11-fixed.json):
@@ -258,6 +258,7 @@ class FixedPoint:
     mult: torch.Tensor | None = None  # float64 [B]: q = round(w_q · mult), mult = scale · 2**c
     shift: torch.Tensor | None = None  # int32 [B]: b + c, product = (q · d) >> shift
     scale_host: np.ndarray | None = None  # float64 [B]: ``scale`` on the host (no copy back)
+    floor: torch.Tensor | None = None  # float64 [B]: :func:`match_floor`, moved in the same copy
 
 
 def choose_acc(acc: str | None) -> str:
@@ -305,29 +306,35 @@ def fixed_point(index: Index, batch: QueryBatch, acc: str = "carry", weight_bits
     import math
 
     from .kernels.tiled import ACC_TOP
+    from .search import to_device
 
     terms, weights, n_terms = batch.host_arrays()
     max_scores = index.cache.get("max_scores_host")
     if max_scores is None:
         max_scores = index.cache["max_scores_host"] = index.max_scores.cpu().numpy().astype(np.float64)
-    valid = terms >= 0
-    ub = (weights.astype(np.float64) * max_scores[np.where(valid, terms, 0)] * valid).sum(1)
+        index.cache["max_score_host"] = float(max_scores.max()) if max_scores.size else 0.0
+    # Padding (term -1, weight 0) adds 0 below: a batch is small, but each numpy pass over
+    # [B, T] costs tens of microseconds, and this runs before the first launch.
+    w64 = weights.astype(np.float64)
+    ub = np.einsum("ij,ij->i", w64, max_scores[terms]) if terms.size else np.zeros(len(terms))
     mant, expo = np.frexp(ub)  # ub = mant · 2**expo, mant in [0.5, 1)
     e = int(math.log2(ACC_TOP[acc])) - expo + (mant == 0.5)
     scale = np.where(ub > 0, np.ldexp(1.0, np.clip(e, -1000, 1000)), 1.0)
     n = n_terms.astype(np.float64)
     canon = (ub * scale) * 2 * (n + 1) * 2.0**-53
     dev = batch.padded_terms.device
+    floor = _match_floor_host(index, terms, weights)
     if weight_bits is None:
         delta = np.ceil(2 * (n / 2 + 1) + 2 * canon + 2)
-        both = torch.from_numpy(np.stack([scale, delta])).to(dev)
-        return FixedPoint(both[0], both[1].to(torch.int64), scale_host=scale)
-    qs = weights.astype(np.float64) * scale[:, None]  # w_q · scale, exact
-    qmax = qs.max(1) if qs.shape[1] else np.zeros(len(scale))
+        scale_d, delta_d, floor_d = to_device([scale, delta.astype(np.int64), floor], dev)
+        return FixedPoint(scale_d, delta_d, scale_host=scale, floor=floor_d)
+    # max and sum of w_q · scale: scale is a power of two, so scaling after is exact
+    qmax = (weights.max(1) if terms.shape[1] else np.zeros(len(scale))) * scale
+    qsum = w64.sum(1) * scale
     _, qexpo = np.frexp(qmax)
     c = np.where(qmax > 0, 31 - qexpo, 0)  # qmax · 2**c < 2**31
-    max_w = float(max_scores.max()) if max_scores.size else 0.0
-    err = n + n * max_w * np.ldexp(0.5, -c) + qs.sum(1) * 2.0 ** -(weight_bits + 1)
+    max_w = index.cache["max_score_host"]
+    err = n + n * max_w * np.ldexp(0.5, -c) + qsum * 2.0 ** -(weight_bits + 1)
     err += n * np.ldexp(0.25, -(weight_bits + c))
     delta = np.ceil(2 * (err + 1) + 2 * canon + 2)
     shift = weight_bits + c
@@ -336,8 +343,8 @@ def fixed_point(index: Index, batch: QueryBatch, acc: str = "carry", weight_bits
     # back to float64 products.
     if (shift < 0).any() or (shift > 62).any() or (delta > FIXED_MAX_DELTA).any():
         raise ValueError("weights outside the fixed-point range")
-    vals = torch.from_numpy(np.stack([scale, delta, np.ldexp(scale, c), shift.astype(np.float64)])).to(dev)
-    return FixedPoint(vals[0], vals[1].to(torch.int64), vals[2], vals[3].to(torch.int32), scale_host=scale)
+    moved = to_device([scale, delta.astype(np.int64), np.ldexp(scale, c), shift.astype(np.int32), floor], dev)
+    return FixedPoint(*moved[:4], scale_host=scale, floor=moved[4])
 
 
 def tiled_search(
@@ -351,7 +358,8 @@ def tiled_search(
     fixed: bool | None = None,
     emulated: bool = False,
     general: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    deferred: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor] | BatchResult:
     """Exact top-k of a query batch with the tiled engine: ``(scores, ids)`` ``[B, k]`` on the device.
 
     Uses the CUDA kernel on a GPU with CuPy, and the same algorithm in PyTorch elsewhere
@@ -362,9 +370,11 @@ def tiled_search(
     ``acc``: the kernel's accumulator mode (default
     :data:`DEFAULT_ACC`); it sets the fixed-point scale, so the PyTorch path follows it too.
     ``fixed``: fixed-point float32 weights (default :data:`DEFAULT_FIXED`; "u32" only).
+    ``deferred``: a :class:`~gpusparse.search.BatchResult` instead, before the GPU path's host
+    sync: its flagged rows are searched again only when the caller asks (after its own sync).
     """
     from .kernels import tiled as cuda
-    from .search import batch_rows
+    from .search import BatchResult, batch_rows
 
     acc = choose_acc(acc)
     tl = search_layout(index, tile_bits, dense_min, acc, fixed)
@@ -379,10 +389,17 @@ def tiled_search(
     n_sm = torch.cuda.get_device_properties(dev).multi_processor_count if on_gpu else 1
     if on_gpu and not general:
         scores, ids, redo_rows = device_search(index, tl, batch, fp, k, acc=acc, int_weights=int_w, n_sm=n_sm)
+
+        def again(rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+            # capacities overflowed, or scores below one unit may be missed: the general path
+            return tiled_search(index, batch_rows(batch, rows, dev), k, tile_bits=tile_bits, dense_min=dense_min,
+                                acc=acc, fixed=fixed, general=True)  # type: ignore[return-value]  # fmt: skip
+
+        if deferred:
+            return BatchResult(scores, ids, redo_rows, again)
         redo = redo_rows.nonzero().flatten().cpu().numpy()  # the search's one host sync
-        if redo.size:  # capacities overflowed, or scores below one unit may be missed: the general path
-            s2, i2 = tiled_search(index, batch_rows(batch, redo, dev), k, tile_bits=tile_bits, dense_min=dense_min,
-                                  acc=acc, fixed=fixed, general=True)  # fmt: skip
+        if redo.size:
+            s2, i2 = again(redo)
             at = torch.from_numpy(redo).to(dev)
             scores[at], ids[at] = s2, i2
         return scores, ids
@@ -405,7 +422,7 @@ def tiled_search(
             s2, i2 = reference_search(index, sub, k, doc_chunk=chunk, max_postings=most)
         at = torch.from_numpy(redo).to(dev)
         scores[at], ids[at] = s2, i2
-    return scores, ids
+    return BatchResult(scores, ids) if deferred else (scores, ids)
 
 
 # Candidate slots per query kept for the final selection on the synchronisation-free path:
@@ -438,7 +455,7 @@ def device_search(
     first batch of its shape and kept with the index.
     """
     dev = tl.seg.device
-    lb = match_floor(index, batch, dev)  # before any launch: this copy would wait for them
+    lb = fp.floor if fp.floor is not None else match_floor(index, batch, dev)
     terms, weights = batch.padded_terms, batch.padded_weights
     if terms.shape[0] <= GRAPH_MAX_BATCH:
         out = _graphed_search(index, tl, terms, weights, fp, lb, k, acc=acc, int_weights=int_weights, n_sm=n_sm)
@@ -637,9 +654,13 @@ def match_floor(index: Index, batch: QueryBatch, dev: torch.device) -> torch.Ten
     """float64 ``[B]``: no document matching a query scores below this (its smallest weight
     times the index's smallest weight; inf for a query without terms: nothing to miss)."""
     terms, weights, _ = batch.host_arrays()
+    return torch.from_numpy(_match_floor_host(index, terms, weights)).to(dev)
+
+
+def _match_floor_host(index: Index, terms: np.ndarray, weights: np.ndarray) -> np.ndarray:
     b = terms.shape[0]
-    qmin = np.where(terms >= 0, weights.astype(np.float64), np.inf).min(1) if terms.shape[1] else np.full(b, np.inf)
-    return torch.from_numpy(qmin * min_weight(index)).to(dev)
+    qmin = np.where(terms >= 0, weights, np.inf).min(1) if terms.shape[1] else np.full(b, np.inf)
+    return qmin.astype(np.float64) * min_weight(index)
 
 
 def candidates(
