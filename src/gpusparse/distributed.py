@@ -25,6 +25,7 @@ errors are shared first (:func:`first_error`).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -46,6 +47,7 @@ from .search import (
     prepare_queries,
     results_to_host,
     search_batch,
+    start_to_host,
 )
 from .shards import assign_shards, document_ranges, is_sharded, load_sharded, read_sharded_manifest, slice_documents
 from .tiled import TiledIndex, search_layout
@@ -265,15 +267,22 @@ def search_sharded(
     bq, dc = plan_chunks(n_q, shard.n_docs if n_docs is None else n_docs, budget, batch_size)
     parts: list[tuple[torch.Tensor, torch.Tensor]] = []
     bar = tqdm(total=n_q, unit="q", desc="searching", disable=not progress or None, leave=False)
-    for a in range(0, n_q, bq):
-        b = min(n_q, a + bq)
-        part = q if (a, b) == (0, n_q) else q[a:b]
-        if streamed:
-            r = BatchResult(*shard.search_batch(part, k, doc_chunk=dc, memory_budget=budget))  # type: ignore[union-attr]
-        else:
-            r = search_batch(shard, part, k, kernel=name, doc_chunk=dc, memory_budget=budget, deferred=True)  # type: ignore[arg-type,assignment]
-        parts.append(_merged_batch(r, offset, k, world > 1, group))
-        bar.update(b - a)
+    # Batch i is launched (and merged, on the device) before batch i - 1 is waited for, so the
+    # host's part of a batch overlaps the device's work on the one before. Every process
+    # makes the same collectives in the same order (redone rows merge when waited for).
+    in_flight: list[Callable[[], tuple[torch.Tensor, torch.Tensor]]] = []
+    for a in range(0, n_q + bq, bq):
+        if a < n_q:
+            b = min(n_q, a + bq)
+            part = q if (a, b) == (0, n_q) else q[a:b]
+            if streamed:
+                r = BatchResult(*shard.search_batch(part, k, doc_chunk=dc, memory_budget=budget))  # type: ignore[union-attr]
+            else:
+                r = search_batch(shard, part, k, kernel=name, doc_chunk=dc, memory_budget=budget, deferred=True)  # type: ignore[arg-type,assignment]
+            in_flight.append(_merge_later(r, offset, k, world > 1, group))
+        if len(in_flight) == 2 or (a >= n_q and in_flight):
+            parts.append(in_flight.pop(0)())
+            bar.update(len(parts[-1][0]))
     bar.close()
     if len(parts) == 1:
         return SearchResults(*parts[0])
@@ -282,34 +291,42 @@ def search_sharded(
     return SearchResults(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
 
 
-def _merged_batch(
+def _merge_later(
     r: BatchResult, offset: int, k: int, merge: bool, group: dist.ProcessGroup | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One batch's shard results, merged over ``group``'s processes if ``merge``, on the host
-    after one sync. Rows that a process flagged (:class:`~gpusparse.search.BatchResult`) are
-    merged again: that process searches them again, the others send their rows as they were."""
+) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    """One batch's shard results, merged over ``group``'s processes if ``merge`` (launched
+    now); the returned function waits for them on the host. Rows that a process flagged
+    (:class:`~gpusparse.search.BatchResult`) are then merged again: that process searches
+    them again, the others send their rows as they were."""
     scores, ids = r.scores, torch.where(r.ids >= 0, r.ids + offset, r.ids)
     mine = r.redo if r.redo is not None else torch.zeros(scores.shape[0], dtype=torch.bool, device=scores.device)
     flags = mine
     if merge:
         scores, ids, flags = merge_across_ranks(scores, ids, k, group, flags=mine)  # type: ignore[misc]
-    host_s, host_i, redo, own = results_to_host(scores, ids, flags, mine if merge else None)
-    if not bool(redo.any()):  # the same on every process: the flags were merged too
+    (host_s, host_i, redo, own), done = start_to_host(scores, ids, flags, mine if merge else None)
+
+    def finish() -> tuple[torch.Tensor, torch.Tensor]:
+        if done is not None:
+            done.synchronize()
+        if not bool(redo.any()):  # the same on every process: the flags were merged too
+            return host_s, host_i
+        rows = redo.nonzero().flatten().numpy()
+        at_dev = torch.from_numpy(rows).to(r.scores.device)
+        s2, i2 = r.scores[at_dev], r.ids[at_dev]
+        again = np.flatnonzero((own if own is not None else redo).numpy()[rows])  # this process's flagged rows
+        if again.size:
+            assert r.redo_search is not None
+            s3, i3 = r.redo_search(rows[again])
+            at = torch.from_numpy(again).to(s2.device)
+            s2[at], i2[at] = s3, i3
+        i2 = torch.where(i2 >= 0, i2 + offset, i2)
+        if merge:
+            s2, i2 = merge_across_ranks(s2, i2, k, group)  # type: ignore[misc]
+        at = torch.from_numpy(rows)
+        host_s[at], host_i[at] = results_to_host(s2, i2)
         return host_s, host_i
-    rows = redo.nonzero().flatten().numpy()
-    s2, i2 = r.scores[torch.from_numpy(rows).to(r.scores.device)], r.ids[torch.from_numpy(rows).to(r.ids.device)]
-    again = np.flatnonzero((own if own is not None else redo).numpy()[rows])  # this process's flagged rows
-    if again.size:
-        assert r.redo_search is not None
-        s3, i3 = r.redo_search(rows[again])
-        at = torch.from_numpy(again).to(s2.device)
-        s2[at], i2[at] = s3, i3
-    i2 = torch.where(i2 >= 0, i2 + offset, i2)
-    if merge:
-        s2, i2 = merge_across_ranks(s2, i2, k, group)  # type: ignore[misc]
-    at = torch.from_numpy(rows)
-    host_s[at], host_i[at] = results_to_host(s2, i2)
-    return host_s, host_i
+
+    return finish
 
 
 def merge_across_ranks(

@@ -152,15 +152,25 @@ PINNED_RESULTS = True
 def results_to_host(*tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
     """Device tensors (a batch's scores, ids, and any flags) on the host, after one sync
     (from a GPU through page-locked memory); ``None`` stays ``None``."""
+    out, done = start_to_host(*tensors)
+    if done is not None:
+        done.synchronize()
+    return out
+
+
+def start_to_host(*tensors: torch.Tensor | None) -> tuple[tuple[torch.Tensor | None, ...], torch.cuda.Event | None]:
+    """:func:`results_to_host` without the wait: host tensors that hold the values once the
+    returned CUDA event has completed (``None``: already done, off a GPU)."""
     present = [t for t in tensors if t is not None]
     if not present or present[0].device.type != "cuda" or not PINNED_RESULTS:
-        return tuple(None if t is None else t.cpu() for t in tensors)
+        return tuple(None if t is None else t.cpu() for t in tensors), None
     out = tuple(
         None if t is None else torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
         for t in tensors
     )
-    torch.cuda.current_stream(present[0].device).synchronize()
-    return out
+    done = torch.cuda.Event()
+    done.record(torch.cuda.current_stream(present[0].device))
+    return out, done
 
 
 class BatchResult(NamedTuple):
@@ -177,14 +187,27 @@ class BatchResult(NamedTuple):
 
 def complete(result: BatchResult) -> tuple[torch.Tensor, torch.Tensor]:
     """A :class:`BatchResult` on the host: one sync, and the flagged rows searched again."""
-    scores, ids, redo = results_to_host(result.scores, result.ids, result.redo)
-    if redo is not None and bool(redo.any()):
-        rows = redo.nonzero().flatten().numpy()
-        assert result.redo_search is not None
-        s2, i2 = results_to_host(*result.redo_search(rows))
-        at = torch.from_numpy(rows)
-        scores[at], ids[at] = s2, i2
-    return scores, ids  # type: ignore[return-value]
+    return complete_later(result)()
+
+
+def complete_later(result: BatchResult) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`complete` in two steps: the copies to the host start now, and the returned
+    function waits for them (then searches flagged rows again). In between the host can
+    prepare and launch the next batch while the device still works on this one."""
+    (scores, ids, redo), done = start_to_host(result.scores, result.ids, result.redo)
+
+    def finish() -> tuple[torch.Tensor, torch.Tensor]:
+        if done is not None:
+            done.synchronize()
+        if redo is not None and bool(redo.any()):
+            rows = redo.nonzero().flatten().numpy()
+            assert result.redo_search is not None
+            s2, i2 = results_to_host(*result.redo_search(rows))
+            at = torch.from_numpy(rows)
+            scores[at], ids[at] = s2, i2  # type: ignore[index]
+        return scores, ids  # type: ignore[return-value]
+
+    return finish
 
 
 def search(
@@ -213,13 +236,20 @@ def search(
     out_scores = torch.empty((n_q, k), dtype=torch.float32)
     out_ids = torch.empty((n_q, k), dtype=torch.int64)
     bar = tqdm(total=n_q, unit="q", desc="searching", disable=None, leave=False) if progress else None
-    for a in range(0, n_q, bq):
-        b = min(n_q, a + bq)
-        part = q if (a, b) == (0, n_q) else q[a:b]
-        r = search_batch(idx, part, k, kernel=name, doc_chunk=dc, memory_budget=budget, deferred=True)
-        out_scores[a:b], out_ids[a:b] = complete(r)
-        if bar is not None:
-            bar.update(b - a)
+    # Batch i is launched before batch i - 1 is waited for: the host's part of a batch (query
+    # layout, parameters, launches) overlaps the device's work on the one before.
+    in_flight: list[tuple[int, int, Callable[[], tuple[torch.Tensor, torch.Tensor]]]] = []
+    for a in range(0, n_q + bq, bq):
+        if a < n_q:
+            b = min(n_q, a + bq)
+            part = q if (a, b) == (0, n_q) else q[a:b]
+            r = search_batch(idx, part, k, kernel=name, doc_chunk=dc, memory_budget=budget, deferred=True)
+            in_flight.append((a, b, complete_later(r)))  # type: ignore[arg-type]
+        if len(in_flight) == 2 or (a >= n_q and in_flight):
+            a0, b0, finish = in_flight.pop(0)
+            out_scores[a0:b0], out_ids[a0:b0] = finish()
+            if bar is not None:
+                bar.update(b0 - a0)
     if bar is not None:
         bar.close()
     return SearchResults(out_scores, out_ids)
