@@ -58,6 +58,9 @@ def main() -> None:
     ap.add_argument(
         "--batches", type=int, default=8, help="batches timed in one call, pipelined (0: no pipelined rows)"
     )
+    ap.add_argument(
+        "--ab-two-round", action="store_true", help="also time the N-GPU rows without the lower-bound exchange"
+    )
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--stream-pieces", type=int, default=4, help="pieces of each streamed index")
@@ -160,6 +163,16 @@ def main() -> None:
             f"{world} GPUs: median {row['median_ms']:.1f} ms, {row['speedup_vs_1_gpu']:.2f}x one GPU; "
             f"identical: {row['identical_to_1_gpu']}"
         )
+    if args.ab_two_round:  # the same searches, each shard rescoring its own top-k
+        import gpusparse.distributed as distributed_mod
+
+        distributed_mod.TWO_ROUND = False
+        times, res = timed(sharded, dev, args, lockstep=True)
+        if rank == 0:
+            rows.append(_row("1-round", world, times, args, dev, identical=_same(res, one)))
+            rows[-1]["speedup_vs_1_gpu"] = rows[0]["median_ms"] / rows[-1]["median_ms"]
+            log(f"{world} GPUs without the exchange: median {rows[-1]['median_ms']:.2f} ms")
+        distributed_mod.TWO_ROUND = True
     if args.batches > 0:
         pipelined_row(rows if rank == 0 else [], world, lambda: search_sharded(shard, all_queries, args.k, offset=a,
                       n_docs=args.docs, batch_size=args.batch), dev, args, one_all if rank == 0 else None)  # fmt: skip

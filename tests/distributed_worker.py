@@ -46,24 +46,35 @@ def search_worker(rank: int, world: int, tmp: str, folders: list[str], ks: list[
     """For each folder, pieces (resident, or streamed in 2) and k: this rank's merged results,
     saved to ``tmp/rank{rank}.pt`` as ``{(folder, pieces, kernel, k): (scores, ids)}``."""
     dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world)
-    plain = distributed_mod.search_batch
+    plain, floor = distributed_mod.search_batch, distributed_mod.merged_floor
+    calls = []
+
+    def counted(*a, **kw):
+        calls.append(1)
+        return floor(*a, **kw)
+
+    distributed_mod.merged_floor = counted
     try:
         out = {}
         for folder in folders:
             host, offset, n_docs = load_shard(folder, rank, world)
             queries = read_vectors(Path(tmp) / "queries.jsonl", host.vocab, progress=False)
             for name in kernels:
-                kernel = "reference" if name == "flagged" else name
+                # "tiled-whole": one batch of more than 8 queries, whose shards exchange lower bounds
+                kernel = {"flagged": "reference", "tiled-whole": "tiled"}.get(name, name)
+                batch_size = None if name == "tiled-whole" else 4
                 # "flagged": the reference kernel, some rows to search again (others on each process)
                 distributed_mod.search_batch = flagging(plain, rank) if name == "flagged" else plain
                 for pieces in (None, 2):
                     shard = open_for_search(host, "cpu", kernel=kernel, pieces=pieces)
                     for k in ks:
                         res = search_sharded(
-                            shard, queries, k, offset=offset, n_docs=n_docs, batch_size=4, kernel=kernel
+                            shard, queries, k, offset=offset, n_docs=n_docs, batch_size=batch_size, kernel=kernel
                         )
                         out[(Path(folder).name, pieces, name, k)] = (res.scores, res.ids)
+                out[("merged_floor calls", Path(folder).name, name)] = len(calls)
+                calls.clear()
         torch.save(out, Path(tmp) / f"rank{rank}.pt")
     finally:
-        distributed_mod.search_batch = plain
+        distributed_mod.search_batch, distributed_mod.merged_floor = plain, floor
         dist.destroy_process_group()

@@ -24,6 +24,7 @@ errors are shared first (:func:`first_error`).
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import fields, replace
@@ -265,6 +266,9 @@ def search_sharded(
     q = prepare_queries(queries, shard.vocab, shard.quantization)
     n_q = len(q)
     bq, dc = plan_chunks(n_q, shard.n_docs if n_docs is None else n_docs, budget, batch_size)
+    cutoff = None
+    if world > 1 and not streamed and name == "tiled" and TWO_ROUND and _all_agree(shard, group):
+        cutoff = functools.partial(merged_floor, k=k, group=group)
     parts: list[tuple[torch.Tensor, torch.Tensor]] = []
     bar = tqdm(total=n_q, unit="q", desc="searching", disable=not progress or None, leave=False)
     # Batch i is launched (and merged, on the device) before batch i - 1 is waited for, so the
@@ -278,7 +282,8 @@ def search_sharded(
             if streamed:
                 r = BatchResult(*shard.search_batch(part, k, doc_chunk=dc, memory_budget=budget))  # type: ignore[union-attr]
             else:
-                r = search_batch(shard, part, k, kernel=name, doc_chunk=dc, memory_budget=budget, deferred=True)  # type: ignore[arg-type,assignment]
+                r = search_batch(shard, part, k, kernel=name, doc_chunk=dc, memory_budget=budget, deferred=True,  # type: ignore[arg-type,assignment]
+                                 cutoff=cutoff)  # fmt: skip
             in_flight.append(_merge_later(r, offset, k, world > 1, group))
         if len(in_flight) == 2 or (a >= n_q and in_flight):
             parts.append(in_flight.pop(0)())
@@ -327,6 +332,39 @@ def _merge_later(
         return host_s, host_i
 
     return finish
+
+
+# Shards' searches exchange their candidates' lower bounds before rescoring (merged_floor), so
+# that each rescores only candidates that may reach the merged top-k, not its own top-k.
+TWO_ROUND = True
+
+
+def merged_floor(lows: torch.Tensor, *, k: int, group: dist.ProcessGroup | None = None) -> torch.Tensor:
+    """float32 ``[B]``: the k-th largest of every process's candidate lower bounds ``lows``
+    ``[B, W]`` (:func:`gpusparse.tiled.candidate_lows`; 0 where there are fewer than k), a
+    score that the merged k-th result reaches. Collective: one all-gather of ``[B, k]``."""
+    b, w = lows.shape
+    top = torch.topk(lows, min(k, w), dim=1, sorted=False).values if w else lows
+    if top.shape[1] < k:  # every process sends k columns
+        top = torch.cat([top, torch.zeros((b, k - top.shape[1]), dtype=top.dtype, device=top.device)], 1)
+    top = top.contiguous()
+    parts = [torch.empty_like(top) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, top, group=group)
+    return torch.topk(torch.cat(parts, 1), k, dim=1, sorted=False).values.min(1).values.contiguous()
+
+
+def _all_agree(shard: Index, group: dist.ProcessGroup | None) -> bool:
+    """Whether every process of ``group`` takes the tiled engine's path that calls the cutoff
+    (its device path, or the CPU one): asked once per shard and group (one collective)."""
+    from .kernels import rescore
+
+    key = ("two_round", id(group))
+    if key not in shard.cache:
+        path = 1 if shard.device.type == "cuda" and rescore.available() else 0
+        flags = torch.tensor([path, -path], dtype=torch.int64, device=shard.device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=group)  # min and -max of the paths
+        shard.cache[key] = int(flags[0]) == -int(flags[1])
+    return bool(shard.cache[key])
 
 
 def merge_across_ranks(

@@ -264,6 +264,7 @@ def search_batch(
     doc_chunk: int,
     memory_budget: int,
     deferred: bool = False,
+    cutoff: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor] | BatchResult:
     """Exact top-``k`` of one query batch with a resolved ``kernel`` (:func:`choose_kernel`):
     ``(scores, ids)`` ``[batch, k]`` left on the index's device, padded as :func:`search`'s.
@@ -271,12 +272,14 @@ def search_batch(
     ``doc_chunk`` documents are scored at a time (see :func:`plan_chunks`). Callers that
     merge results on the device (shards, streamed pieces) use this instead of :func:`search`.
     ``deferred``: a :class:`BatchResult` instead, before the host sync that the tiled
-    engine's GPU path otherwise makes to learn which rows to search again.
+    engine's GPU path otherwise makes to learn which rows to search again. ``cutoff``: the
+    tiled engine's, for results to be merged with other searches' (see
+    :func:`gpusparse.tiled.tiled_search`); other kernels ignore it.
     """
     if kernel == "tiled":
         from .tiled import tiled_search
 
-        return tiled_search(index, query_batch(queries, index.device), k, deferred=deferred)
+        return tiled_search(index, query_batch(queries, index.device), k, deferred=deferred, cutoff=cutoff)
     if kernel == "reference":
         out = reference_search(index, queries, k, doc_chunk=doc_chunk, max_postings=memory_budget // _POSTING_BYTES)
     else:

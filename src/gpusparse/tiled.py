@@ -359,6 +359,7 @@ def tiled_search(
     emulated: bool = False,
     general: bool = False,
     deferred: bool = False,
+    cutoff: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor] | BatchResult:
     """Exact top-k of a query batch with the tiled engine: ``(scores, ids)`` ``[B, k]`` on the device.
 
@@ -372,6 +373,13 @@ def tiled_search(
     ``fixed``: fixed-point float32 weights (default :data:`DEFAULT_FIXED`; "u32" only).
     ``deferred``: a :class:`~gpusparse.search.BatchResult` instead, before the GPU path's host
     sync: its flagged rows are searched again only when the caller asks (after its own sync).
+    ``cutoff``: for a search whose results are merged with other searches' (shards), a function
+    that takes this search's candidate lower bounds (:func:`candidate_lows`) and returns, per
+    row, a bound that the merged k-th score reaches (the k-th largest of all searches' lower
+    bounds); candidates surely below it are not rescored, and the rows' results are only
+    right for that merge. Every search of the merge must call it (it is collective): it is
+    used unless the batch replays a CUDA graph (at most :data:`GRAPH_MAX_BATCH` rows), and
+    not on the general path.
     """
     from .kernels import tiled as cuda
     from .search import BatchResult, batch_rows
@@ -388,7 +396,8 @@ def tiled_search(
     on_gpu = dev.type == "cuda" and cuda.available() and not emulated
     n_sm = torch.cuda.get_device_properties(dev).multi_processor_count if on_gpu else 1
     if on_gpu and not general:
-        scores, ids, redo_rows = device_search(index, tl, batch, fp, k, acc=acc, int_weights=int_w, n_sm=n_sm)
+        scores, ids, redo_rows = device_search(index, tl, batch, fp, k, acc=acc, int_weights=int_w, n_sm=n_sm,
+                                               cutoff=cutoff)  # fmt: skip
 
         def again(rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
             # capacities overflowed, or scores below one unit may be missed: the general path
@@ -405,8 +414,11 @@ def tiled_search(
         return scores, ids
     launch, compact = (cuda.tiled_candidates, _cuda_compact) if on_gpu else (torch_tiled_candidates, _compact)
     docs, vals = candidates(tl, batch, fp, k, launch=launch, n_sm=n_sm, acc=acc, int_weights=int_w, compact=compact)
-    scores, ids = finalize_candidates(index, batch, fp, docs, vals, k, tl)
-    redo = out_of_range(index, batch, fp, scores, k)
+    floor = None
+    if cutoff is not None and not general and batch.padded_terms.shape[0] > GRAPH_MAX_BATCH:  # as device_search
+        floor = cutoff(candidate_lows(vals, (docs >= 0).sum(1).to(torch.int32), fp.delta, fp.scale, vals.shape[1]))
+    scores, ids = finalize_candidates(index, batch, fp, docs, vals, k, tl, floor=floor)
+    redo = out_of_range(index, batch, fp, scores, k, floor)
     if redo.size:  # queries whose matches may include scores below one fixed-point unit
         from .search import _POSTING_BYTES, DEFAULT_MEMORY_BUDGET, plan_chunks, reference_search
 
@@ -440,6 +452,7 @@ def device_search(
     acc: str,
     int_weights: bool,
     n_sm: int,
+    cutoff: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The CUDA search without host synchronisation: ``(scores, ids, redo)`` on the device.
 
@@ -452,7 +465,8 @@ def device_search(
 
     Batches of at most :data:`GRAPH_MAX_BATCH` queries replay a captured CUDA graph of these
     steps (their time is mostly the host's launching them); the graph is captured on the
-    first batch of its shape and kept with the index.
+    first batch of its shape and kept with the index. ``cutoff``: see :func:`tiled_search`
+    (not for those batches: a capture may fail on one process only).
     """
     dev = tl.seg.device
     lb = fp.floor if fp.floor is not None else match_floor(index, batch, dev)
@@ -461,7 +475,9 @@ def device_search(
         out = _graphed_search(index, tl, terms, weights, fp, lb, k, acc=acc, int_weights=int_weights, n_sm=n_sm)
         if out is not None:
             return out
-    return _device_steps(index, tl, terms.contiguous(), weights.contiguous(), fp, lb, k, acc, int_weights, n_sm)
+        cutoff = None
+    return _device_steps(index, tl, terms.contiguous(), weights.contiguous(), fp, lb, k, acc, int_weights, n_sm,
+                         cutoff)  # fmt: skip
 
 
 def _device_steps(
@@ -475,6 +491,7 @@ def _device_steps(
     acc: str,
     int_weights: bool,
     n_sm: int,
+    cutoff: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`device_search`'s device work, from tensors only (so that it can be captured)."""
     from .kernels import rescore
@@ -503,13 +520,14 @@ def _device_steps(
         cuda.compact_candidates(theta, count, cand_doc, cand_val, fp.delta, k, cap)
     width = min(cap, 2 * k + DEVICE_WIDTH_SLACK)
     redo |= count > width
+    floor = cutoff(candidate_lows(cand_val, count, fp.delta, fp.scale, width)) if cutoff is not None else None
     keys = rescore.candidate_keys_cuda(
         index.doc_ids, index.scores, index.offsets, index.lengths, terms, weights, cand_doc, cand_val,
-        fp.delta, fp.scale, width=width, count=count, list_pos=tl.list_pos, tile_bits=tl.tile_bits,
+        fp.delta, fp.scale, width=width, count=count, list_pos=tl.list_pos, tile_bits=tl.tile_bits, floor=floor,
     )  # fmt: skip
     top = torch.topk(keys, min(k, width), dim=1, largest=True, sorted=True).values
     scores, ids = finalize(decode_keys(top) if width else None, k, b, dev)
-    redo |= uncertain_rows(index, None, fp, scores, k, lb)
+    redo |= uncertain_rows(index, None, fp, scores, k, lb, floor)
     return scores, ids, redo
 
 
@@ -614,7 +632,9 @@ def min_weight(index: Index) -> float:
     return index.cache[key]  # type: ignore[return-value]
 
 
-def out_of_range(index: Index, batch: QueryBatch, fp: FixedPoint, scores: torch.Tensor, k: int) -> np.ndarray:
+def out_of_range(
+    index: Index, batch: QueryBatch, fp: FixedPoint, scores: torch.Tensor, k: int, floor: torch.Tensor | None = None
+) -> np.ndarray:
     """Rows whose top-k may miss documents that scored below one fixed-point unit.
 
     Candidates are emitted from integer sums of at least 1, so a matching document whose
@@ -623,9 +643,10 @@ def out_of_range(index: Index, batch: QueryBatch, fp: FixedPoint, scores: torch.
     within the margin of 0 (fewer than k results above it): a row is certain when its k-th
     score exceeds the margin, or when every matching document provably sums to at least 1
     (the smallest query weight times the index's smallest weight, less half the margin).
-    One host sync.
+    ``floor``: a bound the k-th score reaches (a ``cutoff``'s, see :func:`tiled_search`), used
+    where it exceeds the row's own k-th. One host sync.
     """
-    return uncertain_rows(index, batch, fp, scores, k).nonzero().flatten().cpu().numpy()
+    return uncertain_rows(index, batch, fp, scores, k, None, floor).nonzero().flatten().cpu().numpy()
 
 
 def uncertain_rows(
@@ -635,6 +656,7 @@ def uncertain_rows(
     scores: torch.Tensor,
     k: int,
     lb: torch.Tensor | None = None,
+    floor: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`out_of_range` as a bool ``[B]`` tensor on the device, without a host sync;
     ``lb``: :func:`match_floor`'s tensor, if already on the device (then ``batch`` is not read)."""
@@ -646,7 +668,8 @@ def uncertain_rows(
             raise ValueError("uncertain_rows needs the batch or its match floor")
         lb = match_floor(index, batch, scores.device)
     delta = fp.delta.to(torch.float64)
-    kth = scores[:, k - 1].to(torch.float64) * fp.scale * (1 - 2.0**-22)  # float32 rounding
+    kth = scores[:, k - 1] if floor is None else torch.maximum(scores[:, k - 1], floor)
+    kth = kth.to(torch.float64) * fp.scale * (1 - 2.0**-22)  # float32 rounding
     return ~((kth > delta) | (lb * fp.scale >= delta / 2 + 1))
 
 
@@ -814,6 +837,21 @@ def emission_threshold(theta: torch.Tensor, delta: torch.Tensor) -> torch.Tensor
     return torch.where(theta > d, theta - d, torch.ones_like(theta)).clamp_min(1)
 
 
+def candidate_lows(
+    cand_val: torch.Tensor, count: torch.Tensor, delta: torch.Tensor, scale: torch.Tensor, width: int
+) -> torch.Tensor:
+    """float32 ``[B, width]``: for the first ``width`` candidate slots of each row (the first
+    ``count`` hold candidates, the rest 0), a value the candidate's float32 score reaches:
+    the ``low`` of :func:`finalize_candidates`, by the same float64 operations. The k-th
+    largest of all these over the searches of a merge is a bound the merged k-th score
+    reaches (k distinct documents reach it)."""
+    v = cand_val[:, :width].to(torch.float64)
+    margin = delta[:, None].to(torch.float64) + v * 2.0**-50
+    low = ((v - margin).clamp_min(0) / scale[:, None]).to(torch.float32)
+    present = torch.arange(width, device=v.device)[None, :] < count[:, None]
+    return torch.where(present, low, torch.zeros_like(low))
+
+
 def torch_tiled_candidates(
     seg: torch.Tensor,
     offs: torch.Tensor,
@@ -905,8 +943,11 @@ def finalize_candidates(
     vals: torch.Tensor,
     k: int,
     tl: TiledIndex | None = None,
+    *,
+    floor: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Canonical float32 scores of the candidates, then the tie-broken top-k (padded to ``k``).
+    ``floor`` (float32 ``[B]``): candidates whose score is surely below it are left out.
 
     On a GPU one kernel turns the candidates into ranking keys (rescoring the uncertain ones,
     its searches narrowed by ``tl.list_pos``); the PyTorch steps below are its reference.
@@ -922,6 +963,7 @@ def finalize_candidates(
             batch.padded_terms.contiguous(), batch.padded_weights.contiguous(),
             docs.to(torch.int32), vals.contiguous(), fp.delta, fp.scale,
             list_pos=tl.list_pos if tl is not None else None, tile_bits=tl.tile_bits if tl is not None else 0,
+            floor=floor,
         )  # fmt: skip
         top = torch.topk(keys, min(k, keys.shape[1]), dim=1, largest=True, sorted=True).values
         return finalize(decode_keys(top) if docs.shape[1] else None, k, b, dev)
@@ -931,6 +973,8 @@ def finalize_candidates(
     scale = fp.scale[:, None]
     low = ((v - margin).clamp_min(0) / scale).to(torch.float32)
     high = ((v + margin) / scale).to(torch.float32)
+    if floor is not None:  # surely below the merged k-th: not a result here
+        present = present & (high >= floor[:, None])
     scores = torch.where(present, low, torch.zeros_like(low))
     unsure = present & (low != high)
     if bool(unsure.any()):

@@ -88,6 +88,8 @@ extern "C" __global__ void exact_scores_kernel(
 // float32 value possible, and computed canonically otherwise; absent slots (doc -1) get key
 // 0. The same float64 operations as gpusparse.tiled.finalize_candidates's PyTorch path, each
 // rounded on its own (no contraction), so both give the same bits. One warp per slot.
+// With `floor` (a bound the row's k-th float32 score reaches, gpusparse.tiled.candidate_lows),
+// a candidate whose float32 score is at most `high` < floor cannot be in the top-k: key 0.
 extern "C" __global__ void candidate_keys(
     const int* __restrict__ doc_ids, const float* __restrict__ scores,
     const i64* __restrict__ offsets, const int* __restrict__ lengths,
@@ -96,6 +98,7 @@ extern "C" __global__ void candidate_keys(
     const int* __restrict__ cand_doc, const i64* __restrict__ cand_val, const i64 ld,
     const int* __restrict__ count, const i64 W,
     const i64* __restrict__ q_delta, const double* __restrict__ q_scale, const i64 m,
+    const float* __restrict__ floor,  // optional [B]: candidates whose score must stay below it get key 0
     i64* __restrict__ keys)
 {
     const i64 p = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -110,10 +113,12 @@ extern "C" __global__ void candidate_keys(
         const double scale = q_scale[r];
         const float low = __double2float_rn(__ddiv_rn(fmax(__dsub_rn(v, margin), 0.0), scale));
         const float high = __double2float_rn(__ddiv_rn(__dadd_rn(v, margin), scale));
-        const float s = low == high ? low
-            : canonical(doc_ids, scores, offsets, lengths, q_terms + r * T, q_weights + r * T, T, (int)d,
-                        list_pos, tile_bits, V, n_tiles);
-        key = ((i64)__float_as_int(s) << 31) | (((i64)1 << 31) - 1 - d);
+        if (floor == nullptr || high >= floor[r]) {  // else it cannot reach the top-k: not rescored
+            const float s = low == high ? low
+                : canonical(doc_ids, scores, offsets, lengths, q_terms + r * T, q_weights + r * T, T, (int)d,
+                            list_pos, tile_bits, V, n_tiles);
+            key = ((i64)__float_as_int(s) << 31) | (((i64)1 << 31) - 1 - d);
+        }
     }
     if ((threadIdx.x & 31) == 0) keys[p] = key;
 }
@@ -206,6 +211,7 @@ def candidate_keys_cuda(
     count: torch.Tensor | None = None,
     list_pos: torch.Tensor | None = None,
     tile_bits: int = 0,
+    floor: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """int64 ranking keys ``[B, width]`` of the tiled engine's candidates (see the CUDA source).
 
@@ -214,7 +220,8 @@ def candidate_keys_cuda(
     first ``width`` (default ``C``) slots are read, and only the first ``count[b]`` of row
     ``b`` if ``count`` (int32 ``[B]``) is given; ``q_delta`` int64 and ``q_scale`` float64
     ``[B]``; ``list_pos`` (optional) int32 ``[n_tiles · V]`` real postings of each term before
-    each tile of ``2**tile_bits`` documents. All contiguous on one CUDA device.
+    each tile of ``2**tile_bits`` documents; ``floor`` (optional) float32 ``[B]``: candidates
+    whose score is surely below it get key 0 unrescored. All contiguous on one CUDA device.
     """
     import cupy as cp
 
@@ -238,11 +245,15 @@ def candidate_keys_cuda(
         expected["count"] = (count, torch.int32)
     if list_pos is not None:
         expected["list_pos"] = (list_pos, torch.int32)
+    if floor is not None:
+        expected["floor"] = (floor, torch.float32)
     check_tensors(expected, dev)
     if cand_val.shape != cand_doc.shape or not 0 <= w <= ld:
         raise ValueError("cand_doc and cand_val must have one shape, of at least width columns")
     if list_pos is not None and list_pos.numel() != n_tiles * v:
         raise ValueError("list_pos must hold one entry per (tile, term)")
+    if floor is not None and floor.numel() != b:
+        raise ValueError("floor must hold one value per row")
     keys = torch.empty((b, w), dtype=torch.int64, device=dev)
     m = b * w
     if m == 0:
@@ -252,7 +263,7 @@ def candidate_keys_cuda(
     null = np.uint64(0)
     tiles = [pointer(list_pos) if list_pos is not None else null, cp.int32(tile_bits), cp.int32(v), cp.int32(n_tiles)]
     cands = [pointer(cand_doc), pointer(cand_val), cp.int64(ld), pointer(count) if count is not None else null]
-    rest = [cp.int64(w), pointer(q_delta), pointer(q_scale), cp.int64(m)]
+    rest = [cp.int64(w), pointer(q_delta), pointer(q_scale), cp.int64(m), pointer(floor) if floor is not None else null]
     blocks = (m * 32 + THREADS - 1) // THREADS  # a warp per slot
     with cp.cuda.Device(dev.index), cupy_stream(dev):
         kernel((blocks,), (THREADS,), (*index_args, cp.int32(t), *tiles, *cands, *rest, pointer(keys)))
