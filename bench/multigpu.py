@@ -29,6 +29,7 @@ CPU dry run (gloo, tiny sizes):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import statistics
@@ -60,6 +61,9 @@ def main() -> None:
     )
     ap.add_argument(
         "--ab-two-round", action="store_true", help="also time the N-GPU rows without the lower-bound exchange"
+    )
+    ap.add_argument(
+        "--ab-streams", action="store_true", help="also time the pipelined rows with all batches on one stream"
     )
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
@@ -133,6 +137,10 @@ def main() -> None:
         if args.batches > 0:
             one_all = pipelined_row(rows, 1, lambda: search_sharded(full, all_queries, args.k, distributed=False,
                                                                    batch_size=args.batch), dev, args, None)  # fmt: skip
+            if args.ab_streams:
+                with one_stream():
+                    pipelined_row(rows, 1, lambda: search_sharded(full, all_queries, args.k, distributed=False,
+                                  batch_size=args.batch), dev, args, one_all, "pipe-1s")  # fmt: skip
     dist.barrier()
 
     # -- N GPUs, resident ---------------------------------------------------------------------
@@ -176,6 +184,11 @@ def main() -> None:
     if args.batches > 0:
         pipelined_row(rows if rank == 0 else [], world, lambda: search_sharded(shard, all_queries, args.k, offset=a,
                       n_docs=args.docs, batch_size=args.batch), dev, args, one_all if rank == 0 else None)  # fmt: skip
+        if args.ab_streams:
+            with one_stream():
+                pipelined_row(rows if rank == 0 else [], world, lambda: search_sharded(shard, all_queries, args.k,
+                              offset=a, n_docs=args.docs, batch_size=args.batch), dev, args,
+                              one_all if rank == 0 else None, "pipe-1s")  # fmt: skip
 
     # -- streamed from pinned host memory ------------------------------------------------------
     if args.stream_reps <= 0:
@@ -218,6 +231,18 @@ def main() -> None:
     dist.destroy_process_group()
 
 
+@contextlib.contextmanager
+def one_stream():
+    """Pipelined batches all on the caller's stream (gpusparse.search.PIPELINE_STREAMS = 1)."""
+    import gpusparse.search as search_mod
+
+    saved, search_mod.PIPELINE_STREAMS = search_mod.PIPELINE_STREAMS, 1
+    try:
+        yield
+    finally:
+        search_mod.PIPELINE_STREAMS = saved
+
+
 def pipelined_row(
     rows: list[dict],
     gpus: int,
@@ -225,6 +250,7 @@ def pipelined_row(
     dev: torch.device,
     args: argparse.Namespace,
     ref: SearchResults | None,
+    mode: str = "pipelined",
 ) -> SearchResults:
     """Time ``fn`` (all ``--batches`` batches in one call, so each batch's host work overlaps
     the device's work on the one before) and append its row to ``rows`` (process 0)."""
@@ -232,17 +258,17 @@ def pipelined_row(
     if not rows and gpus > 1:
         return res  # not process 0
     n = args.batch * args.batches
-    row = _row("pipelined", gpus, times, args, dev, identical=ref is None or _same(res, ref))
+    row = _row(mode, gpus, times, args, dev, identical=ref is None or _same(res, ref))
     row |= {
         "batches": args.batches,
         "qps": n / (row["median_ms"] / 1e3),
         "ms_per_batch": row["median_ms"] / args.batches,
     }
-    base = [r for r in rows if r["mode"] == "pipelined" and r["gpus"] == 1]
+    base = [r for r in rows if r["mode"] == mode and r["gpus"] == 1]
     if base:
         row["speedup_vs_1_gpu"] = base[0]["median_ms"] / row["median_ms"]
     rows.append(row)
-    print(f"pipelined, {gpus} GPU(s): {args.batches} batches in {row['median_ms']:.1f} ms "
+    print(f"{mode}, {gpus} GPU(s): {args.batches} batches in {row['median_ms']:.1f} ms "
           f"({row['ms_per_batch']:.2f} ms a batch, {row['qps']:,.0f} QPS); identical: {row['identical_to_1_gpu']}",
           flush=True)  # fmt: skip
     return res

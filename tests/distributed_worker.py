@@ -78,3 +78,28 @@ def search_worker(rank: int, world: int, tmp: str, folders: list[str], ks: list[
     finally:
         distributed_mod.search_batch, distributed_mod.merged_floor = plain, floor
         dist.destroy_process_group()
+
+
+def nccl_worker(rank: int, world: int, tmp: str, n_docs: int, n_queries: int, ks: list[int]) -> None:
+    """One GPU's process of a synthetic sharded search (NCCL): results of each k (one batch, and
+    batches of 16) saved to ``tmp/nccl{rank}.pt``."""
+    from gpusparse import Index, SparseCollection, Vocabulary
+    from gpusparse.shards import document_ranges
+    from gpusparse.synthetic import generate
+
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"file://{tmp}/rendezvous-nccl", rank=rank, world_size=world)
+    try:
+        (di, dt, dw), (qi, qt, qw) = generate(n_docs, n_queries, seed=3)
+        a, b = document_ranges(n_docs, world)[rank]
+        lo, hi = int(di[a]), int(di[b])
+        shard = Index.from_csr(di[a : b + 1] - lo, dt[lo:hi], dw[lo:hi], Vocabulary.bert(), device=f"cuda:{rank}")
+        queries = SparseCollection(qi.numpy(), qt.numpy(), qw.numpy(), vocab=Vocabulary.bert())
+        out = {}
+        for k in ks:
+            for batch_size in (None, 16):
+                res = search_sharded(shard, queries, k, offset=a, n_docs=n_docs, batch_size=batch_size)
+                out[(k, batch_size)] = (res.scores, res.ids)
+        torch.save(out, Path(tmp) / f"nccl{rank}.pt")
+    finally:
+        dist.destroy_process_group()

@@ -404,6 +404,30 @@ def test_streamed_on_cuda_equals_resident():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_nccl_shards_equal_one_gpu(tmp_path):
+    """Two GPUs' shards (lower bounds exchanged before rescoring, pipelined batches) against
+    one GPU's search of the whole synthetic collection, bit for bit."""
+    from gpusparse import Vocabulary
+    from gpusparse.synthetic import generate
+
+    from .distributed_worker import nccl_worker
+
+    n_docs, n_queries, ks = 60_000, 40, [1, 10, 100, 1000]
+    mp.spawn(nccl_worker, args=(2, str(tmp_path), n_docs, n_queries, ks), nprocs=2)
+    (di, dt, dw), (qi, qt, qw) = generate(n_docs, n_queries, seed=3)
+    index = Index.from_csr(di, dt, dw, Vocabulary.bert(), device="cuda")
+    queries = SparseCollection(qi.numpy(), qt.numpy(), qw.numpy(), vocab=Vocabulary.bert())
+    got = [torch.load(tmp_path / f"nccl{r}.pt") for r in range(2)]
+    for k in ks:
+        want = index.search(queries, k)
+        assert int((want.ids >= 0).sum()) > 0
+        for key in ((k, None), (k, 16)):
+            for per_rank in got:
+                assert_same(per_rank[key], (want.scores, want.ids), key)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 def test_cli_nccl_two_gpus(cli_data, tmp_path):
     out = tmp_path / "run.trec"
     proc = torchrun(

@@ -42,8 +42,11 @@ from .search import (
     DEFAULT_MEMORY_BUDGET,
     BatchResult,
     SearchResults,
+    batch_streams,
     check_search_args,
     choose_kernel,
+    join_streams,
+    on_stream,
     plan_chunks,
     prepare_queries,
     results_to_host,
@@ -269,31 +272,41 @@ def search_sharded(
     cutoff = None
     if world > 1 and not streamed and name == "tiled" and TWO_ROUND and _all_agree(shard, group):
         cutoff = functools.partial(merged_floor, k=k, group=group)
-    parts: list[tuple[torch.Tensor, torch.Tensor]] = []
+    # Every row is written below (a batch's results are padded to k); one batch is returned as is.
+    out_scores = torch.empty((n_q, k), dtype=torch.float32) if n_q > bq else None
+    out_ids = torch.empty((n_q, k), dtype=torch.int64) if n_q > bq else None
+    last: tuple[torch.Tensor, torch.Tensor] | None = None
     bar = tqdm(total=n_q, unit="q", desc="searching", disable=not progress or None, leave=False)
     # Batch i is launched (and merged, on the device) before batch i - 1 is waited for, so the
-    # host's part of a batch overlaps the device's work on the one before. Every process
-    # makes the same collectives in the same order (redone rows merge when waited for).
-    in_flight: list[Callable[[], tuple[torch.Tensor, torch.Tensor]]] = []
+    # host's part of a batch overlaps the device's work on the one before; batches take turns
+    # on two streams. Every process makes the same collectives in the same order (redone rows
+    # merge when waited for).
+    streams = batch_streams(dev) if n_q > bq and not streamed else [None]
+    in_flight: list[tuple[int, int, Callable[[], tuple[torch.Tensor, torch.Tensor]]]] = []
     for a in range(0, n_q + bq, bq):
         if a < n_q:
             b = min(n_q, a + bq)
             part = q if (a, b) == (0, n_q) else q[a:b]
-            if streamed:
-                r = BatchResult(*shard.search_batch(part, k, doc_chunk=dc, memory_budget=budget))  # type: ignore[union-attr]
-            else:
-                r = search_batch(shard, part, k, kernel=name, doc_chunk=dc, memory_budget=budget, deferred=True,  # type: ignore[arg-type,assignment]
-                                 cutoff=cutoff)  # fmt: skip
-            in_flight.append(_merge_later(r, offset, k, world > 1, group))
+            with on_stream(streams[(a // bq) % len(streams)]):
+                if streamed:
+                    r = BatchResult(*shard.search_batch(part, k, doc_chunk=dc, memory_budget=budget))  # type: ignore[union-attr]
+                else:
+                    r = search_batch(shard, part, k, kernel=name, doc_chunk=dc, memory_budget=budget,  # type: ignore[arg-type,assignment]
+                                     deferred=True, cutoff=cutoff)  # fmt: skip
+                in_flight.append((a, b, _merge_later(r, offset, k, world > 1, group)))
         if len(in_flight) == 2 or (a >= n_q and in_flight):
-            parts.append(in_flight.pop(0)())
-            bar.update(len(parts[-1][0]))
+            a0, b0, finish = in_flight.pop(0)
+            last = finish()
+            if out_scores is not None and out_ids is not None:
+                out_scores[a0:b0], out_ids[a0:b0] = last
+            bar.update(b0 - a0)
+    join_streams(streams, dev)
     bar.close()
-    if len(parts) == 1:
-        return SearchResults(*parts[0])
-    if not parts:
-        return SearchResults(torch.zeros((0, k), dtype=torch.float32), torch.zeros((0, k), dtype=torch.int64))
-    return SearchResults(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
+    if out_scores is not None and out_ids is not None:
+        return SearchResults(out_scores, out_ids)
+    if last is not None:
+        return SearchResults(*last)
+    return SearchResults(torch.zeros((0, k), dtype=torch.float32), torch.zeros((0, k), dtype=torch.int64))
 
 
 def _merge_later(
