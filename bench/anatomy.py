@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import gpusparse.search as search_mod
 from gpusparse import Index, SparseCollection, Vocabulary
+from gpusparse.kernels import rescore
 from gpusparse.kernels import tiled as cuda
 from gpusparse.search import query_batch
 from gpusparse.synthetic import generate
@@ -94,7 +95,12 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--trace", action="store_true", help="write each profiled search's timeline (Chrome trace)")
     p.add_argument("--check", action="store_true", help="compare each search with the scatter kernel's")
-    p.add_argument("--baseline", nargs="*", default=[], help="older kernels/tiled.py files to time the same way")
+    p.add_argument(
+        "--baseline",
+        nargs="*",
+        default=[],
+        help="older kernels/tiled.py or kernels/rescore.py files to time the same way",
+    )
     args = p.parse_args()
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     vocab = Vocabulary.bert()
@@ -116,11 +122,17 @@ def main() -> None:
     print(json.dumps(out["layout"]), json.dumps(out["work"]), flush=True)
     sources = [("current", None)] + [(Path(b).name, Path(b)) for b in args.baseline]
     for label, path in sources:
-        if path is not None:  # an older kernels/tiled.py: its CUDA source, same launcher
-            namespace: dict = {}
-            exec(compile(path.read_text(), str(path), "exec"), namespace)
-            cuda.CUDA_SOURCE = namespace["CUDA_SOURCE"]
-            cuda._kernel.cache_clear()
+        if path is not None:  # an older kernels/tiled.py or rescore.py: its CUDA source, same launcher
+            namespace: dict = {"__name__": "baseline"}
+            text = path.read_text()
+            source = text[text.index('CUDA_SOURCE = r"""') :]
+            exec(compile(source[: source.index('"""', 20) + 3], str(path), "exec"), namespace)
+            if "candidate_keys" in namespace["CUDA_SOURCE"]:
+                rescore.CUDA_SOURCE = namespace["CUDA_SOURCE"]
+                rescore._module.cache_clear()
+            else:
+                cuda.CUDA_SOURCE = namespace["CUDA_SOURCE"]
+                cuda._kernel.cache_clear()
         for k in args.ks:
             exact = None
             if args.check:

@@ -29,7 +29,6 @@ CPU dry run (gloo, tiny sizes):
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
 import json
 import statistics
@@ -61,9 +60,6 @@ def main() -> None:
     )
     ap.add_argument(
         "--ab-two-round", action="store_true", help="also time the N-GPU rows without the lower-bound exchange"
-    )
-    ap.add_argument(
-        "--ab-streams", action="store_true", help="also time the pipelined rows with all batches on one stream"
     )
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
@@ -137,10 +133,6 @@ def main() -> None:
         if args.batches > 0:
             one_all = pipelined_row(rows, 1, lambda: search_sharded(full, all_queries, args.k, distributed=False,
                                                                    batch_size=args.batch), dev, args, None)  # fmt: skip
-            if args.ab_streams:
-                with one_stream():
-                    pipelined_row(rows, 1, lambda: search_sharded(full, all_queries, args.k, distributed=False,
-                                  batch_size=args.batch), dev, args, one_all, "pipe-1s")  # fmt: skip
     dist.barrier()
 
     # -- N GPUs, resident ---------------------------------------------------------------------
@@ -184,11 +176,6 @@ def main() -> None:
     if args.batches > 0:
         pipelined_row(rows if rank == 0 else [], world, lambda: search_sharded(shard, all_queries, args.k, offset=a,
                       n_docs=args.docs, batch_size=args.batch), dev, args, one_all if rank == 0 else None)  # fmt: skip
-        if args.ab_streams:
-            with one_stream():
-                pipelined_row(rows if rank == 0 else [], world, lambda: search_sharded(shard, all_queries, args.k,
-                              offset=a, n_docs=args.docs, batch_size=args.batch), dev, args,
-                              one_all if rank == 0 else None, "pipe-1s")  # fmt: skip
 
     # -- streamed from pinned host memory ------------------------------------------------------
     if args.stream_reps <= 0:
@@ -229,18 +216,6 @@ def main() -> None:
         write(args, env, collection, rows)
     dist.barrier()
     dist.destroy_process_group()
-
-
-@contextlib.contextmanager
-def one_stream():
-    """Pipelined batches all on the caller's stream (gpusparse.search.PIPELINE_STREAMS = 1)."""
-    import gpusparse.search as search_mod
-
-    saved, search_mod.PIPELINE_STREAMS = search_mod.PIPELINE_STREAMS, 1
-    try:
-        yield
-    finally:
-        search_mod.PIPELINE_STREAMS = saved
 
 
 def pipelined_row(

@@ -42,11 +42,8 @@ from .search import (
     DEFAULT_MEMORY_BUDGET,
     BatchResult,
     SearchResults,
-    batch_streams,
     check_search_args,
     choose_kernel,
-    join_streams,
-    on_stream,
     plan_chunks,
     prepare_queries,
     results_to_host,
@@ -278,29 +275,26 @@ def search_sharded(
     last: tuple[torch.Tensor, torch.Tensor] | None = None
     bar = tqdm(total=n_q, unit="q", desc="searching", disable=not progress or None, leave=False)
     # Batch i is launched (and merged, on the device) before batch i - 1 is waited for, so the
-    # host's part of a batch overlaps the device's work on the one before; batches take turns
-    # on two streams. Every process makes the same collectives in the same order (redone rows
-    # merge when waited for).
-    streams = batch_streams(dev) if n_q > bq and not streamed else [None]
+    # host's part of a batch overlaps the device's work on the one before. (Two CUDA streams
+    # taking turns were slower: bench/results/2026-11-26-H200x2-multigpu-v18.json.) Every
+    # process makes the same collectives in the same order (redone rows merge when waited for).
     in_flight: list[tuple[int, int, Callable[[], tuple[torch.Tensor, torch.Tensor]]]] = []
     for a in range(0, n_q + bq, bq):
         if a < n_q:
             b = min(n_q, a + bq)
             part = q if (a, b) == (0, n_q) else q[a:b]
-            with on_stream(streams[(a // bq) % len(streams)]):
-                if streamed:
-                    r = BatchResult(*shard.search_batch(part, k, doc_chunk=dc, memory_budget=budget))  # type: ignore[union-attr]
-                else:
-                    r = search_batch(shard, part, k, kernel=name, doc_chunk=dc, memory_budget=budget,  # type: ignore[arg-type,assignment]
-                                     deferred=True, cutoff=cutoff)  # fmt: skip
-                in_flight.append((a, b, _merge_later(r, offset, k, world > 1, group)))
+            if streamed:
+                r = BatchResult(*shard.search_batch(part, k, doc_chunk=dc, memory_budget=budget))  # type: ignore[union-attr]
+            else:
+                r = search_batch(shard, part, k, kernel=name, doc_chunk=dc, memory_budget=budget,  # type: ignore[arg-type,assignment]
+                                 deferred=True, cutoff=cutoff)  # fmt: skip
+            in_flight.append((a, b, _merge_later(r, offset, k, world > 1, group)))
         if len(in_flight) == 2 or (a >= n_q and in_flight):
             a0, b0, finish = in_flight.pop(0)
             last = finish()
             if out_scores is not None and out_ids is not None:
                 out_scores[a0:b0], out_ids[a0:b0] = last
             bar.update(b0 - a0)
-    join_streams(streams, dev)
     bar.close()
     if out_scores is not None and out_ids is not None:
         return SearchResults(out_scores, out_ids)
@@ -353,17 +347,20 @@ TWO_ROUND = True
 
 
 def merged_floor(lows: torch.Tensor, *, k: int, group: dist.ProcessGroup | None = None) -> torch.Tensor:
-    """float32 ``[B]``: the k-th largest of every process's candidate lower bounds ``lows``
-    ``[B, W]`` (:func:`gpusparse.tiled.candidate_lows`; 0 where there are fewer than k), a
-    score that the merged k-th result reaches. Collective: one all-gather of ``[B, k]``."""
+    """float32 ``[B]``: a score that the merged k-th result reaches, from every process's
+    candidate lower bounds ``lows`` ``[B, W]`` (:func:`gpusparse.tiled.candidate_lows`, 0 for
+    an empty slot): the smallest over the processes of each one's ``⌈k / world⌉``-th largest
+    (together they hold k candidates whose scores reach it). Collective: one all-reduce of
+    ``[B]`` (the exact k-th of all bounds would need them all gathered, and costs more than
+    the few extra candidates this admits save)."""
     b, w = lows.shape
-    top = torch.topk(lows, min(k, w), dim=1, sorted=False).values if w else lows
-    if top.shape[1] < k:  # every process sends k columns
-        top = torch.cat([top, torch.zeros((b, k - top.shape[1]), dtype=top.dtype, device=top.device)], 1)
-    top = top.contiguous()
-    parts = [torch.empty_like(top) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(parts, top, group=group)
-    return torch.topk(torch.cat(parts, 1), k, dim=1, sorted=False).values.min(1).values.contiguous()
+    j = -(-k // dist.get_world_size(group))
+    if j <= w:
+        floor = torch.topk(lows, j, dim=1, sorted=False).values.min(1).values.contiguous()
+    else:  # fewer slots than candidates needed: no bound from this process
+        floor = torch.zeros(b, dtype=lows.dtype, device=lows.device)
+    dist.all_reduce(floor, op=dist.ReduceOp.MIN, group=group)
+    return floor
 
 
 def _all_agree(shard: Index, group: dist.ProcessGroup | None) -> bool:

@@ -14,7 +14,6 @@ Contract of every search path (kernels included):
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
@@ -174,40 +173,6 @@ def start_to_host(*tensors: torch.Tensor | None) -> tuple[tuple[torch.Tensor | N
     return out, done
 
 
-# Pipelined batches (several in one search) alternate between this many CUDA streams, so that
-# one batch's small, latency-bound steps (rescoring, selections, the merge) can overlap the
-# next batch's kernel on the device; 1: all on the caller's stream.
-PIPELINE_STREAMS = 2
-_STREAMS: dict[torch.device, list[torch.cuda.Stream]] = {}
-
-
-def batch_streams(device: torch.device) -> list[torch.cuda.Stream | None]:
-    """The streams pipelined batches take in turn on ``device`` (``[None]``: the current one),
-    each made to wait for the work already queued on the current stream."""
-    if device.type != "cuda" or PIPELINE_STREAMS < 2:
-        return [None]
-    dev = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
-    streams = _STREAMS.get(dev)
-    if streams is None or len(streams) != PIPELINE_STREAMS:
-        streams = _STREAMS[dev] = [torch.cuda.Stream(dev) for _ in range(PIPELINE_STREAMS)]
-    current = torch.cuda.current_stream(dev)
-    for s in streams:
-        s.wait_stream(current)
-    return list(streams)
-
-
-def on_stream(stream: torch.cuda.Stream | None) -> contextlib.AbstractContextManager:
-    """``torch.cuda.stream(stream)``, or nothing for ``None``."""
-    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
-
-
-def join_streams(streams: list[torch.cuda.Stream | None], device: torch.device) -> None:
-    """Order the current stream's later work after everything queued on ``streams``."""
-    for s in streams:
-        if s is not None:
-            torch.cuda.current_stream(device).wait_stream(s)
-
-
 class BatchResult(NamedTuple):
     """One batch's top-k on the device before any host sync (:func:`search_batch` with
     ``deferred``): ``scores``/``ids`` ``[B, k]``; rows flagged in ``redo`` (bool ``[B]`` on the
@@ -274,20 +239,17 @@ def search(
     # Batch i is launched before batch i - 1 is waited for: the host's part of a batch (query
     # layout, parameters, launches) overlaps the device's work on the one before.
     in_flight: list[tuple[int, int, Callable[[], tuple[torch.Tensor, torch.Tensor]]]] = []
-    streams = batch_streams(dev)
     for a in range(0, n_q + bq, bq):
         if a < n_q:
             b = min(n_q, a + bq)
             part = q if (a, b) == (0, n_q) else q[a:b]
-            with on_stream(streams[(a // bq) % len(streams)]):
-                r = search_batch(idx, part, k, kernel=name, doc_chunk=dc, memory_budget=budget, deferred=True)
-                in_flight.append((a, b, complete_later(r)))  # type: ignore[arg-type]
+            r = search_batch(idx, part, k, kernel=name, doc_chunk=dc, memory_budget=budget, deferred=True)
+            in_flight.append((a, b, complete_later(r)))  # type: ignore[arg-type]
         if len(in_flight) == 2 or (a >= n_q and in_flight):
             a0, b0, finish = in_flight.pop(0)
             out_scores[a0:b0], out_ids[a0:b0] = finish()
             if bar is not None:
                 bar.update(b0 - a0)
-    join_streams(streams, dev)
     if bar is not None:
         bar.close()
     return SearchResults(out_scores, out_ids)
