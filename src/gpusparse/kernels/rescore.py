@@ -20,39 +20,11 @@ __all__ = ["available", "candidate_keys_cuda", "exact_scores_cuda"]
 CUDA_SOURCE = r"""
 typedef long long i64;
 // The canonical score of document d for query row r, by the calling warp: lane j looks the
-// document up in the lists of query terms j and j + 32 (64 terms at a time, the two binary
-// searches in lockstep), so the ~12-22 dependent loads of a search overlap across the
-// query's terms instead of running one term after the other (a query has ~45 terms: one
-// round instead of two); then the products are added in term order. `list_pos` (optional,
-// n_tiles > 0) narrows each search to the document's tile: list_pos[tile * V + t] real
-// postings of term t lie in earlier tiles of 2**tile_bits documents (see gpusparse.tiled).
-__device__ __forceinline__ void term_range(
-    const i64* __restrict__ offsets, const int* __restrict__ lengths, const i64 t, const int tile,
-    const int* __restrict__ list_pos, const int V, const int n_tiles, i64& base, int& lo, int& hi, int& len)
-{
-    // positions relative to the list's start (a list holds < 2**31 postings)
-    base = 0; lo = hi = len = 0;
-    if (t < 0) return;
-    base = offsets[t];
-    len = lengths[t];
-    hi = len;
-    if (n_tiles > 0) {
-        lo = list_pos[(i64)tile * V + t];
-        if (tile + 1 < n_tiles) hi = list_pos[(i64)(tile + 1) * V + t];
-    }
-}
-
-__device__ __forceinline__ void add_in_order(double& acc, const double prod, const bool hit)
-{
-    const unsigned int hits = __ballot_sync(0xffffffffu, hit);
-    if (hits == 0u) return;  // the same on every lane
-    #pragma unroll 4  // (fully unrolled twice, ptxas 13.0 fails to allocate registers)
-    for (int v = 0; v < 32; ++v) {  // in term order, as the PyTorch path adds them
-        const double x = __shfl_sync(0xffffffffu, prod, v);
-        if ((hits >> v) & 1u) acc += x;
-    }
-}
-
+// document up in query term j's list (32 terms at a time), so the ~22 dependent loads of a
+// binary search overlap across the query's terms instead of running one term after the
+// other; then the products are added in term order. `list_pos` (optional, n_tiles > 0)
+// narrows each search to the document's tile: list_pos[tile * V + t] real postings of term
+// t lie in earlier tiles of 2**tile_bits documents (see gpusparse.tiled).
 __device__ __forceinline__ float canonical(
     const int* __restrict__ doc_ids, const float* __restrict__ scores,
     const i64* __restrict__ offsets, const int* __restrict__ lengths,
@@ -62,26 +34,31 @@ __device__ __forceinline__ float canonical(
     const int lane = threadIdx.x & 31;
     const int tile = n_tiles > 0 ? d >> tile_bits : 0;
     double acc = 0.0;
-    for (int j0 = 0; j0 < T; j0 += 64) {
-        const int ja = j0 + lane, jb = j0 + 32 + lane;
-        const i64 ta = ja < T ? terms[ja] : -1, tb = jb < T ? terms[jb] : -1;
-        i64 ba, bb;
-        int loa, hia, lena, lob, hib, lenb;
-        term_range(offsets, lengths, ta, tile, list_pos, V, n_tiles, ba, loa, hia, lena);
-        term_range(offsets, lengths, tb, tile, list_pos, V, n_tiles, bb, lob, hib, lenb);
-        const int* __restrict__ da = doc_ids + ba;
-        const int* __restrict__ db = doc_ids + bb;
-        while (loa < hia || lob < hib) {  // both loads issue before either is used
-            const int ma = (loa + hia) >> 1, mb = (lob + hib) >> 1;
-            const int xa = loa < hia ? da[ma] : 0, xb = lob < hib ? db[mb] : 0;
-            if (loa < hia) { if (xa < d) loa = ma + 1; else hia = ma; }
-            if (lob < hib) { if (xb < d) lob = mb + 1; else hib = mb; }
+    for (int j0 = 0; j0 < T; j0 += 32) {
+        const int j = j0 + lane;
+        const i64 t = j < T ? terms[j] : -1;
+        double prod = 0.0;
+        bool hit = false;
+        if (t >= 0) {
+            const i64 start = offsets[t], end = start + lengths[t];
+            i64 lo = start, hi = end;
+            if (n_tiles > 0) {
+                lo = start + list_pos[(i64)tile * V + t];
+                if (tile + 1 < n_tiles) hi = start + list_pos[(i64)(tile + 1) * V + t];
+            }
+            while (lo < hi) {
+                const i64 mid = (lo + hi) >> 1;
+                if (doc_ids[mid] < d) lo = mid + 1; else hi = mid;
+            }
+            hit = lo < end && doc_ids[lo] == d;
+            if (hit) prod = (double)scores[lo] * (double)weights[j];
         }
-        const bool hita = loa < lena && da[loa] == d;  // (len 0 for padding)
-        const bool hitb = lob < lenb && db[lob] == d;
-        add_in_order(acc, hita ? (double)scores[ba + loa] * (double)weights[ja] : 0.0, hita);
-        add_in_order(acc, hitb ? (double)scores[bb + lob] * (double)weights[jb] : 0.0, hitb);
-        const bool more = __any_sync(0xffffffffu, tb >= 0) && j0 + 64 < T;
+        const unsigned int hits = __ballot_sync(0xffffffffu, hit);
+        const bool more = __any_sync(0xffffffffu, t >= 0) && j0 + 32 < T;
+        for (int v = 0; v < 32; ++v) {  // in term order, as the PyTorch path adds them
+            const double x = __shfl_sync(0xffffffffu, prod, v);
+            if ((hits >> v) & 1u) acc += x;
+        }
         if (!more) break;  // padding reached: the terms are at the front
     }
     return (float)acc;
