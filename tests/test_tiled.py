@@ -218,6 +218,10 @@ def test_cuda_kernel_at_scale_and_with_candidate_overflow(monkeypatch):
     monkeypatch.setattr(tiled_mod, "initial_capacity", lambda k, first_wave: 8)  # forces the rerun path
     s, i = tiled_search(index, query_batch(queries, index.device), 1000)
     assert torch.equal(i.cpu(), ref.ids) and torch.equal(s.cpu(), ref.scores)
+    # the same rows flagged in pipelined batches, searched again after each batch's one sync
+    for batch_size in (16, None):
+        res = index.search(queries, 1000, batch_size=batch_size)
+        assert torch.equal(res.ids, ref.ids) and torch.equal(res.scores, ref.scores), batch_size
 
 
 @pytest.mark.gpu

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -44,6 +44,7 @@ from .search import (
     SearchResults,
     check_search_args,
     choose_kernel,
+    output_buffers,
     plan_chunks,
     prepare_queries,
     results_to_host,
@@ -270,8 +271,7 @@ def search_sharded(
     if world > 1 and not streamed and name == "tiled" and TWO_ROUND and _all_agree(shard, group):
         cutoff = functools.partial(merged_floor, k=k, group=group)
     # Every row is written below (a batch's results are padded to k); one batch is returned as is.
-    out_scores = torch.empty((n_q, k), dtype=torch.float32) if n_q > bq else None
-    out_ids = torch.empty((n_q, k), dtype=torch.int64) if n_q > bq else None
+    out_scores, out_ids, direct = output_buffers(n_q, k, dev) if n_q > bq else (None, None, False)
     last: tuple[torch.Tensor, torch.Tensor] | None = None
     bar = tqdm(total=n_q, unit="q", desc="searching", disable=not progress or None, leave=False)
     # Batch i is launched (and merged, on the device) before batch i - 1 is waited for, so the
@@ -288,11 +288,12 @@ def search_sharded(
             else:
                 r = search_batch(shard, part, k, kernel=name, doc_chunk=dc, memory_budget=budget,  # type: ignore[arg-type,assignment]
                                  deferred=True, cutoff=cutoff)  # fmt: skip
-            in_flight.append((a, b, _merge_later(r, offset, k, world > 1, group)))
+            into = (out_scores[a:b], out_ids[a:b]) if direct else ()  # type: ignore[index]
+            in_flight.append((a, b, _merge_later(r, offset, k, world > 1, group, into)))
         if len(in_flight) == 2 or (a >= n_q and in_flight):
             a0, b0, finish = in_flight.pop(0)
             last = finish()
-            if out_scores is not None and out_ids is not None:
+            if out_scores is not None and out_ids is not None and not direct:
                 out_scores[a0:b0], out_ids[a0:b0] = last
             bar.update(b0 - a0)
     bar.close()
@@ -304,18 +305,24 @@ def search_sharded(
 
 
 def _merge_later(
-    r: BatchResult, offset: int, k: int, merge: bool, group: dist.ProcessGroup | None
+    r: BatchResult,
+    offset: int,
+    k: int,
+    merge: bool,
+    group: dist.ProcessGroup | None,
+    into: Sequence[torch.Tensor] = (),
 ) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
     """One batch's shard results, merged over ``group``'s processes if ``merge`` (launched
     now); the returned function waits for them on the host. Rows that a process flagged
     (:class:`~gpusparse.search.BatchResult`) are then merged again: that process searches
-    them again, the others send their rows as they were."""
+    them again, the others send their rows as they were. ``into``: page-locked host
+    ``(scores, ids)`` to fill (:func:`~gpusparse.search.output_buffers`)."""
     scores, ids = r.scores, torch.where(r.ids >= 0, r.ids + offset, r.ids)
     mine = r.redo if r.redo is not None else torch.zeros(scores.shape[0], dtype=torch.bool, device=scores.device)
     flags = mine
     if merge:
         scores, ids, flags = merge_across_ranks(scores, ids, k, group, flags=mine)  # type: ignore[misc]
-    (host_s, host_i, redo, own), done = start_to_host(scores, ids, flags, mine if merge else None)
+    (host_s, host_i, redo, own), done = start_to_host(scores, ids, flags, mine if merge else None, into=into)
 
     def finish() -> tuple[torch.Tensor, torch.Tensor]:
         if done is not None:

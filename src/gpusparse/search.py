@@ -14,6 +14,7 @@ Contract of every search path (kernels included):
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
@@ -158,19 +159,45 @@ def results_to_host(*tensors: torch.Tensor | None) -> tuple[torch.Tensor | None,
     return out
 
 
-def start_to_host(*tensors: torch.Tensor | None) -> tuple[tuple[torch.Tensor | None, ...], torch.cuda.Event | None]:
+def start_to_host(
+    *tensors: torch.Tensor | None, into: Sequence[torch.Tensor | None] = ()
+) -> tuple[tuple[torch.Tensor | None, ...], torch.cuda.Event | None]:
     """:func:`results_to_host` without the wait: host tensors that hold the values once the
-    returned CUDA event has completed (``None``: already done, off a GPU)."""
+    returned CUDA event has completed (``None``: already done, off a GPU). ``into``: page-locked
+    host tensors to copy the first tensors into (as :func:`output_buffers` gives)."""
     present = [t for t in tensors if t is not None]
     if not present or present[0].device.type != "cuda" or not PINNED_RESULTS:
-        return tuple(None if t is None else t.cpu() for t in tensors), None
+        host = tuple(None if t is None else t.cpu() for t in tensors)
+        for target, t in zip(into, host, strict=False):
+            if target is not None and t is not None:
+                target.copy_(t)
+        return tuple(target if target is not None else t for target, t in itertools.zip_longest(into, host)), None
+    targets = list(into) + [None] * (len(tensors) - len(into))
     out = tuple(
-        None if t is None else torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
-        for t in tensors
+        None
+        if t is None
+        else (target if target is not None else torch.empty(t.shape, dtype=t.dtype, pin_memory=True)).copy_(
+            t, non_blocking=True
+        )
+        for t, target in zip(tensors, targets, strict=True)
     )
     done = torch.cuda.Event()
     done.record(torch.cuda.current_stream(present[0].device))
     return out, done
+
+
+# The results of a search of several batches go straight from the GPU into one page-locked
+# output (no host copy per batch) when it takes at most this many bytes.
+PINNED_OUTPUT_MAX = 1 << 28
+
+
+def output_buffers(n_queries: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """Host ``(scores, ids)`` ``[n_queries, k]`` for a search's results (every row is written),
+    page-locked when the search runs on a GPU and they are small enough (then the third
+    value is ``True``: batches may copy into them directly)."""
+    pinned = device.type == "cuda" and PINNED_RESULTS and n_queries * k * 12 <= PINNED_OUTPUT_MAX
+    scores = torch.empty((n_queries, k), dtype=torch.float32, pin_memory=pinned)
+    return scores, torch.empty((n_queries, k), dtype=torch.int64, pin_memory=pinned), pinned
 
 
 class BatchResult(NamedTuple):
@@ -190,11 +217,14 @@ def complete(result: BatchResult) -> tuple[torch.Tensor, torch.Tensor]:
     return complete_later(result)()
 
 
-def complete_later(result: BatchResult) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+def complete_later(
+    result: BatchResult, into: Sequence[torch.Tensor] = ()
+) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
     """:func:`complete` in two steps: the copies to the host start now, and the returned
     function waits for them (then searches flagged rows again). In between the host can
-    prepare and launch the next batch while the device still works on this one."""
-    (scores, ids, redo), done = start_to_host(result.scores, result.ids, result.redo)
+    prepare and launch the next batch while the device still works on this one. ``into``:
+    the page-locked host ``(scores, ids)`` to fill (see :func:`output_buffers`)."""
+    (scores, ids, redo), done = start_to_host(result.scores, result.ids, result.redo, into=into)
 
     def finish() -> tuple[torch.Tensor, torch.Tensor]:
         if done is not None:
@@ -232,9 +262,7 @@ def search(
     if n_q and bq >= n_q:  # one batch: its results are the output
         return SearchResults(*complete(search_batch(idx, q, k, kernel=name, doc_chunk=dc, memory_budget=budget,
                                                     deferred=True)))  # fmt: skip
-    # Every row is written below (a batch's results are padded to k).
-    out_scores = torch.empty((n_q, k), dtype=torch.float32)
-    out_ids = torch.empty((n_q, k), dtype=torch.int64)
+    out_scores, out_ids, direct = output_buffers(n_q, k, dev)
     bar = tqdm(total=n_q, unit="q", desc="searching", disable=None, leave=False) if progress else None
     # Batch i is launched before batch i - 1 is waited for: the host's part of a batch (query
     # layout, parameters, launches) overlaps the device's work on the one before.
@@ -244,10 +272,13 @@ def search(
             b = min(n_q, a + bq)
             part = q if (a, b) == (0, n_q) else q[a:b]
             r = search_batch(idx, part, k, kernel=name, doc_chunk=dc, memory_budget=budget, deferred=True)
-            in_flight.append((a, b, complete_later(r)))  # type: ignore[arg-type]
+            into = (out_scores[a:b], out_ids[a:b]) if direct else ()
+            in_flight.append((a, b, complete_later(r, into)))  # type: ignore[arg-type]
         if len(in_flight) == 2 or (a >= n_q and in_flight):
             a0, b0, finish = in_flight.pop(0)
-            out_scores[a0:b0], out_ids[a0:b0] = finish()
+            s0, i0 = finish()
+            if not direct:
+                out_scores[a0:b0], out_ids[a0:b0] = s0, i0
             if bar is not None:
                 bar.update(b0 - a0)
     if bar is not None:
