@@ -87,10 +87,7 @@ extern "C" __global__ void exact_scores_kernel(
 // candidate's float32 score is read off its fixed-point sum where the margin leaves one
 // float32 value possible, and computed canonically otherwise; absent slots (doc -1) get key
 // 0. The same float64 operations as gpusparse.tiled.finalize_candidates's PyTorch path, each
-// rounded on its own (no contraction), so both give the same bits. S warps per row, warp s
-// taking slots s, s + S, ... up to the row's count: a row's W slots are mostly past its count
-// in a large batch (a warp per slot spent ~0.3 ms scheduling empty blocks), while a small
-// batch still gets a warp per slot (S = W). Slots past the count keep the caller's zeros.
+// rounded on its own (no contraction), so both give the same bits. One warp per slot.
 // With `floor` (a bound the row's k-th float32 score reaches, gpusparse.tiled.candidate_lows),
 // a candidate whose float32 score is at most `high` < floor cannot be in the top-k: key 0.
 extern "C" __global__ void candidate_keys(
@@ -100,41 +97,34 @@ extern "C" __global__ void candidate_keys(
     const int* __restrict__ list_pos, const int tile_bits, const int V, const int n_tiles,
     const int* __restrict__ cand_doc, const i64* __restrict__ cand_val, const i64 ld,
     const int* __restrict__ count, const i64 W,
-    const i64* __restrict__ q_delta, const double* __restrict__ q_scale, const i64 m, const i64 S,
+    const i64* __restrict__ q_delta, const double* __restrict__ q_scale, const i64 m,
     const float* __restrict__ floor,  // optional [B]: candidates whose score must stay below it get key 0
-    i64* __restrict__ keys)  // [B, W], zeroed by the caller
+    i64* __restrict__ keys)
 {
     const i64 p = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    if (p >= m) return;  // m = B * S warps
-    const i64 r = p / S;
-    // slots of row r: up to its count (if given); a slot whose document is -1 is absent
-    const i64 n = count != nullptr ? min((i64)count[r], W) : W;
-    for (i64 j = p - r * S; j < n; j += S) {
-        const i64 d = cand_doc[r * ld + j];
-        i64 key = 0;
-        if (d >= 0) {
-            const double v = (double)cand_val[r * ld + j];
-            const double margin = __dadd_rn((double)q_delta[r], __dmul_rn(v, 0x1p-50));
-            const double scale = q_scale[r];
-            const float low = __double2float_rn(__ddiv_rn(fmax(__dsub_rn(v, margin), 0.0), scale));
-            const float high = __double2float_rn(__ddiv_rn(__dadd_rn(v, margin), scale));
-            if (floor == nullptr || high >= floor[r]) {  // else it cannot reach the top-k: not rescored
-                const float s = low == high ? low
-                    : canonical(doc_ids, scores, offsets, lengths, q_terms + r * T, q_weights + r * T, T, (int)d,
-                                list_pos, tile_bits, V, n_tiles);
-                key = ((i64)__float_as_int(s) << 31) | (((i64)1 << 31) - 1 - d);
-            }
+    if (p >= m) return;
+    const i64 r = p / W, j = p - r * W;
+    // slot j of row r: absent past the row's count (if given) or where its document is -1
+    const i64 d = count != nullptr && j >= count[r] ? -1 : cand_doc[r * ld + j];
+    i64 key = 0;
+    if (d >= 0) {
+        const double v = (double)cand_val[r * ld + j];
+        const double margin = __dadd_rn((double)q_delta[r], __dmul_rn(v, 0x1p-50));
+        const double scale = q_scale[r];
+        const float low = __double2float_rn(__ddiv_rn(fmax(__dsub_rn(v, margin), 0.0), scale));
+        const float high = __double2float_rn(__ddiv_rn(__dadd_rn(v, margin), scale));
+        if (floor == nullptr || high >= floor[r]) {  // else it cannot reach the top-k: not rescored
+            const float s = low == high ? low
+                : canonical(doc_ids, scores, offsets, lengths, q_terms + r * T, q_weights + r * T, T, (int)d,
+                            list_pos, tile_bits, V, n_tiles);
+            key = ((i64)__float_as_int(s) << 31) | (((i64)1 << 31) - 1 - d);
         }
-        if ((threadIdx.x & 31) == 0) keys[r * W + j] = key;
     }
+    if ((threadIdx.x & 31) == 0) keys[p] = key;
 }
 """
 
 THREADS = 256
-# candidate_keys' warps: about this many in all (a few per resident warp slot of an H100/H200,
-# 132 SMs x 64), and at least KEY_WARPS_MIN per row (at most one per slot).
-KEY_WARPS = 1 << 15
-KEY_WARPS_MIN = 64
 
 
 @functools.cache
@@ -264,9 +254,8 @@ def candidate_keys_cuda(
         raise ValueError("list_pos must hold one entry per (tile, term)")
     if floor is not None and floor.numel() != b:
         raise ValueError("floor must hold one value per row")
-    keys = torch.zeros((b, w), dtype=torch.int64, device=dev)
-    per_row = min(w, max(KEY_WARPS_MIN, -(-KEY_WARPS // max(b, 1))))  # warps per row
-    m = b * per_row
+    keys = torch.empty((b, w), dtype=torch.int64, device=dev)
+    m = b * w
     if m == 0:
         return keys
     kernel = _kernel(dev.index if dev.index is not None else torch.cuda.current_device(), "candidate_keys")
@@ -274,9 +263,8 @@ def candidate_keys_cuda(
     null = np.uint64(0)
     tiles = [pointer(list_pos) if list_pos is not None else null, cp.int32(tile_bits), cp.int32(v), cp.int32(n_tiles)]
     cands = [pointer(cand_doc), pointer(cand_val), cp.int64(ld), pointer(count) if count is not None else null]
-    rest = [cp.int64(w), pointer(q_delta), pointer(q_scale), cp.int64(m), cp.int64(per_row)]
-    rest.append(pointer(floor) if floor is not None else null)
-    blocks = (m * 32 + THREADS - 1) // THREADS
+    rest = [cp.int64(w), pointer(q_delta), pointer(q_scale), cp.int64(m), pointer(floor) if floor is not None else null]
+    blocks = (m * 32 + THREADS - 1) // THREADS  # a warp per slot
     with cp.cuda.Device(dev.index), cupy_stream(dev):
         kernel((blocks,), (THREADS,), (*index_args, cp.int32(t), *tiles, *cands, *rest, pointer(keys)))
     return keys
