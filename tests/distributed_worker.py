@@ -7,6 +7,7 @@ the children import only what they need.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -45,7 +46,10 @@ def flagging(search_batch: Callable, seed: int) -> Callable:
 def search_worker(rank: int, world: int, tmp: str, folders: list[str], ks: list[int], kernels: list[str]) -> None:
     """For each folder, pieces (resident, or streamed in 2) and k: this rank's merged results,
     saved to ``tmp/rank{rank}.pt`` as ``{(folder, pieces, kernel, k): (scores, ids)}``."""
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world)
+    # a process left out of a collective fails the test in a minute instead of hanging it
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world, timeout=timedelta(seconds=60)
+    )
     plain, floor = distributed_mod.search_batch, distributed_mod.merged_floor
     calls = []
 
@@ -60,13 +64,17 @@ def search_worker(rank: int, world: int, tmp: str, folders: list[str], ks: list[
             host, offset, n_docs = load_shard(folder, rank, world)
             queries = read_vectors(Path(tmp) / "queries.jsonl", host.vocab, progress=False)
             for name in kernels:
-                # "tiled-whole": one batch of more than 8 queries, whose shards exchange lower bounds
-                kernel = {"flagged": "reference", "tiled-whole": "tiled"}.get(name, name)
-                batch_size = None if name == "tiled-whole" else 4
+                # "tiled-whole": one batch of more than 8 queries, whose shards exchange lower bounds;
+                # "tiled-mixed": the same with one process's shard streamed (then no exchange)
+                kernel = {"flagged": "reference", "tiled-whole": "tiled", "tiled-mixed": "tiled"}.get(name, name)
+                batch_size = None if name in ("tiled-whole", "tiled-mixed") else 4
                 # "flagged": the reference kernel, some rows to search again (others on each process)
                 distributed_mod.search_batch = flagging(plain, rank) if name == "flagged" else plain
                 for pieces in (None, 2):
-                    shard = open_for_search(host, "cpu", kernel=kernel, pieces=pieces)
+                    mixed = name == "tiled-mixed" and rank % 2 == 1  # resident beside streamed, then swapped
+                    shard = open_for_search(
+                        host, "cpu", kernel=kernel, pieces=(2 if pieces is None else None) if mixed else pieces
+                    )
                     for k in ks:
                         res = search_sharded(
                             shard, queries, k, offset=offset, n_docs=n_docs, batch_size=batch_size, kernel=kernel

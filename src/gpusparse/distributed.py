@@ -272,7 +272,7 @@ def search_sharded(
     n_q = len(q)
     bq, dc = plan_chunks(n_q, shard.n_docs if n_docs is None else n_docs, budget, batch_size)
     cutoff = None
-    if world > 1 and not streamed and name == "tiled" and TWO_ROUND and _all_agree(shard, group):
+    if world > 1 and _all_agree(not streamed and name == "tiled" and TWO_ROUND, dev, group):
         cutoff = functools.partial(merged_floor, k=k, group=group)
     # Every row is written below (a batch's results are padded to k); one batch is returned as is.
     out_scores, out_ids, direct = output_buffers(n_q, k, dev) if n_q > bq else (None, None, False)
@@ -374,18 +374,13 @@ def merged_floor(lows: torch.Tensor, *, k: int, group: dist.ProcessGroup | None 
     return floor
 
 
-def _all_agree(shard: Index, group: dist.ProcessGroup | None) -> bool:
-    """Whether every process of ``group`` takes the tiled engine's path that calls the cutoff
-    (its device path, or the CPU one): asked once per shard and group (one collective)."""
-    from .kernels import rescore
-
-    key = ("two_round", id(group))
-    if key not in shard.cache:
-        path = 1 if shard.device.type == "cuda" and rescore.available() else 0
-        flags = torch.tensor([path, -path], dtype=torch.int64, device=shard.device)
-        dist.all_reduce(flags, op=dist.ReduceOp.MIN, group=group)  # min and -max of the paths
-        shard.cache[key] = int(flags[0]) == -int(flags[1])
-    return bool(shard.cache[key])
+def _all_agree(mine: bool, device: torch.device, group: dist.ProcessGroup | None) -> bool:
+    """Whether ``mine`` holds on every process of ``group`` (one all-reduce, made by every
+    process on every call: a process whose shard is streamed, or searched by another kernel,
+    must not be left out of the lower-bound exchange the others would start)."""
+    flag = torch.tensor([int(mine)], dtype=torch.int64, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    return bool(flag.item())
 
 
 def merge_across_ranks(
