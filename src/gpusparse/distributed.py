@@ -37,7 +37,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from tqdm.auto import tqdm
 
 from .collection import SparseCollection
 from .errors import InputError
@@ -48,10 +47,10 @@ from .search import (
     SearchResults,
     check_search_args,
     choose_kernel,
-    output_buffers,
     plan_chunks,
     prepare_queries,
     results_to_host,
+    run_batches,
     search_batch,
     start_to_host,
 )
@@ -274,38 +273,20 @@ def search_sharded(
     cutoff = None
     if world > 1 and _all_agree(not streamed and name == "tiled" and TWO_ROUND, dev, group):
         cutoff = functools.partial(merged_floor, k=k, group=group)
-    # Every row is written below (a batch's results are padded to k); one batch is returned as is.
-    out_scores, out_ids, direct = output_buffers(n_q, k, dev) if n_q > bq else (None, None, False)
-    last: tuple[torch.Tensor, torch.Tensor] | None = None
-    bar = tqdm(total=n_q, unit="q", desc="searching", disable=not progress or None, leave=False)
-    # Batch i is launched (and merged, on the device) before batch i - 1 is waited for, so the
-    # host's part of a batch overlaps the device's work on the one before. (Two CUDA streams
-    # taking turns were slower: bench/results/2026-11-26-H200x2-multigpu-v18.json.) Every
-    # process makes the same collectives in the same order (redone rows merge when waited for).
-    in_flight: list[tuple[int, int, Callable[[], tuple[torch.Tensor, torch.Tensor]]]] = []
-    for a in range(0, n_q + bq, bq):
-        if a < n_q:
-            b = min(n_q, a + bq)
-            part = q if (a, b) == (0, n_q) else q[a:b]
-            if streamed:
-                r = BatchResult(*shard.search_batch(part, k, doc_chunk=dc, memory_budget=budget))  # type: ignore[union-attr]
-            else:
-                r = search_batch(shard, part, k, kernel=name, doc_chunk=dc, memory_budget=budget,  # type: ignore[arg-type,assignment]
-                                 deferred=True, cutoff=cutoff)  # fmt: skip
-            into = (out_scores[a:b], out_ids[a:b]) if direct else ()  # type: ignore[index]
-            in_flight.append((a, b, _merge_later(r, offset, k, world > 1, group, into)))
-        if len(in_flight) == 2 or (a >= n_q and in_flight):
-            a0, b0, finish = in_flight.pop(0)
-            last = finish()
-            if out_scores is not None and out_ids is not None and not direct:
-                out_scores[a0:b0], out_ids[a0:b0] = last
-            bar.update(b0 - a0)
-    bar.close()
-    if out_scores is not None and out_ids is not None:
-        return SearchResults(out_scores, out_ids)
-    if last is not None:
-        return SearchResults(*last)
-    return SearchResults(torch.zeros((0, k), dtype=torch.float32), torch.zeros((0, k), dtype=torch.int64))
+
+    # Every process makes the same collectives in the same order (redone rows merge when their
+    # batch is waited for). Two CUDA streams taking turns between batches were slower
+    # (bench/results/2026-11-26-H200x2-multigpu-v18.json).
+    def launch(a: int, b: int, into: Sequence[torch.Tensor]) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+        part = q if (a, b) == (0, n_q) else q[a:b]
+        if streamed:
+            r = BatchResult(*shard.search_batch(part, k, doc_chunk=dc, memory_budget=budget))  # type: ignore[union-attr]
+        else:
+            r = search_batch(shard, part, k, kernel=name, doc_chunk=dc, memory_budget=budget,  # type: ignore[arg-type,assignment]
+                             deferred=True, cutoff=cutoff)  # fmt: skip
+        return _merge_later(r, offset, k, world > 1, group, into)
+
+    return run_batches(n_q, k, bq, dev, launch, progress=progress)
 
 
 def _merge_later(

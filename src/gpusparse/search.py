@@ -14,7 +14,7 @@ Contract of every search path (kernels included):
 
 from __future__ import annotations
 
-import itertools
+import collections
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
@@ -167,11 +167,11 @@ def start_to_host(
     host tensors to copy the first tensors into (as :func:`output_buffers` gives)."""
     present = [t for t in tensors if t is not None]
     if not present or present[0].device.type != "cuda" or not PINNED_RESULTS:
-        host = tuple(None if t is None else t.cpu() for t in tensors)
-        for target, t in zip(into, host, strict=False):
-            if target is not None and t is not None:
-                target.copy_(t)
-        return tuple(target if target is not None else t for target, t in itertools.zip_longest(into, host)), None
+        host = [None if t is None else t.cpu() for t in tensors]
+        for i, target in enumerate(into):
+            if target is not None and host[i] is not None:
+                host[i] = target.copy_(host[i])
+        return tuple(host), None
     targets = list(into) + [None] * (len(tensors) - len(into))
     out = tuple(
         None
@@ -212,17 +212,12 @@ class BatchResult(NamedTuple):
     redo_search: Callable[[np.ndarray], tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
-def complete(result: BatchResult) -> tuple[torch.Tensor, torch.Tensor]:
-    """A :class:`BatchResult` on the host: one sync, and the flagged rows searched again."""
-    return complete_later(result)()
-
-
 def complete_later(
     result: BatchResult, into: Sequence[torch.Tensor] = ()
 ) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
-    """:func:`complete` in two steps: the copies to the host start now, and the returned
-    function waits for them (then searches flagged rows again). In between the host can
-    prepare and launch the next batch while the device still works on this one. ``into``:
+    """A :class:`BatchResult` on the host, in two steps: the copies start now, and the returned
+    function waits for them (one sync), then searches flagged rows again. In between the host
+    can prepare and launch the next batch while the device still works on this one. ``into``:
     the page-locked host ``(scores, ids)`` to fill (see :func:`output_buffers`)."""
     (scores, ids, redo), done = start_to_host(result.scores, result.ids, result.redo, into=into)
 
@@ -257,32 +252,51 @@ def search(
     q = prepare_queries(queries, index.vocab, index.quantization)
     name = choose_kernel(kernel, dev)
     idx = index.to(dev)
-    n_q = len(q)
-    bq, dc = plan_chunks(n_q, idx.n_docs, budget, batch_size)
-    if n_q and bq >= n_q:  # one batch: its results are the output
-        return SearchResults(*complete(search_batch(idx, q, k, kernel=name, doc_chunk=dc, memory_budget=budget,
-                                                    deferred=True)))  # fmt: skip
-    out_scores, out_ids, direct = output_buffers(n_q, k, dev)
-    bar = tqdm(total=n_q, unit="q", desc="searching", disable=None, leave=False) if progress else None
-    # Batch i is launched before batch i - 1 is waited for: the host's part of a batch (query
-    # layout, parameters, launches) overlaps the device's work on the one before.
-    in_flight: list[tuple[int, int, Callable[[], tuple[torch.Tensor, torch.Tensor]]]] = []
-    for a in range(0, n_q + bq, bq):
-        if a < n_q:
-            b = min(n_q, a + bq)
-            part = q if (a, b) == (0, n_q) else q[a:b]
-            r = search_batch(idx, part, k, kernel=name, doc_chunk=dc, memory_budget=budget, deferred=True)
-            into = (out_scores[a:b], out_ids[a:b]) if direct else ()
-            in_flight.append((a, b, complete_later(r, into)))  # type: ignore[arg-type]
-        if len(in_flight) == 2 or (a >= n_q and in_flight):
-            a0, b0, finish = in_flight.pop(0)
+    bq, dc = plan_chunks(len(q), idx.n_docs, budget, batch_size)
+
+    def launch(a: int, b: int, into: Sequence[torch.Tensor]) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+        part = q if (a, b) == (0, len(q)) else q[a:b]
+        r = search_batch(idx, part, k, kernel=name, doc_chunk=dc, memory_budget=budget, deferred=True)
+        return complete_later(r, into)  # type: ignore[arg-type]
+
+    return run_batches(len(q), k, bq, dev, launch, progress=progress)
+
+
+def run_batches(
+    n_queries: int,
+    k: int,
+    batch_size: int,
+    device: torch.device,
+    launch: Callable[[int, int, Sequence[torch.Tensor]], Callable[[], tuple[torch.Tensor, torch.Tensor]]],
+    *,
+    progress: bool = False,
+) -> SearchResults:
+    """A search's batches of ``batch_size`` queries, pipelined: ``launch(a, b, into)`` starts
+    queries ``a:b`` and returns the function that waits for their host ``(scores, ids)``
+    (written into ``into``, page-locked slices of the output, when given). Batch i is launched
+    before batch i - 1 is waited for, so the host's part of a batch (query layout, parameters,
+    launches) overlaps the device's work on the one before. One batch's results are returned
+    as they come."""
+    if n_queries == 0:
+        return SearchResults(torch.zeros((0, k), dtype=torch.float32), torch.zeros((0, k), dtype=torch.int64))
+    bar = tqdm(total=n_queries, unit="q", desc="searching", disable=not progress or None, leave=False)
+    if n_queries <= batch_size:
+        out = SearchResults(*launch(0, n_queries, ())())
+        bar.update(n_queries)
+        bar.close()
+        return out
+    out_scores, out_ids, direct = output_buffers(n_queries, k, device)
+    in_flight: collections.deque = collections.deque()
+    for a in range(0, n_queries, batch_size):
+        b = min(n_queries, a + batch_size)
+        in_flight.append((a, b, launch(a, b, (out_scores[a:b], out_ids[a:b]) if direct else ())))
+        while len(in_flight) == 2 or (b == n_queries and in_flight):
+            a0, b0, finish = in_flight.popleft()
             s0, i0 = finish()
             if not direct:
                 out_scores[a0:b0], out_ids[a0:b0] = s0, i0
-            if bar is not None:
-                bar.update(b0 - a0)
-    if bar is not None:
-        bar.close()
+            bar.update(b0 - a0)
+    bar.close()
     return SearchResults(out_scores, out_ids)
 
 
