@@ -29,12 +29,14 @@ CPU dry run (gloo, tiny sizes):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -48,6 +50,7 @@ from gpusparse.distributed import StreamedIndex, init_from_env, search_sharded
 from gpusparse.search import SearchResults, choose_kernel
 from gpusparse.shards import document_ranges
 from gpusparse.synthetic import MSMARCO_TARGETS, format_stats, generate, synthetic_stats
+from gpusparse.tiled import TiledIndex
 
 
 def main() -> None:
@@ -60,6 +63,11 @@ def main() -> None:
     )
     ap.add_argument(
         "--ab-two-round", action="store_true", help="also time the N-GPU rows without the lower-bound exchange"
+    )
+    ap.add_argument(
+        "--ab-forward",
+        action="store_true",
+        help="also time every resident row with rescoring by binary searches instead of the forward copy",
     )
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
@@ -120,6 +128,7 @@ def main() -> None:
         _reset_peak(dev)
         times, one = timed(lambda: search_sharded(full, queries, args.k, distributed=False), dev, args, lockstep=False)
         rows.append(_row("resident", 1, times, args, dev, identical=True))
+        collection["layout_bytes"] = sum(v.nbytes for v in full.cache.values() if isinstance(v, TiledIndex))
         if args.profile:
             trace = args.out / "trace-1gpu-rank0.json"
             rows[-1]["profile"] = profile_call(
@@ -133,6 +142,14 @@ def main() -> None:
         if args.batches > 0:
             one_all = pipelined_row(rows, 1, lambda: search_sharded(full, all_queries, args.k, distributed=False,
                                                                    batch_size=args.batch), dev, args, None)  # fmt: skip
+        if args.ab_forward:
+            with without_forward(full):
+                times, res = timed(lambda: search_sharded(full, queries, args.k, distributed=False), dev, args,
+                                   lockstep=False)  # fmt: skip
+                rows.append(_row("lists", 1, times, args, dev, identical=_same(res, one)))
+                if args.batches > 0:
+                    pipelined_row(rows, 1, lambda: search_sharded(full, all_queries, args.k, distributed=False,
+                                  batch_size=args.batch), dev, args, one_all, "pipe-lists")  # fmt: skip
     dist.barrier()
 
     # -- N GPUs, resident ---------------------------------------------------------------------
@@ -172,10 +189,27 @@ def main() -> None:
             rows.append(_row("1-round", world, times, args, dev, identical=_same(res, one)))
             rows[-1]["speedup_vs_1_gpu"] = rows[0]["median_ms"] / rows[-1]["median_ms"]
             log(f"{world} GPUs without the exchange: median {rows[-1]['median_ms']:.2f} ms")
+        if args.batches > 0:
+            pipelined_row(rows if rank == 0 else [], world, lambda: search_sharded(shard, all_queries, args.k,
+                          offset=a, n_docs=args.docs, batch_size=args.batch), dev, args,
+                          one_all if rank == 0 else None, "pipe-1round", "pipelined")  # fmt: skip
         distributed_mod.TWO_ROUND = True
+
+    def pipelined_sharded() -> SearchResults:
+        return search_sharded(shard, all_queries, args.k, offset=a, n_docs=args.docs, batch_size=args.batch)
+
     if args.batches > 0:
-        pipelined_row(rows if rank == 0 else [], world, lambda: search_sharded(shard, all_queries, args.k, offset=a,
-                      n_docs=args.docs, batch_size=args.batch), dev, args, one_all if rank == 0 else None)  # fmt: skip
+        pipelined_row(rows if rank == 0 else [], world, pipelined_sharded, dev, args, one_all if rank == 0 else None)
+    if args.ab_forward:
+        with without_forward(shard):
+            times, res = timed(sharded, dev, args, lockstep=True)
+            if rank == 0:
+                rows.append(_row("lists", world, times, args, dev, identical=_same(res, one)))
+                base = [r for r in rows if r["mode"] == "lists" and r["gpus"] == 1]
+                rows[-1]["speedup_vs_1_gpu"] = base[0]["median_ms"] / rows[-1]["median_ms"]
+            if args.batches > 0:
+                pipelined_row(rows if rank == 0 else [], world, pipelined_sharded, dev, args,
+                              one_all if rank == 0 else None, "pipe-lists")  # fmt: skip
 
     # -- streamed from pinned host memory ------------------------------------------------------
     if args.stream_reps <= 0:
@@ -226,9 +260,11 @@ def pipelined_row(
     args: argparse.Namespace,
     ref: SearchResults | None,
     mode: str = "pipelined",
+    base_mode: str | None = None,
 ) -> SearchResults:
     """Time ``fn`` (all ``--batches`` batches in one call, so each batch's host work overlaps
-    the device's work on the one before) and append its row to ``rows`` (process 0)."""
+    the device's work on the one before) and append its row to ``rows`` (process 0); its
+    speedup is against the 1-GPU row of ``base_mode`` (default: ``mode``)."""
     times, res = timed(fn, dev, args, lockstep=gpus > 1)
     if not rows and gpus > 1:
         return res  # not process 0
@@ -239,7 +275,7 @@ def pipelined_row(
         "qps": n / (row["median_ms"] / 1e3),
         "ms_per_batch": row["median_ms"] / args.batches,
     }
-    base = [r for r in rows if r["mode"] == mode and r["gpus"] == 1]
+    base = [r for r in rows if r["mode"] == (base_mode or mode) and r["gpus"] == 1]
     if base:
         row["speedup_vs_1_gpu"] = base[0]["median_ms"] / row["median_ms"]
     rows.append(row)
@@ -247,6 +283,18 @@ def pipelined_row(
           f"({row['ms_per_batch']:.2f} ms a batch, {row['qps']:,.0f} QPS); identical: {row['identical_to_1_gpu']}",
           flush=True)  # fmt: skip
     return res
+
+
+@contextlib.contextmanager
+def without_forward(index: Index) -> Iterator[None]:
+    """Within: ``index``'s tiled layouts without their forward copy (rescoring by binary
+    searches in the inverted lists, as before it), for an A/B in one run."""
+    saved = {key: v for key, v in index.cache.items() if isinstance(v, TiledIndex)}
+    index.cache.update({key: replace(v, forward=None) for key, v in saved.items()})
+    try:
+        yield
+    finally:
+        index.cache.update(saved)
 
 
 def broadcast_collection(args: argparse.Namespace, rank: int, dev: torch.device) -> tuple[tuple, tuple]:
@@ -439,7 +487,7 @@ def write(args: argparse.Namespace, env: dict, collection: dict, rows: list[dict
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
     print(f"\nwrote {path}\n")
     print(f"{args.docs:,} documents, batch {args.batch}, k = {args.k}, {env['card']} ({env['backend']})")
-    head = f"{'mode':<10}{'GPUs':>5}{'ms/batch':>12}{'QPS':>10}{'vs 1 GPU':>10}{'identical':>11}"
+    head = f"{'mode':<12}{'GPUs':>5}{'ms/batch':>12}{'QPS':>10}{'vs 1 GPU':>10}{'identical':>11}"
     print(f"{head}{'pieces':>8}{'GB/s':>8}")
     base = rows[0]["median_ms"]
     for r in rows:
@@ -449,7 +497,7 @@ def write(args: argparse.Namespace, env: dict, collection: dict, rows: list[dict
         )
         rate = r.get("copy_rate_process0_bytes_per_s")
         print(
-            f"{r['mode']:<10}{r['gpus']:>5}{per_batch:>12.2f}{r['qps']:>10,.0f}{speedup:>9.2f}x"
+            f"{r['mode']:<12}{r['gpus']:>5}{per_batch:>12.2f}{r['qps']:>10,.0f}{speedup:>9.2f}x"
             f"{r['identical_to_1_gpu']!s:>11}{r.get('pieces', ''):>8}{'' if rate is None else f'{rate / 1e9:.1f}':>8}"
         )
     for r in rows:

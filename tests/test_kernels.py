@@ -188,10 +188,12 @@ def test_batches_without_terms(kernel: str, n_queries: int, cases: dict[str, Cas
     assert_scores_close(out, np.zeros((n_queries, 40)), kernel)
 
 
-def test_forward_index_is_document_major_csr(cases: dict[str, Case]) -> None:
+@pytest.mark.parametrize("chunk", [1 << 23, 7, 1])
+def test_forward_index_is_document_major_csr(chunk: int, cases: dict[str, Case]) -> None:
+    """Built in pieces of ``chunk`` postings (a piece ends inside lists and documents)."""
     for name in ("basic", "empty_docs", "single_doc"):
         case = cases[name]
-        indptr, terms, weights = forward_index(case.index)
+        indptr, terms, weights = forward_index(case.index, chunk=chunk)
         assert (indptr.dtype, terms.dtype, weights.dtype) == (torch.int64, torch.int32, torch.float32)
         want = sp.csr_matrix(case.docs)
         want.sort_indices()

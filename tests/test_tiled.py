@@ -390,10 +390,14 @@ def test_cuda_rescoring_equals_the_pytorch_path(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("tile_bits", [None, 6, 12])
-def test_cuda_candidate_keys_equal_the_pytorch_path(monkeypatch, tile_bits):
-    """The one-launch finalisation (keys, rescoring narrowed to a tile's share of each list)
-    against the PyTorch steps, on candidates whose fixed-point values leave some scores
-    certain and some not; absent slots included."""
+@pytest.mark.parametrize("forward", [True, False], ids=["forward", "lists"])
+def test_cuda_candidate_keys_equal_the_pytorch_path(monkeypatch, tile_bits, forward):
+    """The one-launch finalisation (keys; rescoring by the forward copy, or by binary
+    searches narrowed to a tile's share of each list) against the PyTorch steps, on
+    candidates whose fixed-point values leave some scores certain and some not; absent
+    slots included."""
+    from dataclasses import replace
+
     from gpusparse.kernels import rescore
     from gpusparse.tiled import finalize_candidates, tiled
 
@@ -410,12 +414,63 @@ def test_cuda_candidate_keys_equal_the_pytorch_path(monkeypatch, tile_bits):
     true = exact.gather(1, cand.clamp_min(0)) * fp.scale[:, None]
     vals = torch.round(true + torch.from_numpy(rng.normal(0, 20, (40, 300))).cuda()).clamp_min(1).to(torch.int64)
     tl = tiled(index, tile_bits, None) if tile_bits else None
+    if tl is not None:
+        assert tl.forward is not None  # built with a layout on a GPU
+        tl = tl if forward else replace(tl, forward=None)
     for k in (1, 10, 300, 400):
         fast = finalize_candidates(index, batch, fp, cand, vals, k, tl)
         with monkeypatch.context() as m:
             m.setattr(rescore, "available", lambda: False)
             slow = finalize_candidates(index, batch, fp, cand, vals, k, tl)
         assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1]), k
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_rescoring_by_the_forward_copy_equals_the_list_searches():
+    """candidate_keys with the forward copy against the binary searches and the canonical
+    scores: documents longer than one pass of the kernel (128 terms) and queries longer than
+    64 terms, candidate counts below and above the width, a floor, absent slots."""
+    from gpusparse.kernels import rescore
+    from gpusparse.search import exact_scores, forward_copy
+
+    if not rescore.available():
+        pytest.skip("needs CuPy")
+    rng = np.random.default_rng()
+    docs = random_collection(rng, 3000, 2000, 160, empty_fraction=0.02, skew=0.3)
+    queries = random_collection(rng, 24, 2000, 80, empty_fraction=0.05, skew=0.3)
+    index = Index.build(docs, device="cuda")
+    lengths = np.diff(docs.indptr)
+    assert lengths.max() > 128 and (lengths == 0).any() and (0 < lengths).sum() > (lengths > 128).sum() > 0
+    batch = query_batch(queries, index.device)
+    assert batch.padded_terms.shape[1] > 64
+    fp = fixed_point(index, batch, "u32")
+    b, ld, width = 24, 700, 600
+    exact = torch.from_numpy(dense_scores(docs, queries)).cuda()
+    cand = torch.from_numpy(rng.integers(-1, 3000, (b, ld)).astype(np.int32)).cuda()
+    true = exact.gather(1, cand.clamp_min(0).to(torch.int64)) * fp.scale[:, None]
+    vals = torch.round(true + torch.from_numpy(rng.normal(0, 20, (b, ld))).cuda()).clamp_min(1).to(torch.int64)
+    count = torch.from_numpy(rng.integers(0, ld + 100, b).astype(np.int32)).cuda()
+    floor = torch.from_numpy(rng.uniform(0, 30, b).astype(np.float32)).cuda()
+    args = (index.doc_ids, index.scores, index.offsets, index.lengths, batch.padded_terms, batch.padded_weights)
+    for kw in ({}, {"count": count}, {"count": count, "floor": floor}):
+        keys = []
+        for fwd in (forward_copy(index), None):
+            poison = torch.full((b, width), -7, dtype=torch.int64, device="cuda")
+            del poison  # the caching allocator hands this block to the keys: every slot must be written
+            keys.append(
+                rescore.candidate_keys_cuda(*args, cand, vals, fp.delta, fp.scale, width=width, forward=fwd, **kw)
+            )
+        assert torch.equal(keys[0], keys[1]), kw
+        # the scores in the keys are the canonical ones wherever a candidate was rescored
+        live = (keys[0] != 0).nonzero(as_tuple=True)
+        got = torch.div(keys[0][live], 1 << 31, rounding_mode="floor").to(torch.int32).view(torch.float32)
+        want = exact_scores(index, batch, live[0], cand[live].to(torch.int64))
+        assert torch.equal(got, want), kw
+        n = count.clamp(0, width) if "count" in kw else torch.full((b,), width, device="cuda")
+        beyond = torch.arange(width, device="cuda")[None, :] >= n[:, None]
+        assert not keys[0][beyond].any(), kw  # slots past a row's count: key 0
+        assert live[0].numel() > 1000, kw
 
 
 @pytest.mark.gpu

@@ -40,6 +40,24 @@ MAX_DOCS = 2**31 - 1  # doc ids are int32
 _ARRAYS = ("doc_ids", "scores", "offsets", "lengths", "padded_lengths", "max_scores")
 
 
+def real_postings(index: Index, chunk: int = 1 << 23):
+    """``(a, b, term, position)`` for real postings ``a .. b-1`` of ``index``, in pieces of at
+    most ``chunk``: postings numbered in list order (ascending term, then document) with
+    padding skipped; ``term`` and ``position`` (in the flat arrays) are int64 ``[b - a]``.
+    Builders that regroup the postings (tiled layout, document-major copy) walk them this way,
+    so their temporaries stay bounded by ``chunk``."""
+    dev = index.device
+    lengths = index.lengths.to(torch.int64)
+    ends = torch.cumsum(lengths, 0)
+    list_start = ends - lengths
+    total = int(ends[-1]) if ends.numel() else 0
+    for a in range(0, total, chunk):
+        b = min(total, a + chunk)
+        flat = torch.arange(a, b, device=dev)
+        term = torch.searchsorted(ends, flat, right=True)
+        yield a, b, term, index.offsets[term] + (flat - list_start[term])
+
+
 @dataclass(frozen=True)
 class IndexStats:
     """Counts and sizes, as ``gpusparse info`` prints them."""

@@ -567,7 +567,7 @@ def kernel_search(
     dev = index.device
     bq, n = len(queries), index.n_docs
     batch = query_batch(queries, dev)
-    forward = _forward(index) if kernel == "docpar" else None
+    forward = forward_copy(index) if kernel == "docpar" else None
     buf = torch.empty(bq * min(doc_chunk, max(n, 1)), dtype=torch.float32, device=dev)
 
     def fill(d0: int, width: int) -> torch.Tensor:
@@ -579,8 +579,9 @@ def kernel_search(
     return chunked_exact_topk(index, batch, k, doc_chunk, fill)
 
 
-def _forward(index: Index) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The document-major copy the doc-parallel kernel reads, made once per index object."""
+def forward_copy(index: Index) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The index's document-major copy (:func:`~gpusparse.kernels.forward_index`), made once
+    per index object: the doc-parallel kernel and the tiled engine's rescoring read it."""
     from .kernels import forward_index
 
     cached = index.cache.get("forward")

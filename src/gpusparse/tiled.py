@@ -23,7 +23,7 @@ rows it cannot finish go the general way (:func:`candidates`, which syncs per wa
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -68,6 +68,9 @@ MAX_TILE_BITS = 16  # offsets are 16-bit
 # Accumulator mode of the CUDA kernel (see gpusparse.kernels.tiled.ACC_MODES): "u32" measured
 # fastest (bench/NOTES.md); "carry" keeps 2**61 units of precision (fewer rescored candidates).
 DEFAULT_ACC = "u32"
+# Layouts built on a GPU keep the index's forward copy, which rescoring reads instead of
+# binary-searching the inverted lists (bench/NOTES.md, issue 8).
+FORWARD_RESCORING = True
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,10 @@ class TiledIndex:
     # tile's share of the term's list starts in the index's own list; it narrows the binary
     # searches of canonical rescoring from the whole list (~22 steps) to one tile's share.
     list_pos: torch.Tensor | None = None
+    # The index's document-major copy (gpusparse.kernels.forward_index: indptr, terms,
+    # weights), kept with a layout built on a GPU: rescoring reads a candidate's ~120
+    # postings in order instead of binary-searching each query term's list (bench/NOTES.md).
+    forward: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @property
     def n_tiles(self) -> int:
@@ -98,7 +105,7 @@ class TiledIndex:
     @property
     def nbytes(self) -> int:
         """Device bytes of the arrays."""
-        arrays = (self.seg, self.offs, self.wts, self.dense_id, self.dense, self.list_pos)
+        arrays = (self.seg, self.offs, self.wts, self.dense_id, self.dense, self.list_pos, *(self.forward or ()))
         return sum(t.numel() * t.element_size() for t in arrays if t is not None)
 
 
@@ -127,16 +134,17 @@ def build_tiled(
     fixed point, ``round(w · 2**b)`` with the largest weight below ``2**30``, so the kernel
     multiplies integers; the rounding is covered by :func:`fixed_point`'s margin.
     """
+    from .index import real_postings
+
     if not 1 <= tile_bits <= MAX_TILE_BITS:
         raise ValueError(f"tile_bits must be in 1..{MAX_TILE_BITS}")
     dev = index.device
     n_terms, n_docs = len(index.vocab), index.n_docs
     n_tiles = max(1, (n_docs + (1 << tile_bits) - 1) >> tile_bits)
     lengths = index.lengths.to(torch.int64)
-    total = int(lengths.sum())
     list_start = torch.cumsum(lengths, 0) - lengths  # start of each list among real postings
     counts = torch.zeros(n_tiles * n_terms, dtype=torch.int64, device=dev)
-    for _, _, term, pos in _real_postings(index, lengths, list_start, total, chunk):
+    for _, _, term, pos in real_postings(index, chunk):
         tile = index.doc_ids[pos].to(torch.int64) >> tile_bits
         counts += torch.bincount(tile * n_terms + term, minlength=n_tiles * n_terms)
     is_dense = counts >= max(1, int(dense_min * (1 << tile_bits))) if dense_min is not None else counts < 0
@@ -169,7 +177,7 @@ def build_tiled(
     offs = torch.empty(n_sparse, dtype=torch.int16, device=dev)
     wts = torch.empty(n_sparse, dtype=wdtype, device=dev)
     mask = (1 << tile_bits) - 1
-    for a, b, term, pos in _real_postings(index, lengths, list_start, total, chunk):
+    for a, b, term, pos in real_postings(index, chunk):
         doc = index.doc_ids[pos].to(torch.int64)
         tile = doc >> tile_bits
         key = tile * n_terms + term
@@ -195,17 +203,6 @@ def fixed_weight_bits(max_weight: float) -> int:
     return 30 - math.frexp(max_weight)[1]
 
 
-def _real_postings(index: Index, lengths: torch.Tensor, list_start: torch.Tensor, total: int, chunk: int):
-    """``(a, b, term, position)`` for real postings ``a .. b-1`` (padding skipped), in pieces."""
-    dev = index.device
-    ends = torch.cumsum(lengths, 0)
-    for a in range(0, total, chunk):
-        b = min(total, a + chunk)
-        flat = torch.arange(a, b, device=dev)
-        term = torch.searchsorted(ends, flat, right=True)
-        yield a, b, term, index.offsets[term] + (flat - list_start[term])
-
-
 def default_layout(index: Index, fixed: bool = False) -> tuple[int, float]:
     """``(tile_bits, dense_min)`` for this index's weights (see :data:`DEFAULT_LAYOUT`)."""
     if index.quantization is not None:
@@ -217,13 +214,20 @@ def default_layout(index: Index, fixed: bool = False) -> tuple[int, float]:
 
 
 def tiled(
-    index: Index, tile_bits: int | None = None, dense_min: float | str | None = AUTO, fixed: bool = False
+    index: Index,
+    tile_bits: int | None = None,
+    dense_min: float | str | None = AUTO,
+    fixed: bool = False,
+    *,
+    forward: bool = True,
 ) -> TiledIndex:
     """The index's tiled layout, built once per index object and kept in ``index.cache``.
 
     ``tile_bits=None`` and ``dense_min="auto"`` take :func:`default_layout`'s values;
     ``dense_min=None`` keeps every segment sparse; ``fixed``: fixed-point float32 weights
-    (see :func:`build_tiled`).
+    (see :func:`build_tiled`). On a GPU with the CUDA kernels (:data:`FORWARD_RESCORING`) a
+    new layout also holds the index's forward copy for rescoring (8 bytes a posting, shared
+    with the doc-parallel kernel's), unless ``forward=False`` (a layout to be streamed).
     """
     fixed = fixed and index.quantization is None
     auto_bits, auto_dense = default_layout(index, fixed)
@@ -231,7 +235,14 @@ def tiled(
     dense_min = auto_dense if dense_min == AUTO else dense_min
     key = f"tiled-{tile_bits}-{dense_min}" + ("-fixed" if fixed else "")
     if key not in index.cache:
-        index.cache[key] = build_tiled(index, tile_bits, dense_min=dense_min, fixed=fixed)
+        layout = build_tiled(index, tile_bits, dense_min=dense_min, fixed=fixed)
+        if forward and FORWARD_RESCORING and index.device.type == "cuda":
+            from .kernels import rescore
+            from .search import forward_copy
+
+            if rescore.available():
+                layout = replace(layout, forward=forward_copy(index))
+        index.cache[key] = layout
     return index.cache[key]  # type: ignore[return-value]
 
 
@@ -241,11 +252,14 @@ def search_layout(
     dense_min: float | str | None = AUTO,
     acc: str | None = None,
     fixed: bool | None = None,
+    *,
+    forward: bool = True,
 ) -> TiledIndex:
-    """The layout :func:`tiled_search` searches with these arguments (built once per index)."""
+    """The layout :func:`tiled_search` searches with these arguments (built once per index;
+    ``forward``: see :func:`tiled`)."""
     acc = choose_acc(acc)
     fixed = (DEFAULT_FIXED if fixed is None else fixed) and acc == "u32" and index.quantization is None
-    return tiled(index, tile_bits, dense_min, fixed)
+    return tiled(index, tile_bits, dense_min, fixed, forward=forward)
 
 
 @dataclass(frozen=True)
@@ -524,6 +538,7 @@ def _device_steps(
     keys = rescore.candidate_keys_cuda(
         index.doc_ids, index.scores, index.offsets, index.lengths, terms, weights, cand_doc, cand_val,
         fp.delta, fp.scale, width=width, count=count, list_pos=tl.list_pos, tile_bits=tl.tile_bits, floor=floor,
+        forward=tl.forward,
     )  # fmt: skip
     top = torch.topk(keys, min(k, width), dim=1, largest=True, sorted=True).values
     scores, ids = finalize(decode_keys(top) if width else None, k, b, dev)
@@ -963,7 +978,7 @@ def finalize_candidates(
             batch.padded_terms.contiguous(), batch.padded_weights.contiguous(),
             docs.to(torch.int32), vals.contiguous(), fp.delta, fp.scale,
             list_pos=tl.list_pos if tl is not None else None, tile_bits=tl.tile_bits if tl is not None else 0,
-            floor=floor,
+            floor=floor, forward=tl.forward if tl is not None else None,
         )  # fmt: skip
         top = torch.topk(keys, min(k, keys.shape[1]), dim=1, largest=True, sorted=True).values
         return finalize(decode_keys(top) if docs.shape[1] else None, k, b, dev)

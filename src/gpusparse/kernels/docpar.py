@@ -83,34 +83,43 @@ def _docpar_kernel(
     tl.store(out_ptr + b.to(tl.int64) * width + col, score, mask=col < width)
 
 
-def forward_index(index: Index) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def forward_index(index: Index, *, chunk: int = 1 << 23) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The collection in document-major CSR form, built from the inverted index.
 
-    Real postings (padding skipped, found through ``offsets`` and ``lengths``) are
-    stably sorted by document id; the inverted index visits terms in ascending order,
-    so terms stay ascending inside each document. Built on the index's device; nothing
-    is cached. Temporaries: about 40 bytes per posting.
+    Real postings (padding skipped) are visited in list order, ``chunk`` at a time: each
+    piece is stably sorted by document and written after the postings its documents already
+    have, so terms stay ascending inside each document. Built on the index's device;
+    nothing is cached. Temporaries: about 60 bytes per posting of a piece (2**23: ~0.5 GB)
+    plus two int64 ``[N]`` counters.
 
     Returns:
         ``(indptr, terms, weights)``: int64 ``[N + 1]``, int32 ``[nnz]``, float32 ``[nnz]``;
         document ``d``'s terms are ``terms[indptr[d]:indptr[d + 1]]``.
     """
+    from ..index import real_postings
+
     if not isinstance(index, Index):
         raise TypeError(f"index must be a gpusparse.Index, not {type(index).__name__}")
-    dev = index.device
-    lengths = index.lengths.to(torch.int64)
-    nnz = int(lengths.sum())
-    n_terms = lengths.numel()
-    # Term of each real posting, in list order; then its position in the flat arrays.
-    term = torch.repeat_interleave(torch.arange(n_terms, device=dev), lengths, output_size=nnz)
-    first = torch.cumsum(lengths, 0) - lengths
-    pos = index.offsets[term] + (torch.arange(nnz, device=dev) - first[term])
-    doc = index.doc_ids[pos]
-    order = torch.sort(doc, stable=True).indices
-    counts = torch.bincount(doc.to(torch.int64), minlength=index.n_docs)
-    indptr = torch.zeros(index.n_docs + 1, dtype=torch.int64, device=dev)
+    dev, n = index.device, index.n_docs
+    counts = torch.zeros(n, dtype=torch.int64, device=dev)
+    for _, _, _, pos in real_postings(index, chunk):
+        counts += torch.bincount(index.doc_ids[pos].to(torch.int64), minlength=n)
+    indptr = torch.zeros(n + 1, dtype=torch.int64, device=dev)
     torch.cumsum(counts, 0, out=indptr[1:])
-    return indptr, term[order].to(torch.int32), index.scores[pos[order]]
+    nnz = int(indptr[-1])
+    terms = torch.empty(nnz, dtype=torch.int32, device=dev)
+    weights = torch.empty(nnz, dtype=torch.float32, device=dev)
+    filled = indptr[:-1].clone()  # next free slot of each document
+    for _, _, term, pos in real_postings(index, chunk):
+        doc = index.doc_ids[pos].to(torch.int64)
+        order = torch.sort(doc, stable=True).indices  # by document, terms ascending inside
+        doc = doc[order]
+        rank = torch.arange(doc.numel(), device=dev) - torch.searchsorted(doc, doc)  # inside its document
+        dest = filled[doc] + rank
+        terms[dest] = term[order].to(torch.int32)
+        weights[dest] = index.scores[pos[order]]
+        filled += torch.bincount(doc, minlength=n)
+    return indptr, terms, weights
 
 
 def docpar_scores(

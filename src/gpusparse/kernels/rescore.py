@@ -83,13 +83,67 @@ extern "C" __global__ void exact_scores_kernel(
     if ((threadIdx.x & 31) == 0) out[p] = s;
 }
 
+// canonical() from the document's side, with the forward index (document-major CSR: its
+// terms ascending, their weights): lane i takes the document's terms i, i + 32, ... (up to
+// 4 at once, their loads in flight together) and finds each among the query's terms (a
+// binary search over a row that stays in L1); the products of the terms found are added in
+// term order, as canonical() adds them (both lists are ascending), so the bits are the same.
+// A document's ~120 postings are ~1 KB read in order, where the binary searches in the
+// inverted lists touch ~10 scattered sectors per query term.
+#define FWD_UNROLL 4
+__device__ __forceinline__ float canonical_fwd(
+    const i64* __restrict__ fwd_off, const int* __restrict__ fwd_terms, const float* __restrict__ fwd_w,
+    const i64* __restrict__ terms, const float* __restrict__ weights, const int T, const int d)
+{
+    const int lane = threadIdx.x & 31;
+    const i64 start = fwd_off[d], end = fwd_off[d + 1];
+    double acc = 0.0;
+    for (i64 i0 = start; i0 < end; i0 += 32 * FWD_UNROLL) {
+        int t[FWD_UNROLL];
+        float w[FWD_UNROLL];
+#pragma unroll
+        for (int u = 0; u < FWD_UNROLL; ++u) {
+            const i64 i = i0 + u * 32 + lane;
+            t[u] = i < end ? fwd_terms[i] : -1;
+            w[u] = i < end ? fwd_w[i] : 0.0f;
+        }
+        double prod[FWD_UNROLL];
+        bool hit[FWD_UNROLL];
+#pragma unroll
+        for (int u = 0; u < FWD_UNROLL; ++u) {
+            int lo = 0, hi = T;  // first query term >= t[u] (padding, -1, sorts last)
+            while (lo < hi) {
+                const int mid = (lo + hi) >> 1;
+                const i64 q = terms[mid];
+                if (q >= 0 && q < t[u]) lo = mid + 1; else hi = mid;
+            }
+            hit[u] = t[u] >= 0 && lo < T && terms[lo] == t[u];
+            prod[u] = hit[u] ? (double)w[u] * (double)weights[lo] : 0.0;
+        }
+#pragma unroll
+        for (int u = 0; u < FWD_UNROLL; ++u) {
+            unsigned int hits = __ballot_sync(0xffffffffu, hit[u]);
+            while (hits) {  // in term order
+                const int v = __ffs(hits) - 1;
+                acc += __shfl_sync(0xffffffffu, prod[u], v);
+                hits &= hits - 1;
+            }
+        }
+    }
+    return (float)acc;
+}
+
 // The tiled engine's candidates (the first W of each row of ld slots) to ranking keys (gpusparse.topk.encode_keys): a
 // candidate's float32 score is read off its fixed-point sum where the margin leaves one
 // float32 value possible, and computed canonically otherwise; absent slots (doc -1) get key
 // 0. The same float64 operations as gpusparse.tiled.finalize_candidates's PyTorch path, each
-// rounded on its own (no contraction), so both give the same bits. One warp per slot.
+// rounded on its own (no contraction), so both give the same bits.
 // With `floor` (a bound the row's k-th float32 score reaches, gpusparse.tiled.candidate_lows),
 // a candidate whose float32 score is at most `high` < floor cannot be in the top-k: key 0.
+// Rescoring reads the forward index where given (fwd_off non-null), else binary-searches
+// the inverted lists. Blocks (x, row): the warps of a row's gridDim.x blocks take its
+// occupied slots (the first count[r]) in turn, a warp per slot; the rest of the row's W
+// slots are zeroed by all threads, so a row costs its candidates, not W warps.
 extern "C" __global__ void candidate_keys(
     const int* __restrict__ doc_ids, const float* __restrict__ scores,
     const i64* __restrict__ offsets, const int* __restrict__ lengths,
@@ -97,30 +151,39 @@ extern "C" __global__ void candidate_keys(
     const int* __restrict__ list_pos, const int tile_bits, const int V, const int n_tiles,
     const int* __restrict__ cand_doc, const i64* __restrict__ cand_val, const i64 ld,
     const int* __restrict__ count, const i64 W,
-    const i64* __restrict__ q_delta, const double* __restrict__ q_scale, const i64 m,
+    const i64* __restrict__ q_delta, const double* __restrict__ q_scale, const i64 B,
     const float* __restrict__ floor,  // optional [B]: candidates whose score must stay below it get key 0
+    const i64* __restrict__ fwd_off, const int* __restrict__ fwd_terms, const float* __restrict__ fwd_w,
     i64* __restrict__ keys)
 {
-    const i64 p = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    if (p >= m) return;
-    const i64 r = p / W, j = p - r * W;
-    // slot j of row r: absent past the row's count (if given) or where its document is -1
-    const i64 d = count != nullptr && j >= count[r] ? -1 : cand_doc[r * ld + j];
-    i64 key = 0;
-    if (d >= 0) {
-        const double v = (double)cand_val[r * ld + j];
-        const double margin = __dadd_rn((double)q_delta[r], __dmul_rn(v, 0x1p-50));
-        const double scale = q_scale[r];
-        const float low = __double2float_rn(__ddiv_rn(fmax(__dsub_rn(v, margin), 0.0), scale));
-        const float high = __double2float_rn(__ddiv_rn(__dadd_rn(v, margin), scale));
-        if (floor == nullptr || high >= floor[r]) {  // else it cannot reach the top-k: not rescored
-            const float s = low == high ? low
-                : canonical(doc_ids, scores, offsets, lengths, q_terms + r * T, q_weights + r * T, T, (int)d,
-                            list_pos, tile_bits, V, n_tiles);
-            key = ((i64)__float_as_int(s) << 31) | (((i64)1 << 31) - 1 - d);
+    const int warps = blockDim.x >> 5;
+    const i64 stride = (i64)gridDim.x * warps;
+    for (i64 r = blockIdx.y; r < B; r += gridDim.y) {
+        const i64 n = count != nullptr ? min((i64)max(count[r], 0), W) : W;  // slots that may hold candidates
+        for (i64 j = n + (i64)blockIdx.x * blockDim.x + threadIdx.x; j < W; j += (i64)gridDim.x * blockDim.x)
+            keys[r * W + j] = 0;
+        for (i64 j = (i64)blockIdx.x * warps + (threadIdx.x >> 5); j < n; j += stride) {  // warp-uniform
+            const i64 d = cand_doc[r * ld + j];
+            i64 key = 0;
+            if (d >= 0) {
+                const double v = (double)cand_val[r * ld + j];
+                const double margin = __dadd_rn((double)q_delta[r], __dmul_rn(v, 0x1p-50));
+                const double scale = q_scale[r];
+                const float low = __double2float_rn(__ddiv_rn(fmax(__dsub_rn(v, margin), 0.0), scale));
+                const float high = __double2float_rn(__ddiv_rn(__dadd_rn(v, margin), scale));
+                if (floor == nullptr || high >= floor[r]) {  // else it cannot reach the top-k: not rescored
+                    float s = low;
+                    if (low != high)
+                        s = fwd_off != nullptr
+                            ? canonical_fwd(fwd_off, fwd_terms, fwd_w, q_terms + r * T, q_weights + r * T, T, (int)d)
+                            : canonical(doc_ids, scores, offsets, lengths, q_terms + r * T, q_weights + r * T, T,
+                                        (int)d, list_pos, tile_bits, V, n_tiles);
+                    key = ((i64)__float_as_int(s) << 31) | (((i64)1 << 31) - 1 - d);
+                }
+            }
+            if ((threadIdx.x & 31) == 0) keys[r * W + j] = key;
         }
     }
-    if ((threadIdx.x & 31) == 0) keys[p] = key;
 }
 """
 
@@ -212,6 +275,7 @@ def candidate_keys_cuda(
     list_pos: torch.Tensor | None = None,
     tile_bits: int = 0,
     floor: torch.Tensor | None = None,
+    forward: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """int64 ranking keys ``[B, width]`` of the tiled engine's candidates (see the CUDA source).
 
@@ -221,7 +285,9 @@ def candidate_keys_cuda(
     ``b`` if ``count`` (int32 ``[B]``) is given; ``q_delta`` int64 and ``q_scale`` float64
     ``[B]``; ``list_pos`` (optional) int32 ``[n_tiles · V]`` real postings of each term before
     each tile of ``2**tile_bits`` documents; ``floor`` (optional) float32 ``[B]``: candidates
-    whose score is surely below it get key 0 unrescored. All contiguous on one CUDA device.
+    whose score is surely below it get key 0 unrescored; ``forward`` (optional): the index's
+    :func:`~gpusparse.kernels.forward_index`, which rescoring then reads instead of searching
+    the inverted lists (same bits, far fewer memory sectors). All contiguous on one CUDA device.
     """
     import cupy as cp
 
@@ -247,6 +313,13 @@ def candidate_keys_cuda(
         expected["list_pos"] = (list_pos, torch.int32)
     if floor is not None:
         expected["floor"] = (floor, torch.float32)
+    if forward is not None:
+        dtypes = {"indptr": torch.int64, "terms": torch.int32, "weights": torch.float32}
+        if len(forward) != len(dtypes):
+            raise ValueError("forward must be the index's (indptr, terms, weights)")
+        expected |= {f"forward {name}": (x, dtypes[name]) for name, x in zip(dtypes, forward, strict=True)}
+        if forward[1].shape != forward[2].shape or forward[0].numel() < 1:
+            raise ValueError("forward must be the index's (indptr, terms, weights)")
     check_tensors(expected, dev)
     if cand_val.shape != cand_doc.shape or not 0 <= w <= ld:
         raise ValueError("cand_doc and cand_val must have one shape, of at least width columns")
@@ -255,16 +328,18 @@ def candidate_keys_cuda(
     if floor is not None and floor.numel() != b:
         raise ValueError("floor must hold one value per row")
     keys = torch.empty((b, w), dtype=torch.int64, device=dev)
-    m = b * w
-    if m == 0:
+    if b * w == 0:
         return keys
     kernel = _kernel(dev.index if dev.index is not None else torch.cuda.current_device(), "candidate_keys")
     index_args = [pointer(x) for x, _ in index.values()]
     null = np.uint64(0)
     tiles = [pointer(list_pos) if list_pos is not None else null, cp.int32(tile_bits), cp.int32(v), cp.int32(n_tiles)]
     cands = [pointer(cand_doc), pointer(cand_val), cp.int64(ld), pointer(count) if count is not None else null]
-    rest = [cp.int64(w), pointer(q_delta), pointer(q_scale), cp.int64(m), pointer(floor) if floor is not None else null]
-    blocks = (m * 32 + THREADS - 1) // THREADS  # a warp per slot
+    rest = [cp.int64(w), pointer(q_delta), pointer(q_scale), cp.int64(b), pointer(floor) if floor is not None else null]
+    fwd = [pointer(x) for x in forward] if forward is not None else [null] * 3
+    # Blocks per row: about one warp per 16 slots of the width (a row holds ~k candidates
+    # of its 2k + 1024 slots), at most 16; rows beyond the grid's 65,535 loop.
+    grid = (max(1, min(16, -(-w // (16 * (THREADS // 32))))), min(b, 65535))
     with cp.cuda.Device(dev.index), cupy_stream(dev):
-        kernel((blocks,), (THREADS,), (*index_args, cp.int32(t), *tiles, *cands, *rest, pointer(keys)))
+        kernel(grid, (THREADS,), (*index_args, cp.int32(t), *tiles, *cands, *rest, *fwd, pointer(keys)))
     return keys
