@@ -64,10 +64,13 @@ def main() -> None:
     ap.add_argument(
         "--ab-two-round", action="store_true", help="also time the N-GPU rows without the lower-bound exchange"
     )
+    ap.add_argument("--host-reps", type=int, default=10, help="timed host launches of one batch with the GPU kept busy")
     ap.add_argument(
-        "--ab-forward",
-        action="store_true",
-        help="also time every resident row with rescoring by binary searches instead of the forward copy",
+        "--ab",
+        nargs="*",
+        default=[],
+        choices=sorted(VARIANTS),
+        help="also time the resident rows (1 and N GPUs, one batch and pipelined) with these variants",
     )
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
@@ -129,6 +132,9 @@ def main() -> None:
         times, one = timed(lambda: search_sharded(full, queries, args.k, distributed=False), dev, args, lockstep=False)
         rows.append(_row("resident", 1, times, args, dev, identical=True))
         collection["layout_bytes"] = sum(v.nbytes for v in full.cache.values() if isinstance(v, TiledIndex))
+        if cuda:
+            rows[-1]["host_launch_ms"] = host_launch_ms(full, queries, args.k, 1, 0, args.host_reps)
+            log(f"1 GPU: host launch of one batch {rows[-1]['host_launch_ms']:.2f} ms")
         if args.profile:
             trace = args.out / "trace-1gpu-rank0.json"
             rows[-1]["profile"] = profile_call(
@@ -142,14 +148,16 @@ def main() -> None:
         if args.batches > 0:
             one_all = pipelined_row(rows, 1, lambda: search_sharded(full, all_queries, args.k, distributed=False,
                                                                    batch_size=args.batch), dev, args, None)  # fmt: skip
-        if args.ab_forward:
-            with without_forward(full):
+        for name in args.ab:
+            with VARIANTS[name](full):
                 times, res = timed(lambda: search_sharded(full, queries, args.k, distributed=False), dev, args,
                                    lockstep=False)  # fmt: skip
-                rows.append(_row("lists", 1, times, args, dev, identical=_same(res, one)))
+                rows.append(_row(name, 1, times, args, dev, identical=_same(res, one)))
+                if cuda:
+                    rows[-1]["host_launch_ms"] = host_launch_ms(full, queries, args.k, 1, 0, args.host_reps)
                 if args.batches > 0:
                     pipelined_row(rows, 1, lambda: search_sharded(full, all_queries, args.k, distributed=False,
-                                  batch_size=args.batch), dev, args, one_all, "pipe-lists")  # fmt: skip
+                                  batch_size=args.batch), dev, args, one_all, f"pipe-{name}")  # fmt: skip
     dist.barrier()
 
     # -- N GPUs, resident ---------------------------------------------------------------------
@@ -170,15 +178,18 @@ def main() -> None:
         prof = profile_call(sharded, dev, args.out / f"trace-{world}gpu-rank{rank}.json", dist.barrier)
     profs: list[dict | None] = [None] * world
     dist.all_gather_object(profs, prof)
+    host_ms = host_launch_ms(shard, queries, args.k, world, a, args.host_reps) if cuda else None
     if rank == 0:
         row = _row("resident", world, times, args, dev, identical=_same(many, one))
         if args.profile:
             row["profile_per_process"] = profs
         row["speedup_vs_1_gpu"] = rows[0]["median_ms"] / row["median_ms"]
+        if host_ms is not None:
+            row["host_launch_ms"] = host_ms
         rows.append(row)
         log(
             f"{world} GPUs: median {row['median_ms']:.1f} ms, {row['speedup_vs_1_gpu']:.2f}x one GPU; "
-            f"identical: {row['identical_to_1_gpu']}"
+            f"identical: {row['identical_to_1_gpu']}; host launch of one batch {host_ms} ms"
         )
     if args.ab_two_round:  # the same searches, each shard rescoring its own top-k
         import gpusparse.distributed as distributed_mod
@@ -200,16 +211,19 @@ def main() -> None:
 
     if args.batches > 0:
         pipelined_row(rows if rank == 0 else [], world, pipelined_sharded, dev, args, one_all if rank == 0 else None)
-    if args.ab_forward:
-        with without_forward(shard):
+    for name in args.ab:
+        with VARIANTS[name](shard):
             times, res = timed(sharded, dev, args, lockstep=True)
+            host_ms = host_launch_ms(shard, queries, args.k, world, a, args.host_reps) if cuda else None
             if rank == 0:
-                rows.append(_row("lists", world, times, args, dev, identical=_same(res, one)))
-                base = [r for r in rows if r["mode"] == "lists" and r["gpus"] == 1]
+                rows.append(_row(name, world, times, args, dev, identical=_same(res, one)))
+                base = [r for r in rows if r["mode"] == name and r["gpus"] == 1]
                 rows[-1]["speedup_vs_1_gpu"] = base[0]["median_ms"] / rows[-1]["median_ms"]
+                if host_ms is not None:
+                    rows[-1]["host_launch_ms"] = host_ms
             if args.batches > 0:
                 pipelined_row(rows if rank == 0 else [], world, pipelined_sharded, dev, args,
-                              one_all if rank == 0 else None, "pipe-lists")  # fmt: skip
+                              one_all if rank == 0 else None, f"pipe-{name}")  # fmt: skip
 
     # -- streamed from pinned host memory ------------------------------------------------------
     if args.stream_reps <= 0:
@@ -285,6 +299,33 @@ def pipelined_row(
     return res
 
 
+def host_launch_ms(index: Index, queries: SparseCollection, k: int, world: int, offset: int, reps: int) -> float:
+    """Median host milliseconds to launch one batch's search and merge (what
+    ``search_sharded`` does per batch) while the GPU is kept busy by a sleep kernel queued
+    first, so that no launch waits for the device: the host's share of a pipelined batch."""
+    import functools
+
+    import gpusparse.distributed as distributed_mod
+    from gpusparse.search import DEFAULT_MEMORY_BUDGET, search_batch
+
+    q = distributed_mod.prepare_queries(queries, index.vocab, index.quantization)
+    two_round = world > 1 and distributed_mod.TWO_ROUND
+    cutoff = functools.partial(distributed_mod.merged_floor, k=k) if two_round else None
+    times = []
+    for _ in range(reps + 2):
+        if world > 1:
+            dist.barrier()
+        torch.cuda.synchronize()
+        torch.cuda._sleep(100_000_000)  # ~50 ms of device work ahead of the launches
+        t0 = time.perf_counter()
+        r = search_batch(index, q, k, kernel="tiled", doc_chunk=1 << 20, memory_budget=DEFAULT_MEMORY_BUDGET,
+                         deferred=True, cutoff=cutoff)  # fmt: skip
+        finish = distributed_mod._merge_later(r, offset, k, world > 1, None)
+        times.append((time.perf_counter() - t0) * 1e3)
+        finish()
+    return statistics.median(times[2:])
+
+
 @contextlib.contextmanager
 def without_forward(index: Index) -> Iterator[None]:
     """Within: ``index``'s tiled layouts without their forward copy (rescoring by binary
@@ -295,6 +336,24 @@ def without_forward(index: Index) -> Iterator[None]:
         yield
     finally:
         index.cache.update(saved)
+
+
+@contextlib.contextmanager
+def graphed(index: Index) -> Iterator[None]:
+    """Within: every batch size replays a captured CUDA graph of the device steps (without
+    the lower-bound exchange, which graphed batches skip)."""
+    import gpusparse.tiled as tiled_mod
+
+    saved = tiled_mod.GRAPH_MAX_BATCH
+    tiled_mod.GRAPH_MAX_BATCH = 1 << 30
+    try:
+        yield
+    finally:
+        tiled_mod.GRAPH_MAX_BATCH = saved
+
+
+# --ab variants: name -> context manager over the index searched within it.
+VARIANTS = {"lists": without_forward, "graph": graphed}
 
 
 def broadcast_collection(args: argparse.Namespace, rank: int, dev: torch.device) -> tuple[tuple, tuple]:
@@ -509,6 +568,9 @@ def write(args: argparse.Namespace, env: dict, collection: dict, rows: list[dict
                   + ", ".join(f"{k} {v['host_ms']:.2f}" for k, v in p["regions"].items()))  # fmt: skip
             for o in p["ops"][:8]:
                 print(f"    {o['device_ms']:7.3f} ms x{o['count']:<3d} {o['op']}")
+    for r in rows:
+        if "host_launch_ms" in r:
+            print(f"host launch of a batch (search, merge; GPU busy), {r['gpus']} GPU(s): {r['host_launch_ms']:.2f} ms")
     h2d = rows[-1].get("pinned_h2d_bytes_per_s")
     if h2d:
         print(f"pinned host-to-device copy rate: {h2d / 1e9:.1f} GB/s (GB/s above: process 0's streamed bytes / time)")

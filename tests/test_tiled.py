@@ -427,10 +427,12 @@ def test_cuda_candidate_keys_equal_the_pytorch_path(monkeypatch, tile_bits, forw
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_rescoring_by_the_forward_copy_equals_the_list_searches():
-    """candidate_keys with the forward copy against the binary searches and the canonical
-    scores: documents longer than one pass of the kernel (128 terms) and queries longer than
-    64 terms, candidate counts below and above the width, a floor, absent slots."""
+def test_cuda_rescoring_by_the_forward_copy_equals_the_list_searches(monkeypatch):
+    """candidate_keys with the forward copy (query terms found in a shared-memory table, or
+    by binary search when the table is off) against the binary searches in the lists and
+    the canonical scores: documents longer than one pass of the kernel (128 terms) and
+    queries longer than 64 terms, candidate counts below and above the width, a floor,
+    absent slots."""
     from gpusparse.kernels import rescore
     from gpusparse.search import exact_scores, forward_copy
 
@@ -441,7 +443,7 @@ def test_cuda_rescoring_by_the_forward_copy_equals_the_list_searches():
     queries = random_collection(rng, 24, 2000, 80, empty_fraction=0.05, skew=0.3)
     index = Index.build(docs, device="cuda")
     lengths = np.diff(docs.indptr)
-    assert lengths.max() > 128 and (lengths == 0).any() and (0 < lengths).sum() > (lengths > 128).sum() > 0
+    assert lengths.max() > 128 and (lengths == 0).any() and (lengths > 0).sum() > (lengths > 128).sum() > 0
     batch = query_batch(queries, index.device)
     assert batch.padded_terms.shape[1] > 64
     fp = fixed_point(index, batch, "u32")
@@ -455,13 +457,14 @@ def test_cuda_rescoring_by_the_forward_copy_equals_the_list_searches():
     args = (index.doc_ids, index.scores, index.offsets, index.lengths, batch.padded_terms, batch.padded_weights)
     for kw in ({}, {"count": count}, {"count": count, "floor": floor}):
         keys = []
-        for fwd in (forward_copy(index), None):
+        for fwd, table in ((forward_copy(index), True), (forward_copy(index), False), (None, False)):
+            monkeypatch.setattr(rescore, "TABLE_MAX_TERMS", 1 << 15 if table else 0)
             poison = torch.full((b, width), -7, dtype=torch.int64, device="cuda")
             del poison  # the caching allocator hands this block to the keys: every slot must be written
             keys.append(
                 rescore.candidate_keys_cuda(*args, cand, vals, fp.delta, fp.scale, width=width, forward=fwd, **kw)
             )
-        assert torch.equal(keys[0], keys[1]), kw
+        assert torch.equal(keys[0], keys[2]) and torch.equal(keys[1], keys[2]), kw
         # the scores in the keys are the canonical ones wherever a candidate was rescored
         live = (keys[0] != 0).nonzero(as_tuple=True)
         got = torch.div(keys[0][live], 1 << 31, rounding_mode="floor").to(torch.int32).view(torch.float32)

@@ -85,15 +85,17 @@ extern "C" __global__ void exact_scores_kernel(
 
 // canonical() from the document's side, with the forward index (document-major CSR: its
 // terms ascending, their weights): lane i takes the document's terms i, i + 32, ... (up to
-// 4 at once, their loads in flight together) and finds each among the query's terms (a
-// binary search over a row that stays in L1); the products of the terms found are added in
+// 4 at once, their loads in flight together) and finds each among the query's terms: in
+// `table` (shared memory, 1 + the term's column in the query, 0 if absent) where given,
+// else by binary search over the query's row; the products of the terms found are added in
 // term order, as canonical() adds them (both lists are ascending), so the bits are the same.
 // A document's ~120 postings are ~1 KB read in order, where the binary searches in the
 // inverted lists touch ~10 scattered sectors per query term.
 #define FWD_UNROLL 4
 __device__ __forceinline__ float canonical_fwd(
     const i64* __restrict__ fwd_off, const int* __restrict__ fwd_terms, const float* __restrict__ fwd_w,
-    const i64* __restrict__ terms, const float* __restrict__ weights, const int T, const int d)
+    const i64* __restrict__ terms, const float* __restrict__ weights, const int T, const int d,
+    const unsigned char* table)
 {
     const int lane = threadIdx.x & 31;
     const i64 start = fwd_off[d], end = fwd_off[d + 1];
@@ -111,14 +113,20 @@ __device__ __forceinline__ float canonical_fwd(
         bool hit[FWD_UNROLL];
 #pragma unroll
         for (int u = 0; u < FWD_UNROLL; ++u) {
-            int lo = 0, hi = T;  // first query term >= t[u] (padding, -1, sorts last)
-            while (lo < hi) {
-                const int mid = (lo + hi) >> 1;
-                const i64 q = terms[mid];
-                if (q >= 0 && q < t[u]) lo = mid + 1; else hi = mid;
+            int col = -1;  // the term's column in the query row
+            if (t[u] >= 0 && table != nullptr) {
+                col = (int)table[t[u]] - 1;
+            } else if (t[u] >= 0) {
+                int lo = 0, hi = T;  // first query term >= t[u] (padding, -1, sorts last)
+                while (lo < hi) {
+                    const int mid = (lo + hi) >> 1;
+                    const i64 q = terms[mid];
+                    if (q >= 0 && q < t[u]) lo = mid + 1; else hi = mid;
+                }
+                col = lo < T && terms[lo] == t[u] ? lo : -1;
             }
-            hit[u] = t[u] >= 0 && lo < T && terms[lo] == t[u];
-            prod[u] = hit[u] ? (double)w[u] * (double)weights[lo] : 0.0;
+            hit[u] = col >= 0;
+            prod[u] = hit[u] ? (double)w[u] * (double)weights[col] : 0.0;
         }
 #pragma unroll
         for (int u = 0; u < FWD_UNROLL; ++u) {
@@ -141,9 +149,11 @@ __device__ __forceinline__ float canonical_fwd(
 // With `floor` (a bound the row's k-th float32 score reaches, gpusparse.tiled.candidate_lows),
 // a candidate whose float32 score is at most `high` < floor cannot be in the top-k: key 0.
 // Rescoring reads the forward index where given (fwd_off non-null), else binary-searches
-// the inverted lists. Blocks (x, row): the warps of a row's gridDim.x blocks take its
-// occupied slots (the first count[r]) in turn, a warp per slot; the rest of the row's W
-// slots are zeroed by all threads, so a row costs its candidates, not W warps.
+// the inverted lists; with `use_table` (dynamic shared memory of V bytes, T < 256) each block
+// first writes its row's term-to-column table. Blocks (x, row): the warps of a row's
+// gridDim.x blocks take its occupied slots (the first count[r]) in turn, a warp per slot;
+// the rest of the row's W slots are zeroed by all threads, so a row costs its candidates,
+// not W warps.
 extern "C" __global__ void candidate_keys(
     const int* __restrict__ doc_ids, const float* __restrict__ scores,
     const i64* __restrict__ offsets, const int* __restrict__ lengths,
@@ -154,11 +164,23 @@ extern "C" __global__ void candidate_keys(
     const i64* __restrict__ q_delta, const double* __restrict__ q_scale, const i64 B,
     const float* __restrict__ floor,  // optional [B]: candidates whose score must stay below it get key 0
     const i64* __restrict__ fwd_off, const int* __restrict__ fwd_terms, const float* __restrict__ fwd_w,
-    i64* __restrict__ keys)
+    const int use_table, i64* __restrict__ keys)
 {
+    extern __shared__ int4 table4[];
+    const unsigned char* table = use_table ? reinterpret_cast<const unsigned char*>(table4) : nullptr;
     const int warps = blockDim.x >> 5;
     const i64 stride = (i64)gridDim.x * warps;
-    for (i64 r = blockIdx.y; r < B; r += gridDim.y) {
+    for (i64 r = blockIdx.y; r < B; r += gridDim.y) {  // block-uniform
+        if (use_table) {
+            __syncthreads();  // the previous row's lookups are done
+            for (int i = threadIdx.x; i < (V + 15) / 16; i += blockDim.x) table4[i] = make_int4(0, 0, 0, 0);
+            __syncthreads();
+            for (int j = threadIdx.x; j < T; j += blockDim.x) {
+                const i64 q = q_terms[r * T + j];
+                if (q >= 0) reinterpret_cast<unsigned char*>(table4)[q] = (unsigned char)(j + 1);
+            }
+            __syncthreads();
+        }
         const i64 n = count != nullptr ? min((i64)max(count[r], 0), W) : W;  // slots that may hold candidates
         for (i64 j = n + (i64)blockIdx.x * blockDim.x + threadIdx.x; j < W; j += (i64)gridDim.x * blockDim.x)
             keys[r * W + j] = 0;
@@ -175,7 +197,8 @@ extern "C" __global__ void candidate_keys(
                     float s = low;
                     if (low != high)
                         s = fwd_off != nullptr
-                            ? canonical_fwd(fwd_off, fwd_terms, fwd_w, q_terms + r * T, q_weights + r * T, T, (int)d)
+                            ? canonical_fwd(fwd_off, fwd_terms, fwd_w, q_terms + r * T, q_weights + r * T, T, (int)d,
+                                            table)
                             : canonical(doc_ids, scores, offsets, lengths, q_terms + r * T, q_weights + r * T, T,
                                         (int)d, list_pos, tile_bits, V, n_tiles);
                     key = ((i64)__float_as_int(s) << 31) | (((i64)1 << 31) - 1 - d);
@@ -188,6 +211,10 @@ extern "C" __global__ void candidate_keys(
 """
 
 THREADS = 256
+# Rescoring by the forward copy finds a document's terms in a per-row table in shared memory
+# (one byte per vocabulary term: the term's column in the query + 1) while it fits the
+# default 48 KiB and a row has fewer than 256 terms; else by binary search over the row.
+TABLE_MAX_TERMS = 48 * 1024
 
 
 @functools.cache
@@ -337,9 +364,12 @@ def candidate_keys_cuda(
     cands = [pointer(cand_doc), pointer(cand_val), cp.int64(ld), pointer(count) if count is not None else null]
     rest = [cp.int64(w), pointer(q_delta), pointer(q_scale), cp.int64(b), pointer(floor) if floor is not None else null]
     fwd = [pointer(x) for x in forward] if forward is not None else [null] * 3
+    table = forward is not None and v <= TABLE_MAX_TERMS and t < 256
+    shared = -(-v // 16) * 16 if table else 0
     # Blocks per row: about one warp per 16 slots of the width (a row holds ~k candidates
     # of its 2k + 1024 slots), at most 16; rows beyond the grid's 65,535 loop.
     grid = (max(1, min(16, -(-w // (16 * (THREADS // 32))))), min(b, 65535))
     with cp.cuda.Device(dev.index), cupy_stream(dev):
-        kernel(grid, (THREADS,), (*index_args, cp.int32(t), *tiles, *cands, *rest, *fwd, pointer(keys)))
+        kernel(grid, (THREADS,), (*index_args, cp.int32(t), *tiles, *cands, *rest, *fwd, cp.int32(table),
+                                  pointer(keys)), shared_mem=shared)  # fmt: skip
     return keys
