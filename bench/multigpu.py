@@ -280,6 +280,15 @@ def pipelined_row(
     the device's work on the one before) and append its row to ``rows`` (process 0); its
     speedup is against the 1-GPU row of ``base_mode`` (default: ``mode``)."""
     times, res = timed(fn, dev, args, lockstep=gpus > 1)
+    prof = None
+    if args.profile and mode == "pipelined":  # the timeline of every batch and process
+        rank = dist.get_rank() if gpus > 1 else 0
+        prof = profile_call(
+            fn, dev, args.out / f"trace-pipe-{gpus}gpu-rank{rank}.json", dist.barrier if gpus > 1 else None
+        )
+        if gpus > 1:
+            profs: list[dict | None] = [None] * gpus
+            dist.all_gather_object(profs, prof)
     if not rows and gpus > 1:
         return res  # not process 0
     n = args.batch * args.batches
@@ -289,6 +298,8 @@ def pipelined_row(
         "qps": n / (row["median_ms"] / 1e3),
         "ms_per_batch": row["median_ms"] / args.batches,
     }
+    if prof is not None:
+        row["profile_per_process"] = profs if gpus > 1 else [prof]
     base = [r for r in rows if r["mode"] == (base_mode or mode) and r["gpus"] == 1]
     if base:
         row["speedup_vs_1_gpu"] = base[0]["median_ms"] / row["median_ms"]
