@@ -50,7 +50,7 @@ def search_worker(rank: int, world: int, tmp: str, folders: list[str], ks: list[
     dist.init_process_group(
         "gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world, timeout=timedelta(seconds=60)
     )
-    plain, floor = distributed_mod.search_batch, distributed_mod.merged_floor
+    plain, floor, two_round = distributed_mod.search_batch, distributed_mod.merged_floor, distributed_mod.TWO_ROUND
     calls = []
 
     def counted(*a, **kw):
@@ -64,10 +64,13 @@ def search_worker(rank: int, world: int, tmp: str, folders: list[str], ks: list[
             host, offset, n_docs = load_shard(folder, rank, world)
             queries = read_vectors(Path(tmp) / "queries.jsonl", host.vocab, progress=False)
             for name in kernels:
-                # "tiled-whole": one batch of more than 8 queries, whose shards exchange lower bounds;
-                # "tiled-mixed": the same with one process's shard streamed (then no exchange)
-                kernel = {"flagged": "reference", "tiled-whole": "tiled", "tiled-mixed": "tiled"}.get(name, name)
-                batch_size = None if name in ("tiled-whole", "tiled-mixed") else 4
+                # "tiled-whole": one batch of more than 8 queries; "tiled-exchange": the same with the
+                # shards exchanging lower bounds (distributed.TWO_ROUND, off by default);
+                # "tiled-mixed": that with one process's shard streamed (then no exchange)
+                whole = ("tiled-whole", "tiled-exchange", "tiled-mixed")
+                kernel = "reference" if name == "flagged" else "tiled" if name in whole else name
+                batch_size = None if name in whole else 4
+                distributed_mod.TWO_ROUND = name in ("tiled-exchange", "tiled-mixed")
                 # "flagged": the reference kernel, some rows to search again (others on each process)
                 distributed_mod.search_batch = flagging(plain, rank) if name == "flagged" else plain
                 for pieces in (None, 2):
@@ -85,6 +88,7 @@ def search_worker(rank: int, world: int, tmp: str, folders: list[str], ks: list[
         torch.save(out, Path(tmp) / f"rank{rank}.pt")
     finally:
         distributed_mod.search_batch, distributed_mod.merged_floor = plain, floor
+        distributed_mod.TWO_ROUND = two_round
         dist.destroy_process_group()
 
 

@@ -150,7 +150,7 @@ def test_gloo_processes_equal_single_process(tmp_path, world):
         n = int(folder.name.split("-")[1])
         save_sharded((Index.build(docs[a:b]) for a, b in document_ranges(len(docs), n)), folder)
     # "flagged": some rows on each process are searched again after the merge
-    kernels = ["reference", "flagged", "tiled-whole"]
+    kernels = ["reference", "flagged", "tiled-whole", "tiled-exchange"]
     if world == 2:  # and one process's shard streamed beside the other's resident one
         kernels += ["tiled", "tiled-mixed"]
     mp.spawn(search_worker, args=(world, str(tmp_path), [str(f) for f in folders], KS, kernels), nprocs=world)
@@ -159,9 +159,9 @@ def test_gloo_processes_equal_single_process(tmp_path, world):
     per_rank = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
     results = {key: got for key, got in per_rank[0].items() if key[0] != "merged_floor calls"}
     assert len(results) == len(folders) * len(kernels) * 2 * len(KS)
-    for folder in folders:  # shards exchange lower bounds before rescoring: a tiled batch of > 8
+    for folder in folders:  # shards exchange lower bounds before rescoring if asked: a tiled batch of > 8
         calls = {name: per_rank[0][("merged_floor calls", folder.name, name)] for name in kernels}
-        assert calls.pop("tiled-whole") == len(KS) and not any(calls.values()), calls  # resident only
+        assert calls.pop("tiled-exchange") == len(KS) and not any(calls.values()), calls  # resident only
     crossing_ties = 0
     for key, got in results.items():
         for other in per_rank[1:]:

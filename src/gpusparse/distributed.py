@@ -274,7 +274,7 @@ def search_sharded(
     n_q = len(q)
     bq, dc = plan_chunks(n_q, shard.n_docs if n_docs is None else n_docs, budget, batch_size)
     cutoff = None
-    if world > 1 and _all_agree(not streamed and name == "tiled" and TWO_ROUND, dev, group):
+    if TWO_ROUND and world > 1 and _all_agree(not streamed and name == "tiled", dev, group):
         cutoff = functools.partial(merged_floor, k=k, group=group)
 
     # Every process makes the same collectives in the same order (redone rows merge when their
@@ -336,9 +336,12 @@ def _merge_later(
     return finish
 
 
-# Shards' searches exchange their candidates' lower bounds before rescoring (merged_floor), so
-# that each rescores only candidates that may reach the merged top-k, not its own top-k.
-TWO_ROUND = True
+# Whether shards' searches exchange their candidates' lower bounds before rescoring
+# (merged_floor), so that each rescores only candidates that may reach the merged top-k, not
+# its own top-k. Off: since rescoring reads the forward copy it costs less than the exchange
+# and the agreement (one all-reduce and a host sync per call) that it needs
+# (bench/results/2026-11-26-H200x2-multigpu-v25.json; bench/NOTES.md).
+TWO_ROUND = False
 
 
 def merged_floor(lows: torch.Tensor, *, k: int, group: dist.ProcessGroup | None = None) -> torch.Tensor:
