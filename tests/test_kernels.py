@@ -355,3 +355,32 @@ def test_gpu_large_exact_topk(kernel: str, large_case: Case) -> None:
     for chunk in (large_case.n_docs, 6_000):
         got = chunked_topk(kernel, large_case, 100, chunk)
         assert_topk_equal(got, large_case.ref, 100, f"{kernel} chunk={chunk}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("width", [1, 7, 1000, 3024, 4096])
+def test_row_sort_of_keys_equals_torch_topk(width: int) -> None:
+    """top_keys's one-block-per-row bitonic sort against torch.topk: distinct keys, zeros
+    for empty slots, rows shorter and longer than k, counts from 0 past the width."""
+    from gpusparse.kernels import rowsort
+    from gpusparse.topk import encode_keys, top_keys
+
+    if not rowsort.available():
+        pytest.skip("needs CuPy")
+    rng = np.random.default_rng()
+    b = 37
+    scores = torch.from_numpy(rng.choice([0.0, 0.5, 1.25, 3.0], (b, width)).astype(np.float32))  # many ties
+    ids = torch.from_numpy(np.stack([rng.permutation(1 << 20)[:width] for _ in range(b)]))
+    keys = torch.where(scores > 0, encode_keys(scores, ids), torch.zeros((), dtype=torch.int64)).cuda()
+    count = torch.from_numpy(rng.integers(0, width + 3, b).astype(np.int32)).cuda()
+    count[:3] = torch.tensor([0, width, width + 2], dtype=torch.int32)
+    cut = torch.where(torch.arange(width, device="cuda")[None, :] < count[:, None].long(), keys, 0)
+    for k in (1, 10, width, width + 5, 1000):
+        want = torch.topk(keys, min(k, width), dim=1).values
+        assert torch.equal(rowsort.top_keys_cuda(keys, k), want), k
+        assert torch.equal(top_keys(keys, k), want), k  # the policy takes the kernel
+        want_cut = torch.topk(cut, min(k, width), dim=1).values
+        assert torch.equal(rowsort.top_keys_cuda(keys, k, count), want_cut), k
+    with pytest.raises(ValueError, match="at most"):
+        rowsort.top_keys_cuda(torch.zeros((2, rowsort.MAX_WIDTH + 1), dtype=torch.int64, device="cuda"), 5)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from .topk import decode_keys, topk_by_key
+from .topk import decode_keys, top_keys, topk_by_key
 
 if TYPE_CHECKING:
     from .index import Index
@@ -540,7 +540,7 @@ def _device_steps(
         fp.delta, fp.scale, width=width, count=count, list_pos=tl.list_pos, tile_bits=tl.tile_bits, floor=floor,
         forward=tl.forward,
     )  # fmt: skip
-    top = torch.topk(keys, min(k, width), dim=1, largest=True, sorted=True).values
+    top = top_keys(keys, k, count)
     scores, ids = finalize(decode_keys(top) if width else None, k, b, dev)
     redo |= uncertain_rows(index, None, fp, scores, k, lb, floor)
     return scores, ids, redo
@@ -980,8 +980,7 @@ def finalize_candidates(
             list_pos=tl.list_pos if tl is not None else None, tile_bits=tl.tile_bits if tl is not None else 0,
             floor=floor, forward=tl.forward if tl is not None else None,
         )  # fmt: skip
-        top = torch.topk(keys, min(k, keys.shape[1]), dim=1, largest=True, sorted=True).values
-        return finalize(decode_keys(top) if docs.shape[1] else None, k, b, dev)
+        return finalize(decode_keys(top_keys(keys, k)) if docs.shape[1] else None, k, b, dev)
     present = docs >= 0
     v = vals.to(torch.float64)
     margin = fp.delta[:, None].to(torch.float64) + v * 2.0**-50

@@ -27,6 +27,20 @@ def decode_keys(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return scores, ids
 
 
+def top_keys(keys: torch.Tensor, k: int, count: torch.Tensor | None = None) -> torch.Tensor:
+    """The ``min(k, W)`` largest of each row of ranking keys ``[B, W]`` (non-negative, 0 for
+    an empty slot, distinct otherwise), sorted descending: ``torch.topk``'s values. On a GPU
+    rows of at most :data:`gpusparse.kernels.rowsort.MAX_WIDTH` keys take one kernel instead
+    of ``torch.topk``'s ten or so launches. ``count`` (int32 ``[B]``, optional): keys past a
+    row's first ``count`` are 0, and the kernel need not read them."""
+    if keys.is_cuda:
+        from .kernels import rowsort
+
+        if keys.shape[1] <= rowsort.MAX_WIDTH and rowsort.available():
+            return rowsort.top_keys_cuda(keys.contiguous(), k, count)
+    return torch.topk(keys, min(k, keys.shape[1]), dim=1, largest=True, sorted=True).values
+
+
 def topk_with_ties(scores: torch.Tensor, k: int, *, base: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Top ``min(k, width)`` of each row of non-negative ``scores`` ``[B, width]``.
 
@@ -114,7 +128,7 @@ def merge_keys(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     out_i = torch.full((b, k), -1, dtype=torch.int64, device=keys.device)
     if c == 0:
         return out_s, out_i
-    top = torch.topk(keys, min(k, c), dim=1, largest=True, sorted=True).values
+    top = top_keys(keys, k)
     s, i = decode_keys(top)
     hit = top > 0
     kk = top.shape[1]
