@@ -417,11 +417,14 @@ def test_cuda_candidate_keys_equal_the_pytorch_path(monkeypatch, tile_bits, forw
     if tl is not None:
         assert tl.forward is not None  # built with a layout on a GPU
         tl = tl if forward else replace(tl, forward=None)
-    for k in (1, 10, 300, 400):
-        fast = finalize_candidates(index, batch, fp, cand, vals, k, tl)
+    floor = (exact.max(1).values * torch.from_numpy(rng.uniform(0, 1, 40)).cuda()).to(torch.float32)
+    odd = replace(fp, scale=fp.scale * 3)  # not a power of two: the kernel divides instead of multiplying
+    for k, params, cut in [(1, fp, None), (10, fp, None), (300, fp, None), (400, fp, None), (10, fp, floor),
+                           (300, odd, None), (300, odd, floor)]:  # fmt: skip
+        fast = finalize_candidates(index, batch, params, cand, vals, k, tl, floor=cut)
         with monkeypatch.context() as m:
             m.setattr(rescore, "available", lambda: False)
-            slow = finalize_candidates(index, batch, fp, cand, vals, k, tl)
+            slow = finalize_candidates(index, batch, params, cand, vals, k, tl, floor=cut)
         assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1]), k
 
 

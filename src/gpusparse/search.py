@@ -15,6 +15,7 @@ Contract of every search path (kernels included):
 from __future__ import annotations
 
 import collections
+import functools
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
@@ -173,17 +174,30 @@ def start_to_host(
                 host[i] = target.copy_(host[i])
         return tuple(host), None
     targets = list(into) + [None] * (len(tensors) - len(into))
-    out = tuple(
-        None
-        if t is None
-        else (target if target is not None else torch.empty(t.shape, dtype=t.dtype, pin_memory=True)).copy_(
-            t, non_blocking=True
+    dev = present[0].device
+    # On a side stream (a copy engine), after the work queued so far: the copies overlap the
+    # next batch's kernels instead of holding up the compute stream.
+    side = _copy_stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        out = tuple(
+            None
+            if t is None
+            else (target if target is not None else torch.empty(t.shape, dtype=t.dtype, pin_memory=True)).copy_(
+                t, non_blocking=True
+            )
+            for t, target in zip(tensors, targets, strict=True)
         )
-        for t, target in zip(tensors, targets, strict=True)
-    )
+    for t in present:
+        t.record_stream(side)  # not reused by the compute stream before the copy has read it
     done = torch.cuda.Event()
-    done.record(torch.cuda.current_stream(present[0].device))
+    done.record(side)
     return out, done
+
+
+@functools.cache
+def _copy_stream(device: torch.device) -> torch.cuda.Stream:
+    return torch.cuda.Stream(device)
 
 
 # The results of a search of several batches go straight from the GPU into one page-locked

@@ -190,9 +190,15 @@ extern "C" __global__ void candidate_keys(
             if (d >= 0) {
                 const double v = (double)cand_val[r * ld + j];
                 const double margin = __dadd_rn((double)q_delta[r], __dmul_rn(v, 0x1p-50));
-                const double scale = q_scale[r];
-                const float low = __double2float_rn(__ddiv_rn(fmax(__dsub_rn(v, margin), 0.0), scale));
-                const float high = __double2float_rn(__ddiv_rn(__dadd_rn(v, margin), scale));
+                const double scale = q_scale[r], inv = 1.0 / scale;
+                // A power of two (the fixed-point scales are) whose reciprocal is one too:
+                // x * inv is then the same real number as x / scale, rounded the same way.
+                const long long bits = __double_as_longlong(scale), ex = (bits >> 52) & 0x7FF;
+                const bool pow2 = (bits & 0xFFFFFFFFFFFFFLL) == 0 && ex != 0 && ex != 0x7FF && inv != 0.0
+                                  && !isinf(inv);
+                const double lo_v = fmax(__dsub_rn(v, margin), 0.0), hi_v = __dadd_rn(v, margin);
+                const float low = __double2float_rn(pow2 ? __dmul_rn(lo_v, inv) : __ddiv_rn(lo_v, scale));
+                const float high = __double2float_rn(pow2 ? __dmul_rn(hi_v, inv) : __ddiv_rn(hi_v, scale));
                 if (floor == nullptr || high >= floor[r]) {  // else it cannot reach the top-k: not rescored
                     float s = low;
                     if (low != high)
