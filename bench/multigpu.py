@@ -62,6 +62,9 @@ def main() -> None:
         "--batches", type=int, default=8, help="batches timed in one call, pipelined (0: no pipelined rows)"
     )
     ap.add_argument(
+        "--long-batches", type=int, default=0, help="also time calls of this many batches (a dev set's worth; 0: no)"
+    )
+    ap.add_argument(
         "--ab-two-round", action="store_true", help="also time the N-GPU rows with the lower-bound exchange switched"
     )
     ap.add_argument("--host-reps", type=int, default=10, help="timed host launches of one batch with the GPU kept busy")
@@ -110,7 +113,9 @@ def main() -> None:
     t_gen = time.perf_counter() - t0
     vocab = Vocabulary.bert()
     all_queries = SparseCollection(qcsr[0].cpu().numpy(), qcsr[1].cpu().numpy(), qcsr[2].cpu().numpy(), vocab=vocab)
-    queries = all_queries[: args.batch]  # the single batch; all of them for the pipelined rows
+    queries = all_queries[: args.batch]  # the single batch
+    piped = all_queries[: args.batch * max(1, args.batches)]  # the pipelined rows
+    long_q = all_queries[: args.batch * args.long_batches]  # the long rows
     collection: dict[str, object] = {"n_docs": args.docs, "n_postings": int(docs[1].numel()), "generate_s": t_gen}
     if rank == 0:
         stats = synthetic_stats(docs, qcsr)
@@ -122,6 +127,7 @@ def main() -> None:
     # -- 1 GPU, resident ----------------------------------------------------------------------
     one: SearchResults | None = None
     one_all: SearchResults | None = None
+    one_long: SearchResults | None = None
     full: Index | None = None
     if rank == 0:
         t0 = time.perf_counter()
@@ -146,8 +152,12 @@ def main() -> None:
         collection |= {"exact_vs_reference": exact, "exact_sample": n}
         log(f"1 GPU: median {rows[-1]['median_ms']:.1f} ms; {n} queries equal to the reference kernel's: {exact}")
         if args.batches > 0:
-            one_all = pipelined_row(rows, 1, lambda: search_sharded(full, all_queries, args.k, distributed=False,
+            one_all = pipelined_row(rows, 1, lambda: search_sharded(full, piped, args.k, distributed=False,
                                                                    batch_size=args.batch), dev, args, None)  # fmt: skip
+        if args.long_batches > 0:
+            one_long = pipelined_row(rows, 1, lambda: search_sharded(full, long_q, args.k, distributed=False,
+                                     batch_size=args.batch), dev, args, None, f"pipe-{args.long_batches}",
+                                     batches=args.long_batches)  # fmt: skip
         for name in args.ab:
             with VARIANTS[name](full):
                 times, res = timed(lambda: search_sharded(full, queries, args.k, distributed=False), dev, args,
@@ -156,7 +166,7 @@ def main() -> None:
                 if cuda:
                     rows[-1]["host_launch_ms"] = host_launch_ms(full, queries, args.k, 1, 0, args.host_reps)
                 if args.batches > 0:
-                    pipelined_row(rows, 1, lambda: search_sharded(full, all_queries, args.k, distributed=False,
+                    pipelined_row(rows, 1, lambda: search_sharded(full, piped, args.k, distributed=False,
                                   batch_size=args.batch), dev, args, one_all, f"pipe-{name}")  # fmt: skip
     dist.barrier()
 
@@ -203,16 +213,20 @@ def main() -> None:
             rows[-1]["speedup_vs_1_gpu"] = rows[0]["median_ms"] / rows[-1]["median_ms"]
             log(f"{world} GPUs, {label}: median {rows[-1]['median_ms']:.2f} ms")
         if args.batches > 0:
-            pipelined_row(rows if rank == 0 else [], world, lambda: search_sharded(shard, all_queries, args.k,
+            pipelined_row(rows if rank == 0 else [], world, lambda: search_sharded(shard, piped, args.k,
                           offset=a, n_docs=args.docs, batch_size=args.batch), dev, args,
                           one_all if rank == 0 else None, f"pipe-{label}", "pipelined")  # fmt: skip
         distributed_mod.TWO_ROUND = default
 
     def pipelined_sharded() -> SearchResults:
-        return search_sharded(shard, all_queries, args.k, offset=a, n_docs=args.docs, batch_size=args.batch)
+        return search_sharded(shard, piped, args.k, offset=a, n_docs=args.docs, batch_size=args.batch)
 
     if args.batches > 0:
         pipelined_row(rows if rank == 0 else [], world, pipelined_sharded, dev, args, one_all if rank == 0 else None)
+    if args.long_batches > 0:
+        pipelined_row(rows if rank == 0 else [], world, lambda: search_sharded(shard, long_q, args.k, offset=a,
+                      n_docs=args.docs, batch_size=args.batch), dev, args, one_long if rank == 0 else None,
+                      f"pipe-{args.long_batches}", batches=args.long_batches)  # fmt: skip
     for name in args.ab:
         with VARIANTS[name](shard):
             times, res = timed(sharded, dev, args, lockstep=True)
@@ -277,6 +291,7 @@ def pipelined_row(
     ref: SearchResults | None,
     mode: str = "pipelined",
     base_mode: str | None = None,
+    batches: int | None = None,
 ) -> SearchResults:
     """Time ``fn`` (all ``--batches`` batches in one call, so each batch's host work overlaps
     the device's work on the one before) and append its row to ``rows`` (process 0); its
@@ -293,20 +308,17 @@ def pipelined_row(
             dist.all_gather_object(profs, prof)
     if not rows and gpus > 1:
         return res  # not process 0
-    n = args.batch * args.batches
+    nb = batches or args.batches
+    n = args.batch * nb
     row = _row(mode, gpus, times, args, dev, identical=ref is None or _same(res, ref))
-    row |= {
-        "batches": args.batches,
-        "qps": n / (row["median_ms"] / 1e3),
-        "ms_per_batch": row["median_ms"] / args.batches,
-    }
+    row |= {"batches": nb, "qps": n / (row["median_ms"] / 1e3), "ms_per_batch": row["median_ms"] / nb}
     if prof is not None:
         row["profile_per_process"] = profs if gpus > 1 else [prof]
     base = [r for r in rows if r["mode"] == (base_mode or mode) and r["gpus"] == 1]
     if base:
         row["speedup_vs_1_gpu"] = base[0]["median_ms"] / row["median_ms"]
     rows.append(row)
-    print(f"{mode}, {gpus} GPU(s): {args.batches} batches in {row['median_ms']:.1f} ms "
+    print(f"{mode}, {gpus} GPU(s): {nb} batches in {row['median_ms']:.1f} ms "
           f"({row['ms_per_batch']:.2f} ms a batch, {row['qps']:,.0f} QPS); identical: {row['identical_to_1_gpu']}",
           flush=True)  # fmt: skip
     return res
@@ -369,11 +381,15 @@ def graphed(index: Index) -> Iterator[None]:
 VARIANTS = {"lists": without_forward, "graph": graphed}
 
 
+def _most_batches(args: argparse.Namespace) -> int:
+    return max(1, args.batches, args.long_batches)
+
+
 def broadcast_collection(args: argparse.Namespace, rank: int, dev: torch.device) -> tuple[tuple, tuple]:
     """The synthetic documents and queries as CSR ``(indptr, terms, weights)`` on every process:
     generated on process 0's device and broadcast, so all processes hold the same bits."""
     if rank == 0:
-        docs, queries = generate(args.docs, args.batch * max(1, args.batches), seed=args.seed, device=dev)
+        docs, queries = generate(args.docs, args.batch * _most_batches(args), seed=args.seed, device=dev)
         sizes = [docs[1].numel(), queries[1].numel()]
     else:
         sizes = [0, 0]
@@ -385,7 +401,7 @@ def broadcast_collection(args: argparse.Namespace, rank: int, dev: torch.device)
                 torch.empty(nnz, dtype=torch.int32, device=dev),
                 torch.empty(nnz, dtype=torch.float32, device=dev),
             )
-            for n, nnz in ((args.docs, sizes[0]), (args.batch * max(1, args.batches), sizes[1]))
+            for n, nnz in ((args.docs, sizes[0]), (args.batch * _most_batches(args), sizes[1]))
         )
     for t in (*docs, *queries):
         dist.broadcast(t, src=0)

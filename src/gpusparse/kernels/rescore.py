@@ -154,7 +154,13 @@ __device__ __forceinline__ float canonical_fwd(
 // gridDim.x blocks take its occupied slots (the first count[r]) in turn, a warp per slot;
 // the rest of the row's W slots are zeroed by all threads, so a row costs its candidates,
 // not W warps.
-extern "C" __global__ void candidate_keys(
+// Blocks of 256 threads resident per SM that the registers must allow (7: <= 36 registers,
+// shared tables 7 x 30.5 KB): rescoring is a chain of dependent loads per slot, so the more
+// warps in flight the better.
+#ifndef KEYS_MIN_BLOCKS
+#define KEYS_MIN_BLOCKS 7
+#endif
+extern "C" __global__ void __launch_bounds__(256, KEYS_MIN_BLOCKS) candidate_keys(
     const int* __restrict__ doc_ids, const float* __restrict__ scores,
     const i64* __restrict__ offsets, const int* __restrict__ lengths,
     const i64* __restrict__ q_terms, const float* __restrict__ q_weights, const int T,

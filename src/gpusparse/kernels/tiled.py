@@ -520,7 +520,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
 COMPACT_SOURCE = r"""
 typedef unsigned long long u64;
 typedef long long i64;
-#define NT 1024
+#define NT 512
 // One block per query: the k-th largest candidate value (MSB-first radix select, 8 bits a
 // pass) raises theta, then the candidates below theta's margin are dropped in place, the
 // kept ones in their order. The rule is gpusparse.tiled._compact's, which is its reference.
@@ -645,7 +645,7 @@ def compact_candidates(
     kernel = _compact_kernel(dev.index if dev.index is not None else torch.cuda.current_device())
     args = [pointer(x) for x in (theta, count, cand_doc, cand_val, delta)]
     with cp.cuda.Device(dev.index), cupy_stream(dev):
-        kernel((b,), (1024,), (*args, cp.int32(k), cp.int32(cap), cp.int32(most)))
+        kernel((b,), (512,), (*args, cp.int32(k), cp.int32(cap), cp.int32(most)))
 
 
 # Threads per block and resident blocks per SM the registers must allow; None: launch_shape's
