@@ -154,11 +154,11 @@ __device__ __forceinline__ float canonical_fwd(
 // gridDim.x blocks take its occupied slots (the first count[r]) in turn, a warp per slot;
 // the rest of the row's W slots are zeroed by all threads, so a row costs its candidates,
 // not W warps.
-// Blocks of 256 threads resident per SM that the registers must allow (7: <= 36 registers,
-// shared tables 7 x 30.5 KB): rescoring is a chain of dependent loads per slot, so the more
-// warps in flight the better.
+// Blocks of 256 threads resident per SM that the registers must allow: 5 leaves the 48
+// registers it needs; 6 and 7 (more warps in flight for its chains of dependent loads) spill
+// and measured slower (0.196 and 0.227 against 0.188 ms, bench/results/2026-11-26-H200-anatomy-v17.log).
 #ifndef KEYS_MIN_BLOCKS
-#define KEYS_MIN_BLOCKS 7
+#define KEYS_MIN_BLOCKS 5
 #endif
 extern "C" __global__ void __launch_bounds__(256, KEYS_MIN_BLOCKS) candidate_keys(
     const int* __restrict__ doc_ids, const float* __restrict__ scores,

@@ -16,7 +16,7 @@ import torch
 
 from .tiled import available  # same requirements: CUDA and CuPy
 
-__all__ = ["MAX_WIDTH", "available", "top_keys_cuda"]
+__all__ = ["MAX_WIDTH", "available", "merge_runs_cuda", "top_keys_cuda"]
 
 # Widest row sorted here (shared memory: 8 bytes a key); wider ones go to torch.topk.
 MAX_WIDTH = 4096
@@ -51,15 +51,47 @@ extern "C" __global__ void __launch_bounds__(1024) top_keys(
     }
     for (int i = threadIdx.x; i < kk; i += blockDim.x) out[r * kk + i] = i < P ? s[i] : 0;
 }
+
+// Row r holds R runs of L keys, each sorted descending (the processes' top-k lists): a key's
+// place in the merged order is its place in its run plus, in every other run, the keys
+// before it (binary search; between equal keys, which only 0 has, the lower run first).
+// Keys placed before kk are written: a permutation, so out[r] is filled (kk <= R * L).
+extern "C" __global__ void merge_runs(const i64* __restrict__ keys, const int R, const int L, const int kk,
+                                      i64* __restrict__ out)
+{
+    const i64 r = blockIdx.x;
+    const i64* row = keys + r * (i64)R * L;
+    for (int e = threadIdx.x; e < R * L; e += blockDim.x) {
+        const int p = e / L, i = e - p * L;
+        const i64 x = row[e];
+        int pos = i;
+        for (int q = 0; q < R; ++q) {
+            if (q == p) continue;
+            const i64* run = row + (i64)q * L;
+            int lo = 0, hi = L;
+            while (lo < hi) {
+                const int mid = (lo + hi) >> 1;
+                const i64 y = run[mid];
+                if (q < p ? y >= x : y > x) lo = mid + 1; else hi = mid;
+            }
+            pos += lo;
+        }
+        if (pos < kk) out[r * kk + pos] = x;
+    }
+}
 """
 
 
 @functools.cache
-def _kernel(device_index: int):  # -> cupy.RawKernel
+def _module(device_index: int):  # -> cupy.RawModule
     import cupy as cp
 
     with cp.cuda.Device(device_index):
-        return cp.RawModule(code=CUDA_SOURCE).get_function("top_keys")
+        return cp.RawModule(code=CUDA_SOURCE)
+
+
+def _kernel(device_index: int, name: str = "top_keys"):  # -> cupy.RawKernel
+    return _module(device_index).get_function(name)
 
 
 def top_keys_cuda(keys: torch.Tensor, k: int, count: torch.Tensor | None = None) -> torch.Tensor:
@@ -91,4 +123,29 @@ def top_keys_cuda(keys: torch.Tensor, k: int, count: torch.Tensor | None = None)
     args = (pointer(keys), cp.int32(w), pointer(count) if count is not None else null, cp.int32(kk), pointer(out))
     with cp.cuda.Device(dev.index), cupy_stream(dev):
         kernel((b,), (min(THREADS, max(32, p // 2)),), args, shared_mem=p * 8)
+    return out
+
+
+def merge_runs_cuda(keys: torch.Tensor, runs: int, k: int) -> torch.Tensor:
+    """The ``min(k, W)`` largest of each row of int64 ``keys`` ``[B, W]`` that hold ``runs``
+    runs of ``W / runs`` keys, each sorted descending (keys as in the module docstring),
+    sorted descending: ``torch.topk``'s values, by a merge instead of a selection.
+    Contiguous, on one CUDA device."""
+    import cupy as cp
+
+    from .tiled import check_tensors, cupy_stream, pointer
+
+    dev = keys.device
+    check_tensors({"keys": (keys, torch.int64)}, dev)
+    b, w = keys.shape
+    if runs < 1 or w % runs:
+        raise ValueError(f"{w} keys a row are not {runs} runs of equal length")
+    kk = min(k, w)
+    out = torch.empty((b, kk), dtype=torch.int64, device=dev)
+    if b == 0 or kk == 0:
+        return out
+    kernel = _kernel(dev.index if dev.index is not None else torch.cuda.current_device(), "merge_runs")
+    args = (pointer(keys), cp.int32(runs), cp.int32(w // runs), cp.int32(kk), pointer(out))
+    with cp.cuda.Device(dev.index), cupy_stream(dev):
+        kernel((b,), (min(THREADS, -(-w // 32) * 32),), args)
     return out
