@@ -84,105 +84,61 @@ extern "C" __global__ void exact_scores_kernel(
 }
 
 // canonical() from the document's side, with the forward index (document-major CSR: its
-// terms ascending, their weights), for two documents at once (da, db; -1: none), so that
-// the two chains of dependent loads overlap: lane i takes each document's terms i, i + 32,
-// ... (up to 4 a document at once, their loads in flight together) and finds each among the
-// query's terms: in `table` (shared memory, 1 + the term's column in the query, 0 if absent)
-// where given, else by binary search over the query's row; the products of the terms found
-// are added in term order, as canonical() adds them (both lists are ascending), so the bits
-// are the same. A document's ~120 postings are ~1 KB read in order, where the binary searches
-// in the inverted lists touch ~10 scattered sectors per query term.
+// terms ascending, their weights): lane i takes the document's terms i, i + 32, ... (up to
+// 4 at once, their loads in flight together) and finds each among the query's terms: in
+// `table` (shared memory, 1 + the term's column in the query, 0 if absent) where given,
+// else by binary search over the query's row; the products of the terms found are added in
+// term order, as canonical() adds them (both lists are ascending), so the bits are the same.
+// A document's ~120 postings are ~1 KB read in order, where the binary searches in the
+// inverted lists touch ~10 scattered sectors per query term.
 #define FWD_UNROLL 4
-__device__ __forceinline__ int query_column(
-    const int t, const i64* __restrict__ terms, const int T, const unsigned char* table)
-{
-    if (t < 0) return -1;
-    if (table != nullptr) return (int)table[t] - 1;
-    int lo = 0, hi = T;  // first query term >= t (padding, -1, sorts last)
-    while (lo < hi) {
-        const int mid = (lo + hi) >> 1;
-        const i64 q = terms[mid];
-        if (q >= 0 && q < t) lo = mid + 1; else hi = mid;
-    }
-    return lo < T && terms[lo] == t ? lo : -1;
-}
-
-__device__ __forceinline__ double add_in_order(double acc, const bool hit, const double prod)
-{
-    unsigned int hits = __ballot_sync(0xffffffffu, hit);
-    while (hits) {  // in term order
-        const int v = __ffs(hits) - 1;
-        acc += __shfl_sync(0xffffffffu, prod, v);
-        hits &= hits - 1;
-    }
-    return acc;
-}
-
-__device__ __forceinline__ void canonical_fwd2(
+__device__ __forceinline__ float canonical_fwd(
     const i64* __restrict__ fwd_off, const int* __restrict__ fwd_terms, const float* __restrict__ fwd_w,
-    const i64* __restrict__ terms, const float* __restrict__ weights, const int T,
-    const int da, const int db, const unsigned char* table, float& sa, float& sb)
+    const i64* __restrict__ terms, const float* __restrict__ weights, const int T, const int d,
+    const unsigned char* table)
 {
     const int lane = threadIdx.x & 31;
-    const i64 a0 = da >= 0 ? fwd_off[da] : 0, a1 = da >= 0 ? fwd_off[da + 1] : 0;
-    const i64 b0 = db >= 0 ? fwd_off[db] : 0, b1 = db >= 0 ? fwd_off[db + 1] : 0;
-    double acc_a = 0.0, acc_b = 0.0;
-    for (i64 k0 = 0; a0 + k0 < a1 || b0 + k0 < b1; k0 += 32 * FWD_UNROLL) {  // warp-uniform
-        int ta[FWD_UNROLL], tb[FWD_UNROLL];
-        float wa[FWD_UNROLL], wb[FWD_UNROLL];
+    const i64 start = fwd_off[d], end = fwd_off[d + 1];
+    double acc = 0.0;
+    for (i64 i0 = start; i0 < end; i0 += 32 * FWD_UNROLL) {
+        int t[FWD_UNROLL];
+        float w[FWD_UNROLL];
 #pragma unroll
         for (int u = 0; u < FWD_UNROLL; ++u) {
-            const i64 ia = a0 + k0 + u * 32 + lane, ib = b0 + k0 + u * 32 + lane;
-            ta[u] = ia < a1 ? fwd_terms[ia] : -1;
-            wa[u] = ia < a1 ? fwd_w[ia] : 0.0f;
-            tb[u] = ib < b1 ? fwd_terms[ib] : -1;
-            wb[u] = ib < b1 ? fwd_w[ib] : 0.0f;
+            const i64 i = i0 + u * 32 + lane;
+            t[u] = i < end ? fwd_terms[i] : -1;
+            w[u] = i < end ? fwd_w[i] : 0.0f;
         }
-        double pa[FWD_UNROLL], pb[FWD_UNROLL];
-        bool ha[FWD_UNROLL], hb[FWD_UNROLL];
+        double prod[FWD_UNROLL];
+        bool hit[FWD_UNROLL];
 #pragma unroll
         for (int u = 0; u < FWD_UNROLL; ++u) {
-            const int ca = query_column(ta[u], terms, T, table), cb = query_column(tb[u], terms, T, table);
-            ha[u] = ca >= 0;
-            hb[u] = cb >= 0;
-            pa[u] = ha[u] ? (double)wa[u] * (double)weights[ca] : 0.0;
-            pb[u] = hb[u] ? (double)wb[u] * (double)weights[cb] : 0.0;
+            int col = -1;  // the term's column in the query row
+            if (t[u] >= 0 && table != nullptr) {
+                col = (int)table[t[u]] - 1;
+            } else if (t[u] >= 0) {
+                int lo = 0, hi = T;  // first query term >= t[u] (padding, -1, sorts last)
+                while (lo < hi) {
+                    const int mid = (lo + hi) >> 1;
+                    const i64 q = terms[mid];
+                    if (q >= 0 && q < t[u]) lo = mid + 1; else hi = mid;
+                }
+                col = lo < T && terms[lo] == t[u] ? lo : -1;
+            }
+            hit[u] = col >= 0;
+            prod[u] = hit[u] ? (double)w[u] * (double)weights[col] : 0.0;
         }
 #pragma unroll
-        for (int u = 0; u < FWD_UNROLL; ++u) acc_a = add_in_order(acc_a, ha[u], pa[u]);
-#pragma unroll
-        for (int u = 0; u < FWD_UNROLL; ++u) acc_b = add_in_order(acc_b, hb[u], pb[u]);
+        for (int u = 0; u < FWD_UNROLL; ++u) {
+            unsigned int hits = __ballot_sync(0xffffffffu, hit[u]);
+            while (hits) {  // in term order
+                const int v = __ffs(hits) - 1;
+                acc += __shfl_sync(0xffffffffu, prod[u], v);
+                hits &= hits - 1;
+            }
+        }
     }
-    sa = (float)acc_a;
-    sb = (float)acc_b;
-}
-
-// Slot `at` of row r: its document, or -1 (absent) or -2 (its score stays below `floor`:
-// not to be ranked), and the float32 bounds of its score from the fixed-point value (the
-// same float64 operations as gpusparse.tiled.finalize_candidates's PyTorch path, each
-// rounded on its own, so both give the same bits).
-__device__ __forceinline__ int slot_bounds(
-    const int* __restrict__ cand_doc, const i64* __restrict__ cand_val, const i64 at, const i64 delta,
-    const double scale, const float* __restrict__ floor, const i64 r, float& low, float& high)
-{
-    const int d = cand_doc[at];
-    if (d < 0) return -1;
-    const double v = (double)cand_val[at];
-    const double margin = __dadd_rn((double)delta, __dmul_rn(v, 0x1p-50));
-    const double inv = 1.0 / scale;
-    // A power of two (the fixed-point scales are) whose reciprocal is one too: x * inv is
-    // then the same real number as x / scale, rounded the same way.
-    const long long bits = __double_as_longlong(scale), ex = (bits >> 52) & 0x7FF;
-    const bool pow2 = (bits & 0xFFFFFFFFFFFFFLL) == 0 && ex != 0 && ex != 0x7FF && inv != 0.0 && !isinf(inv);
-    const double lo_v = fmax(__dsub_rn(v, margin), 0.0), hi_v = __dadd_rn(v, margin);
-    low = __double2float_rn(pow2 ? __dmul_rn(lo_v, inv) : __ddiv_rn(lo_v, scale));
-    high = __double2float_rn(pow2 ? __dmul_rn(hi_v, inv) : __ddiv_rn(hi_v, scale));
-    return floor != nullptr && high < floor[r] ? -2 : d;
-}
-
-__device__ __forceinline__ i64 rank_key(const int d, const float s)
-{
-    return d < 0 ? 0 : ((i64)__float_as_int(s) << 31) | (((i64)1 << 31) - 1 - d);
+    return (float)acc;
 }
 
 // The tiled engine's candidates (the first W of each row of ld slots) to ranking keys (gpusparse.topk.encode_keys): a
@@ -195,15 +151,14 @@ __device__ __forceinline__ i64 rank_key(const int d, const float s)
 // Rescoring reads the forward index where given (fwd_off non-null), else binary-searches
 // the inverted lists; with `use_table` (dynamic shared memory of V bytes, T < 256) each block
 // first writes its row's term-to-column table. Blocks (x, row): the warps of a row's
-// gridDim.x blocks take its occupied slots (the first count[r]) in turn, a warp two slots
-// at a time; the rest of the row's W slots are zeroed by all threads, so a row costs its
-// candidates, not W warps.
-// Blocks of 256 threads resident per SM that the registers must allow (4: 64 registers).
-// With one slot a warp, 6 and 7 (more warps in flight for its chains of dependent loads)
-// spilled and measured slower than 5 (0.196 and 0.227 against 0.188 ms,
-// bench/results/2026-11-26-H200-anatomy-v17.log).
+// gridDim.x blocks take its occupied slots (the first count[r]) in turn, a warp per slot;
+// the rest of the row's W slots are zeroed by all threads, so a row costs its candidates,
+// not W warps.
+// Blocks of 256 threads resident per SM that the registers must allow: 5 leaves the 48
+// registers it needs; 6 and 7 (more warps in flight for its chains of dependent loads) spill
+// and measured slower (0.196 and 0.227 against 0.188 ms, bench/results/2026-11-26-H200-anatomy-v17.log).
 #ifndef KEYS_MIN_BLOCKS
-#define KEYS_MIN_BLOCKS 4
+#define KEYS_MIN_BLOCKS 5
 #endif
 extern "C" __global__ void __launch_bounds__(256, KEYS_MIN_BLOCKS) candidate_keys(
     const int* __restrict__ doc_ids, const float* __restrict__ scores,
@@ -235,33 +190,33 @@ extern "C" __global__ void __launch_bounds__(256, KEYS_MIN_BLOCKS) candidate_key
         const i64 n = count != nullptr ? min((i64)max(count[r], 0), W) : W;  // slots that may hold candidates
         for (i64 j = n + (i64)blockIdx.x * blockDim.x + threadIdx.x; j < W; j += (i64)gridDim.x * blockDim.x)
             keys[r * W + j] = 0;
-        // A warp takes two of its slots at a time (j, j + stride): their rescoring overlaps.
-        for (i64 j = (i64)blockIdx.x * warps + (threadIdx.x >> 5); j < n; j += 2 * stride) {  // warp-uniform
-            const i64 j2 = j + stride;
-            float la = 0.0f, ha = 0.0f, lb = 0.0f, hb = 0.0f;
-            const int da = slot_bounds(cand_doc, cand_val, r * ld + j, q_delta[r], q_scale[r], floor, r, la, ha);
-            const int db = j2 >= n ? -1
-                : slot_bounds(cand_doc, cand_val, r * ld + j2, q_delta[r], q_scale[r], floor, r, lb, hb);
-            const bool ra = da >= 0 && la != ha, rb = db >= 0 && lb != hb;  // scores not certain: rescored
-            float sa = la, sb = lb;
-            const i64* qt = q_terms + r * T;
-            const float* qw = q_weights + r * T;
-            if (fwd_off != nullptr) {
-                float xa, xb;
-                if (ra || rb)
-                    canonical_fwd2(fwd_off, fwd_terms, fwd_w, qt, qw, T, ra ? da : -1, rb ? db : -1, table, xa, xb);
-                if (ra) sa = xa;
-                if (rb) sb = xb;
-            } else {
-                if (ra) sa = canonical(doc_ids, scores, offsets, lengths, qt, qw, T, da, list_pos, tile_bits, V,
-                                       n_tiles);
-                if (rb) sb = canonical(doc_ids, scores, offsets, lengths, qt, qw, T, db, list_pos, tile_bits, V,
-                                       n_tiles);
+        for (i64 j = (i64)blockIdx.x * warps + (threadIdx.x >> 5); j < n; j += stride) {  // warp-uniform
+            const i64 d = cand_doc[r * ld + j];
+            i64 key = 0;
+            if (d >= 0) {
+                const double v = (double)cand_val[r * ld + j];
+                const double margin = __dadd_rn((double)q_delta[r], __dmul_rn(v, 0x1p-50));
+                const double scale = q_scale[r], inv = 1.0 / scale;
+                // A power of two (the fixed-point scales are) whose reciprocal is one too:
+                // x * inv is then the same real number as x / scale, rounded the same way.
+                const long long bits = __double_as_longlong(scale), ex = (bits >> 52) & 0x7FF;
+                const bool pow2 = (bits & 0xFFFFFFFFFFFFFLL) == 0 && ex != 0 && ex != 0x7FF && inv != 0.0
+                                  && !isinf(inv);
+                const double lo_v = fmax(__dsub_rn(v, margin), 0.0), hi_v = __dadd_rn(v, margin);
+                const float low = __double2float_rn(pow2 ? __dmul_rn(lo_v, inv) : __ddiv_rn(lo_v, scale));
+                const float high = __double2float_rn(pow2 ? __dmul_rn(hi_v, inv) : __ddiv_rn(hi_v, scale));
+                if (floor == nullptr || high >= floor[r]) {  // else it cannot reach the top-k: not rescored
+                    float s = low;
+                    if (low != high)
+                        s = fwd_off != nullptr
+                            ? canonical_fwd(fwd_off, fwd_terms, fwd_w, q_terms + r * T, q_weights + r * T, T, (int)d,
+                                            table)
+                            : canonical(doc_ids, scores, offsets, lengths, q_terms + r * T, q_weights + r * T, T,
+                                        (int)d, list_pos, tile_bits, V, n_tiles);
+                    key = ((i64)__float_as_int(s) << 31) | (((i64)1 << 31) - 1 - d);
+                }
             }
-            if ((threadIdx.x & 31) == 0) {
-                keys[r * W + j] = rank_key(da, sa);
-                if (j2 < n) keys[r * W + j2] = rank_key(db, sb);
-            }
+            if ((threadIdx.x & 31) == 0) keys[r * W + j] = key;
         }
     }
 }
