@@ -414,3 +414,42 @@ def test_merge_of_sorted_runs_equals_torch_topk(runs: int, length: int) -> None:
     for bad in (0, runs * length + 1):
         with pytest.raises(ValueError, match="runs"):
             rowsort.merge_runs_cuda(keys, bad, 5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(("runs", "length"), [(1, 10), (2, 1000), (3, 50), (4, 1000)])
+def test_packed_merge_of_process_results_equals_the_pytorch_merge(runs: int, length: int) -> None:
+    """pack_results_cuda and merge_gathered_cuda (the NCCL merge's two kernels) against
+    result_keys, merge_keys and the flags' any, the PyTorch merge of the gloo path: ranked
+    rows with empty slots (id -1 or score 0), redo flags, k below, at and above the total."""
+    from gpusparse.kernels import rowsort
+    from gpusparse.topk import decode_keys, encode_keys, merge_keys, result_keys
+
+    if not rowsort.available():
+        pytest.skip("needs CuPy")
+    rng = np.random.default_rng()
+    b = 23
+    per_run = []
+    for _ in range(runs):  # a process's ranked results, padded as search returns them
+        scores = torch.from_numpy(rng.choice([0.5, 1.25, 3.0, 7.0], (b, length)).astype(np.float32))
+        ids = torch.from_numpy(np.stack([rng.permutation(1 << 24)[:length] for _ in range(b)]))
+        keys = torch.sort(encode_keys(scores, ids), dim=1, descending=True).values
+        real = torch.from_numpy(rng.integers(0, length + 1, b))
+        s, i = decode_keys(keys)
+        empty = torch.arange(length)[None, :] >= real[:, None]
+        s = torch.where(empty, torch.zeros_like(s), s)
+        i = torch.where(empty & torch.from_numpy(rng.random((b, length)) < 0.5), torch.full_like(i, -1), i)
+        flags = torch.from_numpy(rng.random(b) < 0.2)
+        per_run.append((s, i, flags))
+    sent = [rowsort.pack_results_cuda(s.cuda(), i.cuda(), f.cuda()) for s, i, f in per_run]
+    for (s, i, f), got in zip(per_run, sent, strict=True):
+        want = torch.cat([result_keys(s, i), f.to(torch.int64)[:, None]], 1)
+        assert torch.equal(got.cpu(), want)
+    gathered = torch.cat(sent, 0)  # what all_gather_into_tensor returns
+    for k in (1, length, runs * length, runs * length + 4):
+        got_s, got_i, got_f = rowsort.merge_gathered_cuda(gathered, runs, k, flags=True)
+        want_s, want_i = merge_keys(torch.cat([result_keys(s, i) for s, i, _ in per_run], 1), k)
+        assert torch.equal(got_s.cpu(), want_s) and torch.equal(got_i.cpu(), want_i), k
+        assert torch.equal(got_f.cpu(), torch.stack([f for _, _, f in per_run]).any(0)), k
+        assert rowsort.merge_gathered_cuda(gathered, runs, k)[2] is None

@@ -382,8 +382,19 @@ def merge_across_ranks(
     the top-``k`` of all, by score descending, then id ascending (every process gets it).
     Each result travels as one int64 ranking key, so one collective carries both; ``flags``
     (bool ``[B]``) travel in the same collective as one more column, and come back as a
-    third output: each row's flag on any process."""
+    third output: each row's flag on any process. Each process's rows must be ranked (as
+    search results are): with NCCL one kernel packs them and one merges the gathered lists
+    (:mod:`gpusparse.kernels.rowsort`); elsewhere the same steps in PyTorch."""
     world = dist.get_world_size(group)
+    if scores.is_cuda and dist.get_backend(group) == "nccl":
+        from .kernels import rowsort
+
+        if rowsort.available():  # one kernel each side of one all-gather into one tensor
+            sent = rowsort.pack_results_cuda(scores.contiguous(), ids.contiguous(), flags)
+            gathered = torch.empty((world * sent.shape[0], sent.shape[1]), dtype=torch.int64, device=sent.device)
+            dist.all_gather_into_tensor(gathered, sent, group=group)
+            out_s, out_i, out_f = rowsort.merge_gathered_cuda(gathered, world, k, flags=flags is not None)
+            return (out_s, out_i) if out_f is None else (out_s, out_i, out_f)
     keys = result_keys(scores, ids)
     if flags is not None:
         keys = torch.cat([keys, flags.to(torch.int64)[:, None]], 1)

@@ -16,7 +16,7 @@ import torch
 
 from .tiled import available  # same requirements: CUDA and CuPy
 
-__all__ = ["MAX_WIDTH", "available", "merge_runs_cuda", "top_keys_cuda"]
+__all__ = ["MAX_WIDTH", "available", "merge_gathered_cuda", "merge_runs_cuda", "pack_results_cuda", "top_keys_cuda"]
 
 # Widest row sorted here (shared memory: 8 bytes a key); wider ones go to torch.topk.
 MAX_WIDTH = 4096
@@ -77,6 +77,67 @@ extern "C" __global__ void merge_runs(const i64* __restrict__ keys, const int R,
             pos += lo;
         }
         if (pos < kk) out[r * kk + pos] = x;
+    }
+}
+
+#define ID_MASK ((((i64)1) << 31) - 1)
+// One process's result rows (scores [B, L], global ids [B, L], redo flags [B] or null) as
+// the rows it sends: [B, L + 1], L ranking keys (0 for an empty slot: id -1 or score 0, as
+// gpusparse.topk.result_keys) and the flag.
+extern "C" __global__ void pack_results(const float* __restrict__ scores, const i64* __restrict__ ids,
+                                        const bool* __restrict__ flags, const i64 B, const int L,
+                                        i64* __restrict__ out)
+{
+    const i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= B * (L + 1)) return;
+    const i64 r = t / (L + 1);
+    const int j = (int)(t - r * (L + 1));
+    if (j == L) {
+        out[t] = flags != nullptr && flags[r] ? 1 : 0;
+        return;
+    }
+    const float s = scores[r * L + j];
+    const i64 id = ids[r * L + j];
+    out[t] = id >= 0 && s > 0.0f ? ((i64)__float_as_int(s) << 31) | (ID_MASK - id) : 0;
+}
+
+// The R processes' packed rows gathered as [R, B, L + 1] (pack_results): row r's top kk
+// (merge_runs' placement), decoded into scores [B, kk] and ids [B, kk] (empty slots 0 and
+// -1, as gpusparse.topk.merge_keys pads them), and each row's flag on any process.
+extern "C" __global__ void merge_gathered(const i64* __restrict__ g, const int R, const i64 B, const int L,
+                                          const int kk, float* __restrict__ out_s, i64* __restrict__ out_i,
+                                          bool* __restrict__ flags)
+{
+    const i64 r = blockIdx.x;
+    const int C = L + 1;
+    if (threadIdx.x == 0 && flags != nullptr) {
+        bool f = false;
+        for (int q = 0; q < R; ++q) f = f || g[((i64)q * B + r) * C + L] != 0;
+        flags[r] = f;
+    }
+    for (int e = threadIdx.x; e < R * L; e += blockDim.x) {
+        const int p = e / L, i = e - p * L;
+        const i64 x = g[((i64)p * B + r) * C + i];
+        int pos = i;
+        for (int q = 0; q < R; ++q) {
+            if (q == p) continue;
+            const i64* run = g + ((i64)q * B + r) * C;
+            int lo = 0, hi = L;
+            while (lo < hi) {
+                const int mid = (lo + hi) >> 1;
+                const i64 y = run[mid];
+                if (q < p ? y >= x : y > x) lo = mid + 1; else hi = mid;
+            }
+            pos += lo;
+        }
+        if (pos < kk) {
+            out_s[r * kk + pos] = x > 0 ? __int_as_float((int)(x >> 31)) : 0.0f;
+            out_i[r * kk + pos] = x > 0 ? ID_MASK - (x & ID_MASK) : -1;
+        }
+    }
+    for (int e = R * L + threadIdx.x; e < kk; e += blockDim.x) {  // fewer results than kk
+        out_s[r * kk + e] = 0.0f;
+        out_i[r * kk + e] = -1;
     }
 }
 """
@@ -149,3 +210,64 @@ def merge_runs_cuda(keys: torch.Tensor, runs: int, k: int) -> torch.Tensor:
     with cp.cuda.Device(dev.index), cupy_stream(dev):
         kernel((b,), (min(THREADS, -(-w // 32) * 32),), args)
     return out
+
+
+def pack_results_cuda(scores: torch.Tensor, ids: torch.Tensor, flags: torch.Tensor | None = None) -> torch.Tensor:
+    """One process's results as the rows it sends to a merge: int64 ``[B, L + 1]``, the
+    :func:`gpusparse.topk.result_keys` of float32 ``scores`` and int64 global ``ids``
+    ``[B, L]``, then each row's flag (bool ``[B]``; 0 without). One launch."""
+    import cupy as cp
+
+    from .tiled import check_tensors, cupy_stream, pointer
+
+    dev = scores.device
+    expected = {"scores": (scores, torch.float32), "ids": (ids, torch.int64)}
+    if flags is not None:
+        expected["flags"] = (flags, torch.bool)
+    check_tensors(expected, dev)
+    b, w = scores.shape
+    if ids.shape != (b, w) or (flags is not None and flags.shape != (b,)):
+        raise ValueError("scores and ids must be [B, L] and flags [B]")
+    out = torch.empty((b, w + 1), dtype=torch.int64, device=dev)
+    n = out.numel()
+    if n == 0:
+        return out
+    kernel = _kernel(dev.index if dev.index is not None else torch.cuda.current_device(), "pack_results")
+    null = np.uint64(0)
+    args = (pointer(scores), pointer(ids), pointer(flags) if flags is not None else null, cp.int64(b), cp.int32(w),
+            pointer(out))  # fmt: skip
+    with cp.cuda.Device(dev.index), cupy_stream(dev):
+        kernel((-(-n // 256),), (256,), args)
+    return out
+
+
+def merge_gathered_cuda(
+    gathered: torch.Tensor, runs: int, k: int, *, flags: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The merge of ``runs`` processes' :func:`pack_results_cuda` rows gathered as int64
+    ``[runs · B, L + 1]`` (an all-gather into one tensor): ``(scores, ids)`` ``[B, k]``, the
+    top ``k`` of each row by score descending then id ascending, padded with 0 / -1 (as
+    :func:`gpusparse.topk.merge_keys`), and with ``flags`` each row's flag on any process
+    (bool ``[B]``; else ``None``). Each process's keys must be ranked (descending). One launch."""
+    import cupy as cp
+
+    from .tiled import check_tensors, cupy_stream, pointer
+
+    dev = gathered.device
+    check_tensors({"gathered": (gathered, torch.int64)}, dev)
+    rows, c = gathered.shape
+    if runs < 1 or rows % runs or c < 1:
+        raise ValueError(f"{rows} gathered rows are not {runs} processes' rows")
+    b, w = rows // runs, c - 1
+    out_s = torch.empty((b, k), dtype=torch.float32, device=dev)
+    out_i = torch.empty((b, k), dtype=torch.int64, device=dev)
+    out_f = torch.empty(b, dtype=torch.bool, device=dev) if flags else None
+    if b == 0:
+        return out_s, out_i, out_f
+    kernel = _kernel(dev.index if dev.index is not None else torch.cuda.current_device(), "merge_gathered")
+    null = np.uint64(0)
+    args = (pointer(gathered), cp.int32(runs), cp.int64(b), cp.int32(w), cp.int32(k), pointer(out_s),
+            pointer(out_i), pointer(out_f) if out_f is not None else null)  # fmt: skip
+    with cp.cuda.Device(dev.index), cupy_stream(dev):
+        kernel((b,), (min(THREADS, max(32, -(-max(runs * w, k) // 32) * 32)),), args)
+    return out_s, out_i, out_f
