@@ -431,9 +431,11 @@ def test_packed_merge_of_process_results_equals_the_pytorch_merge(runs: int, len
     rng = np.random.default_rng()
     b = 23
     per_run = []
-    for _ in range(runs):  # a process's ranked results, padded as search returns them
+    # distinct ids in a row across processes (their shards are disjoint)
+    all_ids = np.stack([rng.permutation(4 * runs * length)[: runs * length] for _ in range(b)])
+    for q in range(runs):  # a process's ranked results, padded as search returns them
         scores = torch.from_numpy(rng.choice([0.5, 1.25, 3.0, 7.0], (b, length)).astype(np.float32))
-        ids = torch.from_numpy(np.stack([rng.permutation(1 << 24)[:length] for _ in range(b)]))
+        ids = torch.from_numpy(all_ids[:, q * length : (q + 1) * length])
         keys = torch.sort(encode_keys(scores, ids), dim=1, descending=True).values
         real = torch.from_numpy(rng.integers(0, length + 1, b))
         s, i = decode_keys(keys)
