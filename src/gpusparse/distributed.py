@@ -6,13 +6,14 @@ NCCL, or CPU processes with gloo) searches its shard for the whole query batch, 
 ``[B, k]`` scores and global positions (shard offset + local number; ``0`` / ``-1`` padded
 where a shard has fewer than ``k`` matches). The lists are all-gathered on the device and
 merged there by score descending, then global position ascending
-(:func:`gpusparse.topk.merge_results`). Every kernel returns the canonical score of each
+(:func:`merge_across_ranks`). Every kernel returns the canonical score of each
 (query, document) pair whichever index holds the document, so the merged results equal
 one process's search of the whole collection bit for bit, ties included. A search of
 several batches is pipelined (batch i is launched and merged before batch i − 1 is waited
-for), each batch syncs once (rows a GPU flags for another search travel with the merge),
-and with the tiled engine the processes first agree on a lower bound of the merged k-th
-score (:func:`merged_floor`), so that each rescores only candidates that can reach it.
+for), and each batch syncs once (rows a GPU flags for another search travel with the
+merge). With the tiled engine the processes can first agree on a lower bound of the merged
+k-th score (:func:`merged_floor`, :data:`TWO_ROUND`, off by default), so that each rescores
+only candidates that can reach it.
 
 **Streaming** (:class:`StreamedIndex`). An index (or shard) larger than the device's memory
 stays in host memory (pinned, for a GPU) cut into document-range pieces. For each query

@@ -964,8 +964,9 @@ def finalize_candidates(
     """Canonical float32 scores of the candidates, then the tie-broken top-k (padded to ``k``).
     ``floor`` (float32 ``[B]``): candidates whose score is surely below it are left out.
 
-    On a GPU one kernel turns the candidates into ranking keys (rescoring the uncertain ones,
-    its searches narrowed by ``tl.list_pos``); the PyTorch steps below are its reference.
+    On a GPU one kernel turns the candidates into ranking keys (rescoring the uncertain ones
+    from ``tl.forward``, or by binary searches narrowed by ``tl.list_pos``); the PyTorch
+    steps below are its reference.
     """
     from .kernels import rescore
     from .search import exact_scores, finalize
