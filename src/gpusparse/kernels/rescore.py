@@ -156,7 +156,8 @@ __device__ __forceinline__ float canonical_fwd(
 // not W warps.
 // Blocks of 256 threads resident per SM that the registers must allow: 5 leaves the 48
 // registers it needs; 6 and 7 (more warps in flight for its chains of dependent loads) spill
-// and measured slower (0.196 and 0.227 against 0.188 ms, bench/results/2026-11-26-H200-anatomy-v17.log).
+// and measured slower (0.196 and 0.227 against 0.188 ms, bench/results/2026-11-26-H200-anatomy-v17.log),
+// and so did a warp rescoring two slots at a time (0.225 ms at best, ...-anatomy-v18.log).
 #ifndef KEYS_MIN_BLOCKS
 #define KEYS_MIN_BLOCKS 5
 #endif
