@@ -388,37 +388,7 @@ def test_row_sort_of_keys_equals_torch_topk(width: int) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize(("runs", "length"), [(1, 5), (2, 1000), (3, 7), (4, 1000), (8, 33)])
-def test_merge_of_sorted_runs_equals_torch_topk(runs: int, length: int) -> None:
-    """merge_runs_cuda (the processes' ranked lists side by side) against torch.topk: runs
-    ending in empty slots (key 0) of different numbers, distinct keys otherwise, k below,
-    at and above a run's length."""
-    from gpusparse.kernels import rowsort
-    from gpusparse.topk import encode_keys, merge_keys
-
-    if not rowsort.available():
-        pytest.skip("needs CuPy")
-    rng = np.random.default_rng()
-    b = 29
-    scores = torch.from_numpy(rng.choice([0.5, 1.25, 3.0, 7.0], (b, runs * length)).astype(np.float32))
-    ids = torch.from_numpy(np.stack([rng.permutation(1 << 20)[: runs * length] for _ in range(b)]))
-    keys = encode_keys(scores, ids).view(b, runs, length)
-    real = torch.from_numpy(rng.integers(0, length + 1, (b, runs)))  # the rest of each run is empty
-    keys = torch.where(torch.arange(length)[None, None, :] < real[:, :, None], keys, torch.zeros((), dtype=torch.int64))
-    keys = torch.sort(keys, dim=2, descending=True).values.reshape(b, runs * length).cuda()
-    for k in (1, length, runs * length, runs * length + 3):
-        want = torch.topk(keys, min(k, runs * length), dim=1).values
-        assert torch.equal(rowsort.merge_runs_cuda(keys, runs, k), want), k
-        got, want_pad = merge_keys(keys, k, runs=runs), merge_keys(keys.cpu(), k)
-        assert torch.equal(got[0].cpu(), want_pad[0]) and torch.equal(got[1].cpu(), want_pad[1]), k
-    for bad in (0, runs * length + 1):
-        with pytest.raises(ValueError, match="runs"):
-            rowsort.merge_runs_cuda(keys, bad, 5)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize(("runs", "length"), [(1, 10), (2, 1000), (3, 50), (4, 1000)])
+@pytest.mark.parametrize(("runs", "length"), [(1, 10), (2, 1000), (3, 50), (4, 1000), (8, 33)])
 def test_packed_merge_of_process_results_equals_the_pytorch_merge(runs: int, length: int) -> None:
     """pack_results_cuda and merge_gathered_cuda (the NCCL merge's two kernels) against
     result_keys, merge_keys and the flags' any, the PyTorch merge of the gloo path: ranked
@@ -455,3 +425,6 @@ def test_packed_merge_of_process_results_equals_the_pytorch_merge(runs: int, len
         assert torch.equal(got_s.cpu(), want_s) and torch.equal(got_i.cpu(), want_i), k
         assert torch.equal(got_f.cpu(), torch.stack([f for _, _, f in per_run]).any(0)), k
         assert rowsort.merge_gathered_cuda(gathered, runs, k)[2] is None
+    for bad in (0, runs * b + 1):
+        with pytest.raises(ValueError, match="processes' rows"):
+            rowsort.merge_gathered_cuda(gathered, bad, 5)

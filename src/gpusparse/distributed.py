@@ -402,10 +402,9 @@ def merge_across_ranks(
     keys = keys.contiguous()
     parts = [torch.empty_like(keys) for _ in range(world)]
     dist.all_gather(parts, keys, group=group)
-    # each process's list is ranked: the rows hold `world` sorted runs
     if flags is None:
-        return merge_keys(torch.cat(parts, 1), k, runs=world)
-    merged = merge_keys(torch.cat([p[:, :-1] for p in parts], 1), k, runs=world)
+        return merge_keys(torch.cat(parts, 1), k)
+    merged = merge_keys(torch.cat([p[:, :-1] for p in parts], 1), k)
     return (*merged, torch.stack([p[:, -1] for p in parts]).any(0))
 
 

@@ -121,23 +121,14 @@ def result_keys(scores: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return torch.where(ok, keys, torch.zeros_like(keys))
 
 
-def merge_keys(keys: torch.Tensor, k: int, runs: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The top-``k`` results of :func:`result_keys` keys ``[B, C]``, padded as :func:`merge_results`'s.
-    ``runs``: the keys of a row are that many runs of equal length, each sorted descending
-    (the processes' result lists): on a GPU one merge kernel then takes them."""
+def merge_keys(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-``k`` results of :func:`result_keys` keys ``[B, C]``, padded as :func:`merge_results`'s."""
     b, c = keys.shape
     out_s = torch.zeros((b, k), dtype=torch.float32, device=keys.device)
     out_i = torch.full((b, k), -1, dtype=torch.int64, device=keys.device)
     if c == 0:
         return out_s, out_i
-    top = None
-    if runs is not None and keys.is_cuda:
-        from .kernels import rowsort
-
-        if rowsort.available():
-            top = rowsort.merge_runs_cuda(keys.contiguous(), runs, k)
-    if top is None:
-        top = top_keys(keys, k)
+    top = top_keys(keys, k)
     s, i = decode_keys(top)
     hit = top > 0
     kk = top.shape[1]

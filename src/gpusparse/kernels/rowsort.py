@@ -5,6 +5,10 @@ select, then a sort of the k kept); a row here is loaded into shared memory (its
 ``count`` keys, padded with 0 to a power of two) and sorted by a bitonic network in one
 launch. Keys are :func:`gpusparse.topk.encode_keys` values: non-negative, 0 for an empty
 slot, distinct otherwise, so the order, and the result, are the same as ``torch.topk``'s.
+
+The NCCL merge of the processes' ranked lists has its two kernels here too: one packs a
+process's results into keys, one merges the gathered lists (:func:`pack_results_cuda`,
+:func:`merge_gathered_cuda`).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import torch
 
 from .tiled import available  # same requirements: CUDA and CuPy
 
-__all__ = ["MAX_WIDTH", "available", "merge_gathered_cuda", "merge_runs_cuda", "pack_results_cuda", "top_keys_cuda"]
+__all__ = ["MAX_WIDTH", "available", "merge_gathered_cuda", "pack_results_cuda", "top_keys_cuda"]
 
 # Widest row sorted here (shared memory: 8 bytes a key); wider ones go to torch.topk.
 MAX_WIDTH = 4096
@@ -52,34 +56,6 @@ extern "C" __global__ void __launch_bounds__(1024) top_keys(
     for (int i = threadIdx.x; i < kk; i += blockDim.x) out[r * kk + i] = i < P ? s[i] : 0;
 }
 
-// Row r holds R runs of L keys, each sorted descending (the processes' top-k lists): a key's
-// place in the merged order is its place in its run plus, in every other run, the keys
-// before it (binary search; between equal keys, which only 0 has, the lower run first).
-// Keys placed before kk are written: a permutation, so out[r] is filled (kk <= R * L).
-extern "C" __global__ void merge_runs(const i64* __restrict__ keys, const int R, const int L, const int kk,
-                                      i64* __restrict__ out)
-{
-    const i64 r = blockIdx.x;
-    const i64* row = keys + r * (i64)R * L;
-    for (int e = threadIdx.x; e < R * L; e += blockDim.x) {
-        const int p = e / L, i = e - p * L;
-        const i64 x = row[e];
-        int pos = i;
-        for (int q = 0; q < R; ++q) {
-            if (q == p) continue;
-            const i64* run = row + (i64)q * L;
-            int lo = 0, hi = L;
-            while (lo < hi) {
-                const int mid = (lo + hi) >> 1;
-                const i64 y = run[mid];
-                if (q < p ? y >= x : y > x) lo = mid + 1; else hi = mid;
-            }
-            pos += lo;
-        }
-        if (pos < kk) out[r * kk + pos] = x;
-    }
-}
-
 #define ID_MASK ((((i64)1) << 31) - 1)
 // One process's result rows (scores [B, L], global ids [B, L], redo flags [B] or null) as
 // the rows it sends: [B, L + 1], L ranking keys (0 for an empty slot: id -1 or score 0, as
@@ -101,9 +77,13 @@ extern "C" __global__ void pack_results(const float* __restrict__ scores, const 
     out[t] = id >= 0 && s > 0.0f ? ((i64)__float_as_int(s) << 31) | (ID_MASK - id) : 0;
 }
 
-// The R processes' packed rows gathered as [R, B, L + 1] (pack_results): row r's top kk
-// (merge_runs' placement), decoded into scores [B, kk] and ids [B, kk] (empty slots 0 and
-// -1, as gpusparse.topk.merge_keys pads them), and each row's flag on any process.
+// The R processes' packed rows gathered as [R, B, L + 1] (pack_results): row r's top kk,
+// decoded into scores [B, kk] and ids [B, kk] (empty slots 0 and -1, as
+// gpusparse.topk.merge_keys pads them), and each row's flag on any process. Each process's
+// L keys are ranked (descending): a key's place in the merged order is its place in its own
+// list plus, in every other list, the keys before it (binary search; between equal keys,
+// which only 0 has, the lower process first). Places before kk are written: a permutation
+// of the R * L keys, so every slot below min(kk, R * L) is filled; the rest are padding.
 extern "C" __global__ void merge_gathered(const i64* __restrict__ g, const int R, const i64 B, const int L,
                                           const int kk, float* __restrict__ out_s, i64* __restrict__ out_i,
                                           bool* __restrict__ flags)
@@ -184,31 +164,6 @@ def top_keys_cuda(keys: torch.Tensor, k: int, count: torch.Tensor | None = None)
     args = (pointer(keys), cp.int32(w), pointer(count) if count is not None else null, cp.int32(kk), pointer(out))
     with cp.cuda.Device(dev.index), cupy_stream(dev):
         kernel((b,), (min(THREADS, max(32, p // 2)),), args, shared_mem=p * 8)
-    return out
-
-
-def merge_runs_cuda(keys: torch.Tensor, runs: int, k: int) -> torch.Tensor:
-    """The ``min(k, W)`` largest of each row of int64 ``keys`` ``[B, W]`` that hold ``runs``
-    runs of ``W / runs`` keys, each sorted descending (keys as in the module docstring),
-    sorted descending: ``torch.topk``'s values, by a merge instead of a selection.
-    Contiguous, on one CUDA device."""
-    import cupy as cp
-
-    from .tiled import check_tensors, cupy_stream, pointer
-
-    dev = keys.device
-    check_tensors({"keys": (keys, torch.int64)}, dev)
-    b, w = keys.shape
-    if runs < 1 or w % runs:
-        raise ValueError(f"{w} keys a row are not {runs} runs of equal length")
-    kk = min(k, w)
-    out = torch.empty((b, kk), dtype=torch.int64, device=dev)
-    if b == 0 or kk == 0:
-        return out
-    kernel = _kernel(dev.index if dev.index is not None else torch.cuda.current_device(), "merge_runs")
-    args = (pointer(keys), cp.int32(runs), cp.int32(w // runs), cp.int32(kk), pointer(out))
-    with cp.cuda.Device(dev.index), cupy_stream(dev):
-        kernel((b,), (min(THREADS, -(-w // 32) * 32),), args)
     return out
 
 
