@@ -15,22 +15,29 @@ import torch
 import torch.distributed as dist
 
 import gpusparse.distributed as distributed_mod
-from gpusparse import read_vectors
-from gpusparse.distributed import load_shard, open_for_search, search_sharded
-from gpusparse.search import BatchResult
+from gpusparse import engines, read_vectors
+from gpusparse.config import override_config
+from gpusparse.distributed import load_shard, search_sharded
+from gpusparse.engines.base import BatchResult
+from gpusparse.engines.tiled import waves
+from gpusparse.streaming import open_for_search
 
 
-def flagging(search_batch: Callable, seed: int) -> Callable:
-    """``search_batch`` whose deferred results flag every third row (which ones depends on
-    ``seed``) and hold garbage there, as a GPU search's rows to search again do; asked
-    again, it gives their real results. Merges must come out exact all the same."""
+class Flagging:
+    """An engine whose results flag every third row (which ones depends on ``seed``) and hold
+    garbage there, as a GPU search's rows to search again do; asked again, it gives their
+    real results. Merges must come out exact all the same."""
 
-    def wrapped(index, queries, k, *, deferred=False, **kw):
-        out = search_batch(index, queries, k, **kw)
-        if not deferred:
-            return out
-        scores, ids = out
-        flags = (torch.arange(len(queries)) + seed) % 3 == 0
+    def __init__(self, engine, seed: int) -> None:
+        self.engine, self.seed = engine, seed
+        self.name, self.auto_rank = engine.name, engine.auto_rank
+
+    def unavailable(self, device, *, auto=False):
+        return self.engine.unavailable(device, auto=auto)
+
+    def search_batch(self, index, queries, k, plan) -> BatchResult:
+        scores, ids = self.engine.search_batch(index, queries, k, plan).resolved()
+        flags = (torch.arange(len(queries)) + self.seed) % 3 == 0
         bad_s, bad_i = scores.clone(), ids.clone()
         bad_s[flags], bad_i[flags] = 1e30, 0  # would win every merge if it were used
 
@@ -39,6 +46,13 @@ def flagging(search_batch: Callable, seed: int) -> Callable:
             return scores[at].clone(), ids[at].clone()
 
         return BatchResult(bad_s, bad_i, flags, again)
+
+
+def flagging(choose: Callable, seed: int) -> Callable:
+    """``engines.choose`` whose engines flag rows (see :class:`Flagging`)."""
+
+    def wrapped(name, device):
+        return Flagging(choose(name, device), seed)
 
     return wrapped
 
@@ -50,7 +64,7 @@ def search_worker(rank: int, world: int, tmp: str, folders: list[str], ks: list[
     dist.init_process_group(
         "gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world, timeout=timedelta(seconds=60)
     )
-    plain, floor, two_round = distributed_mod.search_batch, distributed_mod.merged_floor, distributed_mod.TWO_ROUND
+    plain, floor = engines.choose, distributed_mod.merged_floor
     calls = []
 
     def counted(*a, **kw):
@@ -65,30 +79,30 @@ def search_worker(rank: int, world: int, tmp: str, folders: list[str], ks: list[
             queries = read_vectors(Path(tmp) / "queries.jsonl", host.vocab, progress=False)
             for name in kernels:
                 # "tiled-whole": one batch of more than 8 queries; "tiled-exchange": the same with the
-                # shards exchanging lower bounds (distributed.TWO_ROUND, off by default);
+                # shards exchanging lower bounds (EngineConfig.shard_lower_bounds, off by default);
                 # "tiled-mixed": that with one process's shard streamed (then no exchange)
                 whole = ("tiled-whole", "tiled-exchange", "tiled-mixed")
                 kernel = "reference" if name == "flagged" else "tiled" if name in whole else name
                 batch_size = None if name in whole else 4
-                distributed_mod.TWO_ROUND = name in ("tiled-exchange", "tiled-mixed")
+                exchange = name in ("tiled-exchange", "tiled-mixed")
                 # "flagged": the reference kernel, some rows to search again (others on each process)
-                distributed_mod.search_batch = flagging(plain, rank) if name == "flagged" else plain
+                engines.choose = flagging(plain, rank) if name == "flagged" else plain
                 for pieces in (None, 2):
                     mixed = name == "tiled-mixed" and rank % 2 == 1  # resident beside streamed, then swapped
                     shard = open_for_search(
                         host, "cpu", kernel=kernel, pieces=(2 if pieces is None else None) if mixed else pieces
                     )
                     for k in ks:
-                        res = search_sharded(
-                            shard, queries, k, offset=offset, n_docs=n_docs, batch_size=batch_size, kernel=kernel
-                        )
+                        with override_config(shard_lower_bounds=exchange):
+                            res = search_sharded(
+                                shard, queries, k, offset=offset, n_docs=n_docs, batch_size=batch_size, kernel=kernel
+                            )
                         out[(Path(folder).name, pieces, name, k)] = (res.scores, res.ids)
                 out[("merged_floor calls", Path(folder).name, name)] = len(calls)
                 calls.clear()
         torch.save(out, Path(tmp) / f"rank{rank}.pt")
     finally:
-        distributed_mod.search_batch, distributed_mod.merged_floor = plain, floor
-        distributed_mod.TWO_ROUND = two_round
+        engines.choose, distributed_mod.merged_floor = plain, floor
         dist.destroy_process_group()
 
 
@@ -112,16 +126,14 @@ def nccl_worker(rank: int, world: int, tmp: str, n_docs: int, n_queries: int, ks
             for batch_size in (None, 16):
                 res = search_sharded(shard, queries, k, offset=a, n_docs=n_docs, batch_size=batch_size)
                 out[(k, batch_size)] = (res.scores, res.ids)
-        import gpusparse.tiled as tiled_mod
-
-        capacity = tiled_mod.initial_capacity
-        tiled_mod.initial_capacity = lambda k, first_wave: 8  # every row overflows: searched again, merged again
+        capacity = waves.initial_capacity
+        waves.initial_capacity = lambda k, first_wave: 8  # every row overflows: searched again, merged again
         try:
             for batch_size in (None, 16):
                 res = search_sharded(shard, queries, max(ks), offset=a, n_docs=n_docs, batch_size=batch_size)
                 out[("rerun", max(ks), batch_size)] = (res.scores, res.ids)
         finally:
-            tiled_mod.initial_capacity = capacity
+            waves.initial_capacity = capacity
         torch.save(out, Path(tmp) / f"nccl{rank}.pt")
     finally:
         dist.destroy_process_group()

@@ -23,7 +23,7 @@ from click.testing import CliRunner, Result
 import gpusparse
 from gpusparse import Index, IndexFormatError, SparseCollection, write_jsonl, write_trec_run
 from gpusparse.cli import main
-from gpusparse.distributed import StreamedIndex, load_shard, open_for_search
+from gpusparse.distributed import load_shard
 from gpusparse.shards import (
     concat_indexes,
     document_ranges,
@@ -32,6 +32,7 @@ from gpusparse.shards import (
     shard_ids,
     slice_documents,
 )
+from gpusparse.streaming import StreamedIndex, open_for_search
 
 from .distributed_worker import search_worker
 from .reference import random_collection
@@ -388,7 +389,7 @@ def test_streamed_on_cuda_equals_resident():
     docs, qs = tied_collection(21, n_base=300, copies=4), queries_for(21, 40)
     full = Index.build(docs)
     resident = full.to("cuda")
-    import gpusparse.tiled as tiled_mod
+    import gpusparse.layout.tiled as tiled_mod
 
     for n_pieces in (2, 5):
         streamed = StreamedIndex(full, n_pieces, "cuda")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gpusparse import Index, InputError, SparseCollection, Vocabulary
-from gpusparse.index import build_inverted_index
+from gpusparse.layout.postings import build_inverted_index
 
 from .reference import random_collection
 

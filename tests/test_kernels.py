@@ -25,8 +25,10 @@ import pytest
 import scipy.sparse as sp
 
 from gpusparse import Index, SparseCollection
-from gpusparse.kernels import docpar_scores, forward_index, scatter_add_scores, triton_available
-from gpusparse.search import QueryBatch, finalize, query_batch, select_exact_topk
+from gpusparse.exact import pad_results, select_exact_topk
+from gpusparse.kernels import docpar_scores, scatter_add_scores, triton_available
+from gpusparse.layout.forward import forward_index
+from gpusparse.queries import QueryBatch, query_batch
 from gpusparse.topk import merge_topk
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -226,7 +228,7 @@ def chunked_topk(kernel: str, case: Case, k: int, chunk: int, **kw) -> tuple[tor
         approx = run_kernel(kernel, case, d0, width, poisoned(case.queries.shape[0], width), **kw)
         top = select_exact_topk(case.index, case.batch, approx, k, d0)
         best = top if best is None else merge_topk(best, top, k)
-    return finalize(best, k, case.queries.shape[0], case.index.device)
+    return pad_results(best, k, case.queries.shape[0], case.index.device)
 
 
 def assert_topk_equal(got: tuple[torch.Tensor, torch.Tensor], ref: np.ndarray, k: int, what: str) -> None:

@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from gpusparse import Index, SparseCollection, write_jsonl
+from gpusparse import Index, SparseCollection, engines, write_jsonl
+from gpusparse.engines.tiled.engine import tiled_search
+from gpusparse.engines.tiled.fixed_point import fixed_point, integer_weights
 from gpusparse.errors import IndexFormatError
+from gpusparse.layout.tiled import tiled_layout
 from gpusparse.quantize import power_of_two_step, quantize_collection, quantize_queries
-from gpusparse.search import available_kernels, choose_kernel, query_batch
-from gpusparse.tiled import fixed_point, integer_weights, tiled, tiled_search
+from gpusparse.queries import query_batch
 
 from .reference import dense_scores, random_collection, reference_topk
 from .test_cli import ok, run
@@ -75,9 +77,9 @@ def test_every_kernel_is_exact_on_a_quantized_index(bits, device):
     queries = random_collection(rng, 9, 90, 8, empty_fraction=0.1)
     index = Index.build(docs, quantize=bits, device=device)
     kernels = []
-    for kernel in available_kernels():
+    for kernel in engines.names():
         try:
-            choose_kernel(kernel, index.device)
+            engines.choose(kernel, index.device)
             kernels.append(kernel)
         except ValueError:  # e.g. Triton kernels on a CPU without its interpreter
             pass
@@ -101,7 +103,7 @@ def test_tiled_layout_stores_levels_and_stays_exact(acc, device, quantized_queri
     docs = random_collection(rng, 900, 120, 14, quantized=rng.random() < 0.5)
     queries = random_collection(rng, 7, 120, 9)
     index = Index.build(docs, device=device, quantize=8)
-    tl = tiled(index, 6, 0.05)
+    tl = tiled_layout(index, 6, 0.05)
     assert tl.wts.dtype == torch.uint8 and tl.dense.dtype == torch.uint8 and tl.step == index.quantization.step
     assert tl.dense.shape[0] > 0 and tl.wts.numel() > 0  # both phases are exercised
     qq = quantize_queries(queries, 8) if quantized_queries else queries
@@ -110,7 +112,7 @@ def test_tiled_layout_stores_levels_and_stays_exact(acc, device, quantized_queri
     fp = fixed_point(index, batch, acc)
     assert integer_weights(tl, batch, fp, acc) == (quantized_queries and acc == "u32")
     for k in (1, 5, 100, 900):
-        s, i = tiled_search(index, batch, k, tile_bits=6, dense_min=0.05, acc=acc, emulated=device == "cpu")
+        s, i = tiled_search(index, batch, k, tile_bits=6, dense_min=0.05, acc=acc, emulated=device == "cpu").resolved()
         ref_s, ref_i = reference_topk(scores, k)
         np.testing.assert_array_equal(i.cpu().numpy(), ref_i)
         np.testing.assert_array_equal(s.cpu().numpy(), ref_s)

@@ -10,7 +10,8 @@ import scipy.sparse as sp
 import torch
 
 from gpusparse import Index, InputError, SparseCollection, Vocabulary
-from gpusparse.search import available_kernels, plan_chunks
+from gpusparse.engines import names as available_kernels
+from gpusparse.engines import plan_chunks
 
 from .reference import dense_scores, random_collection, reference_topk
 
@@ -67,7 +68,7 @@ def test_search_matches_brute_force(n_docs, n_q, n_terms, d_nnz, q_nnz, empty, q
 def test_to_device_keeps_every_array(device):
     """One copy for many arrays: each comes back with its dtype, shape and values, whatever
     their sizes (odd byte counts, empty) and the order."""
-    from gpusparse.search import to_device
+    from gpusparse.transfer import to_device
 
     rng = np.random.default_rng()
     arrays = [
@@ -90,7 +91,7 @@ def test_to_device_keeps_every_array(device):
 def test_rows_flagged_for_another_search_are_replaced(monkeypatch, batch_size):
     """A batch's rows that its deferred search flags (a GPU search's overflowing rows) hold
     garbage until searched again after the host sync; the output must not show it."""
-    import gpusparse.search as search_mod
+    from gpusparse import engines
 
     from .distributed_worker import flagging
 
@@ -98,7 +99,7 @@ def test_rows_flagged_for_another_search_are_replaced(monkeypatch, batch_size):
     docs = random_collection(rng, 300, 60, 8, quantized=True)
     queries = random_collection(rng, 11, 60, 5, quantized=True, empty_fraction=0.1)
     index = Index.build(docs)
-    monkeypatch.setattr(search_mod, "search_batch", flagging(search_mod.search_batch, 1))
+    monkeypatch.setattr(engines, "choose", flagging(engines.choose, 1))
     check(index, docs, queries, 20, exact=True, kernel="reference", batch_size=batch_size)
 
 
@@ -197,7 +198,8 @@ def test_gpu_matches_cpu_at_scale():
 
 
 def test_exact_scores_are_canonical():
-    from gpusparse.search import exact_scores, query_batch
+    from gpusparse.exact import exact_scores
+    from gpusparse.queries import query_batch
 
     rng = np.random.default_rng()
     docs = random_collection(rng, 400, 120, 15, empty_fraction=0.05)
@@ -214,7 +216,8 @@ def test_exact_scores_are_canonical():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_select_exact_topk_from_perturbed_scores(dtype):
     """Any approximation within the float32/float64 error bound yields the exact top-k."""
-    from gpusparse.search import query_batch, select_exact_topk
+    from gpusparse.exact import select_exact_topk
+    from gpusparse.queries import query_batch
 
     rng = np.random.default_rng()
     docs = random_collection(rng, 600, 60, 10)

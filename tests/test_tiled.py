@@ -8,9 +8,15 @@ import scipy.sparse as sp
 import torch
 
 from gpusparse import Index, SparseCollection
+from gpusparse.config import override_config
+from gpusparse.engines.tiled import device as device_mod
+from gpusparse.engines.tiled import waves
+from gpusparse.engines.tiled.engine import layout_for_search, tiled_search
+from gpusparse.engines.tiled.fixed_point import choose_acc, fixed_point
+from gpusparse.engines.tiled.ranking import rank_candidates
 from gpusparse.kernels.tiled import ACC_TOP
-from gpusparse.search import query_batch
-from gpusparse.tiled import build_tiled, choose_acc, fixed_point, tiled_search
+from gpusparse.layout.tiled import build_tiled, tiled_layout
+from gpusparse.queries import query_batch
 
 from .reference import dense_scores, random_collection, reference_topk
 
@@ -120,7 +126,7 @@ def test_tiled_search_is_exact(tile_bits, dense_min, acc, fixed, quantized, devi
     for k in (1, 3, 10, 100, 900, 1000):
         s, i = tiled_search(
             index, batch, k, tile_bits=tile_bits, dense_min=dense_min, acc=acc, fixed=fixed, emulated=emulated
-        )
+        ).resolved()
         ref_s, ref_i = reference_topk(scores, k)
         np.testing.assert_array_equal(i.cpu().numpy(), ref_i)
         np.testing.assert_array_equal(s.cpu().numpy(), ref_s)
@@ -140,7 +146,7 @@ def test_fixed_point_weights_fall_back_outside_their_range():
         fixed_point(index, batch, "u32", tl.weight_bits)
     scores = dense_scores(docs, queries)
     for k in (1, 10, 300):
-        s, i = tiled_search(index, batch, k, tile_bits=5, acc="u32", fixed=True, emulated=True)
+        s, i = tiled_search(index, batch, k, tile_bits=5, acc="u32", fixed=True, emulated=True).resolved()
         ref_s, ref_i = reference_topk(scores, k)
         np.testing.assert_array_equal(i.numpy(), ref_i)
         np.testing.assert_array_equal(s.numpy(), ref_s)
@@ -165,7 +171,7 @@ def test_scores_below_one_fixed_point_unit_are_not_lost(acc, fixed, spread, devi
     batch = query_batch(queries, index.device)
     scores = dense_scores(docs, queries)
     for k in (5, 100, 600, 700):
-        s, i = tiled_search(index, batch, k, tile_bits=6, acc=acc, fixed=fixed, emulated=device == "cpu")
+        s, i = tiled_search(index, batch, k, tile_bits=6, acc=acc, fixed=fixed, emulated=device == "cpu").resolved()
         ref_s, ref_i = reference_topk(scores, k)
         np.testing.assert_array_equal(i.cpu().numpy(), ref_i)
         np.testing.assert_array_equal(s.cpu().numpy(), ref_s)
@@ -186,7 +192,8 @@ def test_emulation_refuses_an_overflowing_accumulator():
     fp = fixed_point(index, batch, "carry")  # a 2**61 scale handed to a 32-bit accumulator
     tl = build_tiled(index, 4)
     with pytest.raises(OverflowError, match="u32"):
-        from gpusparse.tiled import candidates, torch_tiled_candidates
+        from gpusparse.engines.tiled.emulation import torch_tiled_candidates
+        from gpusparse.engines.tiled.waves import candidates
 
         candidates(tl, batch, fp, 1, launch=torch_tiled_candidates, n_sm=1, acc="u32")
 
@@ -202,8 +209,6 @@ def test_tiled_kernel_name_in_search():
 def test_cuda_kernel_at_scale_and_with_candidate_overflow(monkeypatch):
     if not cuda_kernel_available():
         pytest.skip("needs CuPy")
-    import gpusparse.tiled as tiled_mod
-
     rng = np.random.default_rng()
     docs = random_collection(rng, 60_000, 3000, 40)
     queries = random_collection(rng, 48, 3000, 20, empty_fraction=0.05)
@@ -212,11 +217,13 @@ def test_cuda_kernel_at_scale_and_with_candidate_overflow(monkeypatch):
     for tile_bits, dense_min in ((12, None), (13, 0.25), (13, 0.02), (14, 0.1)):
         for acc, fixed in (("carry", False), ("u32", False), ("u32", True)):
             batch = query_batch(queries, index.device)
-            s, i = tiled_search(index, batch, 1000, tile_bits=tile_bits, dense_min=dense_min, acc=acc, fixed=fixed)
+            s, i = tiled_search(
+                index, batch, 1000, tile_bits=tile_bits, dense_min=dense_min, acc=acc, fixed=fixed
+            ).resolved()
             same = torch.equal(i.cpu(), ref.ids) and torch.equal(s.cpu(), ref.scores)
             assert same, (tile_bits, dense_min, acc, fixed)
-    monkeypatch.setattr(tiled_mod, "initial_capacity", lambda k, first_wave: 8)  # forces the rerun path
-    s, i = tiled_search(index, query_batch(queries, index.device), 1000)
+    monkeypatch.setattr(waves, "initial_capacity", lambda k, first_wave: 8)  # forces the rerun path
+    s, i = tiled_search(index, query_batch(queries, index.device), 1000).resolved()
     assert torch.equal(i.cpu(), ref.ids) and torch.equal(s.cpu(), ref.scores)
     # the same rows flagged in pipelined batches, searched again after each batch's one sync
     for batch_size in (16, None):
@@ -245,7 +252,7 @@ def test_cuda_kernel_with_long_queries_and_long_segments():
                 s, i = tiled_search(
                     index, query_batch(queries, index.device), k, tile_bits=tile_bits, dense_min=dense_min,
                     acc=acc, fixed=fixed,
-                )  # fmt: skip
+                ).resolved()  # fmt: skip
                 same = torch.equal(i.cpu(), ref.ids) and torch.equal(s.cpu(), ref.scores)
                 assert same, (k, tile_bits, dense_min, acc, fixed)
 
@@ -255,8 +262,9 @@ def test_cuda_kernel_with_long_queries_and_long_segments():
 def test_cuda_compaction_equals_the_pytorch_one():
     if not cuda_kernel_available():
         pytest.skip("needs CuPy")
+    from gpusparse.engines.tiled.fixed_point import FixedPoint
+    from gpusparse.engines.tiled.waves import compact_torch
     from gpusparse.kernels.tiled import compact_candidates
-    from gpusparse.tiled import FixedPoint, _compact
 
     rng = np.random.default_rng()
     b, cap = 37, 3000
@@ -275,7 +283,7 @@ def test_cuda_compaction_equals_the_pytorch_one():
             most = int(count.max())
             cpu = [torch.from_numpy(x.copy()) for x in (theta, count.astype(np.int32), docs, vals)]
             fp = FixedPoint(torch.ones(b, dtype=torch.float64), torch.from_numpy(delta))
-            _compact(*cpu, most, fp, k)
+            compact_torch(*cpu, most, fp, k)
             gpu = [torch.from_numpy(x.copy()).cuda() for x in (theta, count.astype(np.int32), docs, vals)]
             compact_candidates(*gpu, torch.from_numpy(delta).cuda(), k, most)
             th, cnt, d, v = (x.cpu() for x in gpu)
@@ -338,12 +346,10 @@ def fake_kernel(seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_
 @pytest.mark.parametrize("final_compaction", [True, False])
 def test_waves_and_compaction_on_cpu(monkeypatch, small_cap, single_wave, acc, final_compaction):
     """The GPU host path (waves, compaction, overflow rerun) with the kernel replaced by its contract."""
-    import gpusparse.tiled as tiled_mod
-
     if small_cap:
-        monkeypatch.setattr(tiled_mod, "initial_capacity", lambda k, first_wave: 3)
-    monkeypatch.setattr(tiled_mod, "SINGLE_WAVE_MAX_CANDIDATES", 1 << 30 if single_wave else 0)
-    monkeypatch.setattr(tiled_mod, "FINAL_COMPACTION_MIN_BATCH", 0 if final_compaction else 1 << 30)
+        monkeypatch.setattr(waves, "initial_capacity", lambda k, first_wave: 3)
+    monkeypatch.setattr(waves, "SINGLE_WAVE_MAX_CANDIDATES", 1 << 30 if single_wave else 0)
+    monkeypatch.setattr(waves, "FINAL_COMPACTION_MIN_BATCH", 0 if final_compaction else 1 << 30)
     rng = np.random.default_rng()
     docs = random_collection(rng, 700, 80, 10, quantized=True, empty_fraction=0.05)
     queries = random_collection(rng, 5, 80, 7, quantized=True, empty_fraction=0.1)
@@ -353,10 +359,10 @@ def test_waves_and_compaction_on_cpu(monkeypatch, small_cap, single_wave, acc, f
     fixed = acc == "u32-fixed"
     acc = "u32" if fixed else acc
     for k in (1, 7, 60, 700):
-        tl = tiled_mod.tiled(index, 5, 0.1, fixed)
+        tl = tiled_layout(index, 5, 0.1, fixed)
         fp = fixed_point(index, batch, acc, tl.weight_bits)
-        docs_c, vals_c = tiled_mod.candidates(tl, batch, fp, k, launch=fake_kernel, n_sm=2, acc=acc)
-        s, i = tiled_mod.finalize_candidates(index, batch, fp, docs_c, vals_c, k)
+        docs_c, vals_c = waves.candidates(tl, batch, fp, k, launch=fake_kernel, n_sm=2, acc=acc)
+        s, i = rank_candidates(index, batch, fp, docs_c, vals_c, k)
         ref_s, ref_i = reference_topk(scores, k)
         np.testing.assert_array_equal(i.numpy(), ref_i)
         np.testing.assert_array_equal(s.numpy(), ref_s)
@@ -367,8 +373,8 @@ def test_waves_and_compaction_on_cpu(monkeypatch, small_cap, single_wave, acc, f
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_rescoring_equals_the_pytorch_path(monkeypatch):
+    from gpusparse.exact import exact_scores
     from gpusparse.kernels import rescore
-    from gpusparse.search import exact_scores
 
     if not rescore.available():
         pytest.skip("needs CuPy")
@@ -398,8 +404,8 @@ def test_cuda_candidate_keys_equal_the_pytorch_path(monkeypatch, tile_bits, forw
     slots included."""
     from dataclasses import replace
 
+    from gpusparse.engines.tiled.ranking import rank_candidates
     from gpusparse.kernels import rescore
-    from gpusparse.tiled import finalize_candidates, tiled
 
     if not rescore.available():
         pytest.skip("needs CuPy")
@@ -413,7 +419,7 @@ def test_cuda_candidate_keys_equal_the_pytorch_path(monkeypatch, tile_bits, forw
     cand = torch.from_numpy(rng.integers(-1, 5000, (40, 300))).cuda()
     true = exact.gather(1, cand.clamp_min(0)) * fp.scale[:, None]
     vals = torch.round(true + torch.from_numpy(rng.normal(0, 20, (40, 300))).cuda()).clamp_min(1).to(torch.int64)
-    tl = tiled(index, tile_bits, None) if tile_bits else None
+    tl = layout_for_search(index, tile_bits, None, fixed=False) if tile_bits else None
     if tl is not None:
         assert tl.forward is not None  # built with a layout on a GPU
         tl = tl if forward else replace(tl, forward=None)
@@ -421,10 +427,10 @@ def test_cuda_candidate_keys_equal_the_pytorch_path(monkeypatch, tile_bits, forw
     odd = replace(fp, scale=fp.scale * 3)  # not a power of two: the kernel divides instead of multiplying
     for k, params, cut in [(1, fp, None), (10, fp, None), (300, fp, None), (400, fp, None), (10, fp, floor),
                            (300, odd, None), (300, odd, floor)]:  # fmt: skip
-        fast = finalize_candidates(index, batch, params, cand, vals, k, tl, floor=cut)
+        fast = rank_candidates(index, batch, params, cand, vals, k, tl, floor=cut)
         with monkeypatch.context() as m:
             m.setattr(rescore, "available", lambda: False)
-            slow = finalize_candidates(index, batch, params, cand, vals, k, tl, floor=cut)
+            slow = rank_candidates(index, batch, params, cand, vals, k, tl, floor=cut)
         assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1]), k
 
 
@@ -436,8 +442,9 @@ def test_cuda_rescoring_by_the_forward_copy_equals_the_list_searches(monkeypatch
     the canonical scores: documents longer than one pass of the kernel (128 terms) and
     queries longer than 64 terms, candidate counts below and above the width, a floor,
     absent slots."""
+    from gpusparse.exact import exact_scores
     from gpusparse.kernels import rescore
-    from gpusparse.search import exact_scores, forward_copy
+    from gpusparse.layout.forward import forward_copy
 
     if not rescore.available():
         pytest.skip("needs CuPy")
@@ -486,8 +493,6 @@ def test_synchronisation_free_path_flags_rows_it_cannot_finish(monkeypatch):
     searched again the general way; the results stay exact."""
     if not cuda_kernel_available():
         pytest.skip("needs CuPy")
-    import gpusparse.tiled as tiled_mod
-
     rng = np.random.default_rng()
     base = random_collection(rng, 1000, 60, 12).to_scipy()
     docs = SparseCollection.from_scipy(sp.vstack([base, base, base]))  # every score three times
@@ -495,16 +500,16 @@ def test_synchronisation_free_path_flags_rows_it_cannot_finish(monkeypatch):
     index = Index.build(docs, device="cuda")
     batch = query_batch(queries, index.device)
     scores = dense_scores(docs, queries)
-    monkeypatch.setattr(tiled_mod, "DEVICE_WIDTH_SLACK", 0)
+    monkeypatch.setattr(device_mod, "DEVICE_WIDTH_SLACK", 0)
     for k in (1, 5, 50):
-        tl = tiled_mod.search_layout(index, 7)
+        tl = layout_for_search(index, 7)
         fp = fixed_point(index, batch, "u32", tl.weight_bits)
         n_sm = torch.cuda.get_device_properties(0).multi_processor_count
-        _, _, redo = tiled_mod.device_search(index, tl, batch, fp, k, acc="u32", int_weights=False, n_sm=n_sm)
+        _, _, redo = device_mod.device_search(index, tl, batch, fp, k, acc="u32", int_weights=False, n_sm=n_sm)
         if k == 1:  # three tied documents at the top of every row with a match: past 2k slots
             matched = torch.from_numpy(scores.max(1) > 0).cuda()
             assert bool(matched.any()) and torch.equal(redo & matched, matched)
-        s, i = tiled_search(index, batch, k, tile_bits=7)
+        s, i = tiled_search(index, batch, k, tile_bits=7).resolved()
         ref_s, ref_i = reference_topk(scores, k)
         np.testing.assert_array_equal(i.cpu().numpy(), ref_i)
         np.testing.assert_array_equal(s.cpu().numpy(), ref_s)
@@ -518,8 +523,6 @@ def test_small_batches_replay_a_captured_graph(monkeypatch):
     equal the steps run one by one."""
     if not cuda_kernel_available():
         pytest.skip("needs CuPy")
-    import gpusparse.tiled as tiled_mod
-
     rng = np.random.default_rng()
     docs = random_collection(rng, 20_000, 300, 30)
     index = Index.build(docs, device="cuda")
@@ -528,14 +531,13 @@ def test_small_batches_replay_a_captured_graph(monkeypatch):
         scores = dense_scores(docs, queries)
         for k in (10, 1000):
             batch = query_batch(queries, index.device)
-            s, i = tiled_search(index, batch, k, tile_bits=12)
+            s, i = tiled_search(index, batch, k, tile_bits=12).resolved()
             ref_s, ref_i = reference_topk(scores, k)
             np.testing.assert_array_equal(i.cpu().numpy(), ref_i)
             np.testing.assert_array_equal(s.cpu().numpy(), ref_s)
-            with monkeypatch.context() as m:
-                m.setattr(tiled_mod, "GRAPH_MAX_BATCH", 0)
-                s2, i2 = tiled_search(index, batch, k, tile_bits=12)
+            with override_config(graph_max_batch=0):
+                s2, i2 = tiled_search(index, batch, k, tile_bits=12).resolved()
             assert torch.equal(s, s2) and torch.equal(i, i2)
-    graphs = index.cache["graphs"]
+    graphs = index.derived.graphs
     assert graphs and all(entry is not False for entry in graphs.values())  # captured, and reused:
     assert len(graphs) <= 2 * 3  # two k, query widths of at most three powers of two

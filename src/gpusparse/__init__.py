@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
+from ._version import __version__
 from .collection import SparseCollection
 from .errors import GPUSparseError, IndexFormatError, InputError
 from .formats import read_qrels, read_trec_run, read_vectors, write_jsonl, write_seismic_bin, write_trec_run

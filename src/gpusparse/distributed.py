@@ -1,4 +1,4 @@
-"""Search beyond one device: shards over processes with a device-side merge, and streaming.
+"""Search beyond one process: shards over processes with a device-side merge.
 
 **Sharded search** (:func:`search_sharded`). The documents are cut into contiguous shards
 (:mod:`gpusparse.shards`); each process of a ``torch.distributed`` group (one GPU each with
@@ -6,21 +6,15 @@ NCCL, or CPU processes with gloo) searches its shard for the whole query batch, 
 ``[B, k]`` scores and global positions (shard offset + local number; ``0`` / ``-1`` padded
 where a shard has fewer than ``k`` matches). The lists are all-gathered on the device and
 merged there by score descending, then global position ascending
-(:func:`merge_across_ranks`). Every kernel returns the canonical score of each
+(:func:`merge_across_ranks`). Every engine returns the canonical score of each
 (query, document) pair whichever index holds the document, so the merged results equal
 one process's search of the whole collection bit for bit, ties included. A search of
 several batches is pipelined (batch i is launched and merged before batch i − 1 is waited
 for), and each batch syncs once (rows a GPU flags for another search travel with the
 merge). With the tiled engine the processes can first agree on a lower bound of the merged
-k-th score (:func:`merged_floor`, :data:`TWO_ROUND`, off by default), so that each rescores
-only candidates that can reach it.
-
-**Streaming** (:class:`StreamedIndex`). An index (or shard) larger than the device's memory
-stays in host memory (pinned, for a GPU) cut into document-range pieces. For each query
-batch, piece ``i + 1`` is copied on a side CUDA stream while piece ``i`` is searched, and the
-pieces' top-k are merged on the device the way shards' are. On a CPU the same loop runs
-without streams. :func:`open_for_search` decides between resident and streamed from a
-device-memory budget.
+k-th score (:func:`merged_floor`, :attr:`~gpusparse.config.EngineConfig.shard_lower_bounds`,
+off by default), so that each rescores only candidates that can reach it. A shard too large
+for its device is streamed (:mod:`gpusparse.streaming`).
 
 Every process must make the same calls in the same order (each reads the same queries);
 an error on one process only would leave the others waiting in a collective, so setup
@@ -32,206 +26,30 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from . import engines
 from .collection import SparseCollection
+from .config import engine_config
+from .engines.base import BatchResult, SearchPlan, plan_chunks
 from .errors import InputError
-from .index import Index
-from .search import (
-    DEFAULT_MEMORY_BUDGET,
-    BatchResult,
-    SearchResults,
-    check_search_args,
-    choose_kernel,
-    plan_chunks,
-    prepare_queries,
-    results_to_host,
-    run_batches,
-    search_batch,
-    start_to_host,
-)
-from .shards import assign_shards, document_ranges, is_sharded, load_sharded, read_sharded_manifest, slice_documents
-from .tiled import TiledIndex, search_layout
-from .topk import merge_keys, merge_results, result_keys
-
-# Share of the device's free memory an index may take when no budget is given.
-FREE_MEMORY_SHARE = 0.9
-
-
-class StreamedIndex:
-    """An index kept in host memory in ``n_pieces`` document ranges, searched on ``device``
-    piece by piece (see the module docstring). ``kernel`` is resolved once; for the tiled
-    engine each piece's tiled layout is built once (on ``device``) and kept in host memory
-    beside it, so a piece travels in both layouts (about 14 instead of 8 bytes a posting).
-
-    Args:
-        index: the documents, on any device (pieces are cut where it is, then moved to the host).
-        n_pieces: document ranges (at most ``index.n_docs``); two are on the device at once.
-        device: where to search.
-        kernel: ``"auto"`` or a kernel name, as for :meth:`Index.search`.
-    """
-
-    def __init__(self, index: Index, n_pieces: int, device: str | torch.device, *, kernel: str = "auto") -> None:
-        self.device = torch.device(device)
-        self.kernel = choose_kernel(kernel, self.device)
-        self.vocab = index.vocab
-        self.quantization = index.quantization
-        self.n_docs = index.n_docs
-        self._ids = index._ids
-        cuda = self.device.type == "cuda"
-        self.pieces: list[tuple[int, Index]] = []
-        for a, b in document_ranges(index.n_docs, n_pieces):
-            piece = slice_documents(index, a, b)
-            if cuda and self.kernel == "tiled":
-                on_device = piece.to(self.device)
-                search_layout(on_device, forward=False)  # the layout the search will ask for, to stream
-                piece.cache.update(on_device.cache)
-                del on_device
-            self.pieces.append((a, _moved(piece, "cpu", pin=cuda)))
-        self._copy_stream = torch.cuda.Stream(self.device) if cuda else None
-
-    @property
-    def ids(self) -> list[str]:
-        """The documents' string ids, by document number."""
-        if self._ids is None:
-            self._ids = [str(i) for i in range(self.n_docs)]
-        return self._ids
-
-    @property
-    def nbytes(self) -> int:
-        """Host bytes of the pieces (both layouts)."""
-        return sum(t.numel() * t.element_size() for _, p in self.pieces for t in _tensors(p))
-
-    def search(
-        self,
-        queries: SparseCollection | object,
-        k: int = 1000,
-        *,
-        batch_size: int | None = None,
-        kernel: str = "auto",
-        memory_budget: int | None = None,
-        progress: bool = False,
-    ) -> SearchResults:
-        """Exact top-``k``, as :meth:`Index.search` (same results, bit for bit)."""
-        return search_sharded(
-            self,
-            queries,
-            k,
-            distributed=False,
-            batch_size=batch_size,
-            kernel=kernel,
-            memory_budget=memory_budget,
-            progress=progress,
-        )
-
-    def search_batch(
-        self, queries: SparseCollection, k: int, *, doc_chunk: int, memory_budget: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One query batch over all pieces: ``(scores, ids)`` ``[B, k]`` on the device."""
-        n_q = len(queries)
-        best_s = torch.zeros((n_q, 0), dtype=torch.float32, device=self.device)
-        best_i = torch.zeros((n_q, 0), dtype=torch.int64, device=self.device)
-        arriving = self._fetch(0)
-        for j, (base, _) in enumerate(self.pieces):
-            piece = arriving
-            if self._copy_stream is not None:
-                compute = torch.cuda.current_stream(self.device)
-                compute.wait_stream(self._copy_stream)  # piece j has arrived
-                for t in _tensors(piece):  # its memory is reused only after this stream's work
-                    t.record_stream(compute)
-            # Piece j + 1 starts copying now, on the side stream, while piece j is searched.
-            arriving = self._fetch(j + 1) if j + 1 < len(self.pieces) else None
-            s, i = search_batch(piece, queries, k, kernel=self.kernel, doc_chunk=doc_chunk, memory_budget=memory_budget)
-            i = torch.where(i >= 0, i + base, i)
-            best_s, best_i = merge_results(torch.cat([best_s, s], 1), torch.cat([best_i, i], 1), k)
-            del piece
-        return best_s, best_i
-
-    def _fetch(self, j: int) -> Index:
-        piece = self.pieces[j][1]
-        if self._copy_stream is None:
-            return piece
-        with torch.cuda.stream(self._copy_stream):
-            return _moved(piece, self.device, non_blocking=True)
-
-    def __repr__(self) -> str:
-        return f"StreamedIndex(n_docs={self.n_docs}, pieces={len(self.pieces)}, device={self.device})"
-
-
-def _tensors(index: Index) -> list[torch.Tensor]:
-    out = list(index.arrays().values())
-    for value in index.cache.values():
-        if isinstance(value, TiledIndex):
-            out += [getattr(value, f.name) for f in fields(value) if isinstance(getattr(value, f.name), torch.Tensor)]
-    return out
-
-
-def _moved(index: Index, device: str | torch.device, *, pin: bool = False, non_blocking: bool = False) -> Index:
-    """A copy of ``index`` on ``device`` with its tiled layouts (``pin``: in pinned host memory)."""
-
-    def move(t: torch.Tensor) -> torch.Tensor:
-        if pin:  # straight into page-locked memory, without a pageable copy first
-            return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t)
-        return t.to(device, non_blocking=non_blocking)
-
-    arrays = {k: move(v) for k, v in index.arrays().items()}
-    out = Index(arrays, ids=None, vocab=index.vocab, n_docs=index.n_docs, quantization=index.quantization)
-    for key, value in index.cache.items():
-        if isinstance(value, TiledIndex):
-            tensors = {f.name: getattr(value, f.name) for f in fields(value)}
-            moved = {n: move(t) for n, t in tensors.items() if isinstance(t, torch.Tensor)}
-            # Without the forward copy (8 more bytes a posting to stream): rescoring then
-            # searches the inverted lists, with the same results.
-            out.cache[key] = replace(value, **moved, forward=None)
-    return out
-
-
-def index_bytes(index: Index, kernel: str) -> int:
-    """Device bytes ``index`` needs for ``kernel`` (the tiled engine: its layout and forward copy too)."""
-    n = sum(t.numel() * t.element_size() for t in index.arrays().values())
-    return 3 * n if kernel == "tiled" else n  # + the tiled layout (~6 bytes a posting) and the forward copy (8)
-
-
-def open_for_search(
-    index: Index,
-    device: str | torch.device,
-    *,
-    kernel: str = "auto",
-    index_memory: int | None = None,
-    pieces: int | None = None,
-    memory_budget: int | None = None,
-) -> Index | StreamedIndex:
-    """``index`` on ``device``, or streamed from host memory when it does not fit.
-
-    ``pieces`` forces streaming in that many pieces. Otherwise the index is streamed when
-    it needs more than ``index_memory`` bytes (default for an index not yet on the GPU: 90%
-    of the GPU's free memory less ``memory_budget``; no limit on a CPU), in pieces small
-    enough for two to fit.
-    """
-    dev = torch.device(device)
-    name = choose_kernel(kernel, dev)
-    if pieces is not None and pieces < 1:
-        raise ValueError("pieces must be at least 1")
-    if pieces is None and (index_memory is not None or index.device != dev):
-        budget = index_memory
-        if budget is None and dev.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(dev)
-            budget = int(free * FREE_MEMORY_SHARE) - (memory_budget or DEFAULT_MEMORY_BUDGET)
-        need = index_bytes(index, name)
-        if budget is not None and need > budget:
-            pieces = min(index.n_docs, -(-2 * need // max(budget, 1)))
-    if pieces is None:
-        return index.to(dev)
-    return StreamedIndex(index, pieces, dev, kernel=name)
+from .kernels import rowsort
+from .layout.postings import PostingLists
+from .queries import prepare_queries
+from .search import SearchResults, check_search_args, run_batches
+from .shards import assign_shards, is_sharded, load_sharded, read_sharded_manifest
+from .storage import load_index
+from .streaming import StreamedIndex
+from .topk import merge_keys, result_keys
+from .transfer import results_to_host, start_to_host
 
 
 def search_sharded(
-    shard: Index | StreamedIndex,
+    shard: PostingLists | StreamedIndex,
     queries: SparseCollection | object,
     k: int = 1000,
     *,
@@ -263,11 +81,11 @@ def search_sharded(
     dev = shard.device
     streamed = isinstance(shard, StreamedIndex)
     if streamed:
-        if kernel not in ("auto", shard.kernel):
-            raise ValueError(f"this StreamedIndex was prepared for kernel {shard.kernel!r}, not {kernel!r}")
+        shard.check_kernel(kernel)  # type: ignore[union-attr]
         name = shard.kernel
     else:
-        name = choose_kernel(kernel, dev)
+        engine = engines.choose(kernel, dev)
+        name = engine.name
     world = dist.get_world_size(group) if distributed else 1
     if world > 1 and dist.get_backend(group) == "nccl" and dev.type != "cuda":
         raise ValueError("an NCCL process group merges CUDA tensors: put the shard on this process's GPU")
@@ -275,19 +93,20 @@ def search_sharded(
     n_q = len(q)
     bq, dc = plan_chunks(n_q, shard.n_docs if n_docs is None else n_docs, budget, batch_size)
     cutoff = None
-    if TWO_ROUND and world > 1 and _all_agree(not streamed and name == "tiled", dev, group):
+    if engine_config().shard_lower_bounds and world > 1 and _all_agree(not streamed and name == "tiled", dev, group):
         cutoff = functools.partial(merged_floor, k=k, group=group)
+    plan = SearchPlan(doc_chunk=dc, memory_budget=budget, cutoff=cutoff)
 
     # Every process makes the same collectives in the same order (redone rows merge when their
     # batch is waited for). Two CUDA streams taking turns between batches were slower
     # (bench/results/2026-11-26-H200x2-multigpu-v18.json).
     def launch(a: int, b: int, into: Sequence[torch.Tensor]) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
         part = q if (a, b) == (0, n_q) else q[a:b]
-        if streamed:
-            r = BatchResult(*shard.search_batch(part, k, doc_chunk=dc, memory_budget=budget))  # type: ignore[union-attr]
-        else:
-            r = search_batch(shard, part, k, kernel=name, doc_chunk=dc, memory_budget=budget,  # type: ignore[arg-type,assignment]
-                             deferred=True, cutoff=cutoff)  # fmt: skip
+        r = (
+            BatchResult(*shard.search_batch(part, k, plan))  # type: ignore[union-attr]
+            if streamed
+            else engine.search_batch(shard, part, k, plan)  # type: ignore[arg-type]
+        )
         return _merge_later(r, offset, k, world > 1, group, into)
 
     return run_batches(n_q, k, bq, dev, launch, progress=progress)
@@ -323,7 +142,8 @@ def _merge_later(
         s2, i2 = r.scores[at_dev], r.ids[at_dev]
         again = np.flatnonzero((own if own is not None else redo).numpy()[rows])  # this process's flagged rows
         if again.size:
-            assert r.redo_search is not None
+            if r.redo_search is None:
+                raise RuntimeError("rows were flagged for another search, but no search was given")
             s3, i3 = r.redo_search(rows[again])
             at = torch.from_numpy(again).to(s2.device)
             s2[at], i2[at] = s3, i3
@@ -337,17 +157,9 @@ def _merge_later(
     return finish
 
 
-# Whether shards' searches exchange their candidates' lower bounds before rescoring
-# (merged_floor), so that each rescores only candidates that may reach the merged top-k, not
-# its own top-k. Off: since rescoring reads the forward copy it costs less than the exchange
-# and the agreement (one all-reduce and a host sync per call) that it needs
-# (bench/results/2026-11-26-H200x2-multigpu-v25.json; bench/NOTES.md).
-TWO_ROUND = False
-
-
 def merged_floor(lows: torch.Tensor, *, k: int, group: dist.ProcessGroup | None = None) -> torch.Tensor:
     """float32 ``[B]``: a score that the merged k-th result reaches, from every process's
-    candidate lower bounds ``lows`` ``[B, W]`` (:func:`gpusparse.tiled.candidate_lows`, 0 for
+    candidate lower bounds ``lows`` ``[B, W]`` (:func:`gpusparse.engines.tiled.waves.candidate_lows`, 0 for
     an empty slot): the smallest over the processes of each one's ``⌈k / world⌉``-th largest
     (together they hold k candidates whose scores reach it). Collective: one all-reduce of
     ``[B]`` (the exact k-th of all bounds would need them all gathered, and costs more than
@@ -387,15 +199,13 @@ def merge_across_ranks(
     search results are): with NCCL one kernel packs them and one merges the gathered lists
     (:mod:`gpusparse.kernels.rowsort`); elsewhere the same steps in PyTorch."""
     world = dist.get_world_size(group)
-    if scores.is_cuda and dist.get_backend(group) == "nccl":
-        from .kernels import rowsort
-
-        if rowsort.available():  # one kernel each side of one all-gather into one tensor
-            sent = rowsort.pack_results_cuda(scores.contiguous(), ids.contiguous(), flags)
-            gathered = torch.empty((world * sent.shape[0], sent.shape[1]), dtype=torch.int64, device=sent.device)
-            dist.all_gather_into_tensor(gathered, sent, group=group)
-            out_s, out_i, out_f = rowsort.merge_gathered_cuda(gathered, world, k, flags=flags is not None)
-            return (out_s, out_i) if out_f is None else (out_s, out_i, out_f)
+    if scores.is_cuda and dist.get_backend(group) == "nccl" and rowsort.available():
+        # one kernel each side of one all-gather into one tensor
+        sent = rowsort.pack_results_cuda(scores.contiguous(), ids.contiguous(), flags)
+        gathered = torch.empty((world * sent.shape[0], sent.shape[1]), dtype=torch.int64, device=sent.device)
+        dist.all_gather_into_tensor(gathered, sent, group=group)
+        out_s, out_i, out_f = rowsort.merge_gathered_cuda(gathered, world, k, flags=flags is not None)
+        return (out_s, out_i) if out_f is None else (out_s, out_i, out_f)
     keys = result_keys(scores, ids)
     if flags is not None:
         keys = torch.cat([keys, flags.to(torch.int64)[:, None]], 1)
@@ -449,7 +259,9 @@ def first_error(error: str | None, group: dist.ProcessGroup | None = None) -> tu
     return None
 
 
-def load_shard(path: str | Path, rank: int = 0, world_size: int = 1, *, verify: bool = True) -> tuple[Index, int, int]:
+def load_shard(
+    path: str | Path, rank: int = 0, world_size: int = 1, *, verify: bool = True
+) -> tuple[PostingLists, int, int]:
     """The documents process ``rank`` of ``world_size`` searches in a sharded or plain index
     folder (a plain one is a single shard), loaded on the CPU (memory-mapped): ``(index,
     global number of its first document, documents in the whole folder)``."""
@@ -458,5 +270,5 @@ def load_shard(path: str | Path, rank: int = 0, world_size: int = 1, *, verify: 
         index, offset = load_sharded(path, assign_shards(len(m["shards"]), world_size, rank), verify=verify)
         return index, offset, m["n_docs"]
     assign_shards(1, world_size, rank)
-    index = Index.load(path, verify=verify)
+    index = load_index(path, device="cpu", mmap=True, verify=verify)
     return index, 0, index.n_docs

@@ -52,11 +52,12 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from . import __version__
+from ._version import __version__
 from .collection import SparseCollection
 from .errors import IndexFormatError, InputError
-from .index import MAX_DOCS, Index
-from .search import as_queries
+from .index import Index
+from .layout.postings import MAX_DOCS
+from .queries import as_queries
 from .storage import MANIFEST, _fsync_dir, _sha256, _write_synced, read_manifest
 from .topk import merge_results
 from .vocab import Vocabulary

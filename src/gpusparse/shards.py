@@ -32,10 +32,10 @@ from typing import Any
 
 import torch
 
-from . import __version__
+from ._version import __version__
 from .errors import IndexFormatError, InputError
-from .index import PAD, Index
-from .storage import MANIFEST, _sha256, _write_synced, new_folder, replace_folder
+from .layout.postings import PAD, PostingLists, bisect_lists
+from .storage import MANIFEST, _sha256, _write_synced, load_index, new_folder, replace_folder, save_index
 
 FORMAT = "gpusparse-sharded-index"
 FORMAT_VERSION = 1
@@ -55,22 +55,20 @@ def document_ranges(n_docs: int, n_parts: int) -> list[tuple[int, int]]:
 # -- cutting and joining ------------------------------------------------------------------
 
 
-def slice_documents(index: Index, start: int, stop: int) -> Index:
+def slice_documents(index: PostingLists, start: int, stop: int) -> PostingLists:
     """Documents ``start .. stop - 1`` of ``index`` as an index of their own (numbered from 0),
     on the index's device: each list keeps its run of those documents, in order."""
-    from .search import lower_bound
-
     if not 0 <= start <= stop <= index.n_docs:
         raise ValueError(f"document range [{start}, {stop}) is outside 0 .. {index.n_docs}")
     ends = index.offsets + index.lengths.to(torch.int64)
-    lo = lower_bound(index.doc_ids, index.offsets, ends, start)
-    hi = lower_bound(index.doc_ids, lo, ends, stop)
+    lo = bisect_lists(index.doc_ids, index.offsets, ends, start)
+    hi = bisect_lists(index.doc_ids, lo, ends, stop)
     arrays = _assemble([(index, lo, hi - lo, -start)], len(index.vocab), index.device)
     ids = index._ids[start:stop] if index._ids is not None else None
-    return Index(arrays, ids=ids, vocab=index.vocab, n_docs=stop - start, quantization=index.quantization)
+    return PostingLists(arrays, ids=ids, vocab=index.vocab, n_docs=stop - start, quantization=index.quantization)
 
 
-def concat_indexes(parts: Sequence[Index]) -> Index:
+def concat_indexes(parts: Sequence[PostingLists]) -> PostingLists:
     """One index of ``parts``' documents in order (part ``i``'s document ``j`` becomes document
     ``j`` plus the sizes of the parts before it), on the first part's device."""
     if not parts:
@@ -91,11 +89,13 @@ def concat_indexes(parts: Sequence[Index]) -> Index:
     ids = [i for p in parts for i in p.ids] if named else None
     empties = [p._n_empty_docs for p in parts]
     n_empty = sum(empties) if all(e is not None for e in empties) else None  # type: ignore[misc]
-    return Index(arrays, ids=ids, vocab=vocab, n_docs=base, n_empty_docs=n_empty, quantization=parts[0].quantization)
+    return PostingLists(
+        arrays, ids=ids, vocab=vocab, n_docs=base, n_empty_docs=n_empty, quantization=parts[0].quantization
+    )
 
 
 def _assemble(
-    parts: Sequence[tuple[Index, torch.Tensor, torch.Tensor, int]], n_terms: int, device: torch.device
+    parts: Sequence[tuple[PostingLists, torch.Tensor, torch.Tensor, int]], n_terms: int, device: torch.device
 ) -> dict[str, torch.Tensor]:
     """Index arrays whose list of term ``t`` is, for each ``(index, start, count, shift)`` in
     order, ``index``'s postings ``start[t] .. start[t] + count[t] - 1`` with ``shift`` added to
@@ -138,7 +138,7 @@ def _assemble(
 # -- folders ------------------------------------------------------------------------------
 
 
-def save_sharded(shards: Iterable[Index], path: str | Path, *, overwrite: bool = False) -> list[dict[str, Any]]:
+def save_sharded(shards: Iterable[PostingLists], path: str | Path, *, overwrite: bool = False) -> list[dict[str, Any]]:
     """Write ``shards`` (consecutive document ranges of one collection, in order) as a sharded
     folder at ``path``, atomically: a temporary folder renamed into place. ``shards`` may be a
     generator, so that only one shard is in memory at a time. Returns the manifest's entries."""
@@ -153,7 +153,7 @@ def save_sharded(shards: Iterable[Index], path: str | Path, *, overwrite: bool =
                 raise ValueError("all shards must share one vocabulary")
             vocab = shard.vocab
             name = f"shard-{i:04d}"
-            shard.save(tmp / name)
+            save_index(shard, tmp / name)
             st = shard.stats()
             entries.append(
                 {
@@ -246,7 +246,7 @@ def load_sharded(
     device: str | torch.device = "cpu",
     mmap: bool = True,
     verify: bool = True,
-) -> tuple[Index, int]:
+) -> tuple[PostingLists, int]:
     """Load shards ``shards`` (default all) of a sharded folder as one index, and the global
     number of its first document. Only those shards' files are read."""
     path = Path(path)
@@ -264,7 +264,7 @@ def load_sharded(
         if verify and _sha256(sdir / MANIFEST) != e["manifest_sha256"]:
             raise IndexFormatError(f"{sdir / MANIFEST}: does not match its checksum in {path / MANIFEST} (corrupted)")
         try:
-            part = Index.load(sdir, device="cpu" if several else device, mmap=mmap, verify=verify)
+            part = load_index(sdir, device="cpu" if several else device, mmap=mmap, verify=verify)
         except IndexFormatError as exc:
             raise IndexFormatError(f"shard {e['name']}: {exc}") from None
         if part.n_docs != e["n_docs"] or part.vocab.fingerprint != m["vocab_fingerprint"]:

@@ -15,17 +15,16 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
-from . import __version__
+from ._version import __version__
 from .errors import IndexFormatError
+from .layout.postings import PostingLists
+from .quantize import Quantization
 from .vocab import Vocabulary
-
-if TYPE_CHECKING:
-    from .index import Index
 
 FORMAT = "gpusparse-index"
 FORMAT_VERSION = 1
@@ -40,7 +39,7 @@ _DTYPES = {
 }
 
 
-def save_index(index: Index, path: str | Path, *, overwrite: bool = False) -> None:
+def save_index(index: PostingLists, path: str | Path, *, overwrite: bool = False) -> None:
     """Write ``index`` to folder ``path`` atomically (see the module docstring)."""
     path = Path(path)
     tmp = new_folder(path, overwrite)
@@ -104,8 +103,8 @@ def replace_folder(tmp: Path, path: Path) -> None:
     _fsync_dir(path.parent)
 
 
-def load_index(cls: type[Index], path: str | Path, *, device: str | torch.device, mmap: bool, verify: bool) -> Index:
-    """Read an index folder; see :meth:`gpusparse.Index.load`."""
+def load_index(path: str | Path, *, device: str | torch.device, mmap: bool, verify: bool) -> PostingLists:
+    """Read an index folder's posting lists; see :meth:`gpusparse.Index.load`."""
     path = Path(path)
     manifest = _read_manifest(path)
     files = manifest["files"]
@@ -149,13 +148,13 @@ def load_index(cls: type[Index], path: str | Path, *, device: str | torch.device
         raise IndexFormatError(f"{path}: vocab.txt does not match the manifest's fingerprint")
     quantization = None
     if manifest.get("quantization") is not None:
-        from .quantize import Quantization
-
         try:
             quantization = Quantization.from_dict(manifest["quantization"])
         except (KeyError, TypeError, ValueError) as exc:
             raise IndexFormatError(f"{path}: bad quantization in the manifest ({exc})") from None
-    return cls(arrays, ids=ids, vocab=vocab, n_empty_docs=manifest.get("n_empty_docs"), quantization=quantization)
+    return PostingLists(
+        arrays, ids=ids, vocab=vocab, n_empty_docs=manifest.get("n_empty_docs"), quantization=quantization
+    )
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from .kernels import rowsort
+
 _ID_BITS = 31
 _ID_MASK = (1 << _ID_BITS) - 1
 
@@ -33,28 +35,9 @@ def top_keys(keys: torch.Tensor, k: int, count: torch.Tensor | None = None) -> t
     rows of at most :data:`gpusparse.kernels.rowsort.MAX_WIDTH` keys take one kernel instead
     of ``torch.topk``'s ten or so launches. ``count`` (int32 ``[B]``, optional): keys past a
     row's first ``count`` are 0, and the kernel need not read them."""
-    if keys.is_cuda:
-        from .kernels import rowsort
-
-        if keys.shape[1] <= rowsort.MAX_WIDTH and rowsort.available():
-            return rowsort.top_keys_cuda(keys.contiguous(), k, count)
+    if keys.is_cuda and keys.shape[1] <= rowsort.MAX_WIDTH and rowsort.available():
+        return rowsort.top_keys_cuda(keys.contiguous(), k, count)
     return torch.topk(keys, min(k, keys.shape[1]), dim=1, largest=True, sorted=True).values
-
-
-def topk_with_ties(scores: torch.Tensor, k: int, *, base: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top ``min(k, width)`` of each row of non-negative ``scores`` ``[B, width]``.
-
-    Column ``j`` is document ``base + j``. Returns ``(scores, ids)`` sorted by score
-    descending, then id ascending.
-    """
-    if scores.dtype != torch.float32:
-        raise TypeError("scores must be float32")
-    b, width = scores.shape
-    kk = min(k, width)
-    ids = torch.arange(base, base + width, device=scores.device, dtype=torch.int64)
-    keys = encode_keys(scores, ids.expand(b, width))
-    top = torch.topk(keys, kk, dim=1, largest=True, sorted=True).values
-    return decode_keys(top)
 
 
 def topk_by_key(scores: torch.Tensor, ids: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,11 +2,11 @@
 
 * :func:`scatter_add_scores`: the paper's fused scatter-add (one program per query term);
 * :func:`docpar_scores`: the paper's document-parallel CSR kernel (one program per query
-  and block of documents), over the document-major copy made by :func:`forward_index`.
+  and block of documents), over the document-major copy (:func:`gpusparse.layout.forward.forward_index`).
 
 Both write approximate float32 scores (float32 sums, in any order, of ``w_q · w_d``;
 exactly 0 for documents sharing no term with the query) that
-:func:`gpusparse.search.select_exact_topk` turns into the exact top-k.
+:func:`gpusparse.exact.select_exact_topk` turns into the exact top-k.
 
 Importing this package does not import Triton: the launchers are loaded on first use
 (PEP 562), and raise an :class:`ImportError` saying what to install when Triton is missing.
@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from .docpar import docpar_scores, forward_index
+    from .docpar import docpar_scores
     from .scatter import scatter_add_scores
 
-__all__ = ["docpar_scores", "forward_index", "scatter_add_scores", "triton_available"]
+__all__ = ["docpar_scores", "scatter_add_scores", "triton_available"]
 
 TRITON_HINT = (
     "the GPU kernels need Triton: `pip install triton` (it ships with the CUDA builds of PyTorch on Linux x86-64)"
@@ -35,7 +35,6 @@ TRITON_HINT = (
 _LAZY = {
     "scatter_add_scores": ".scatter",
     "docpar_scores": ".docpar",
-    "forward_index": ".docpar",
 }
 
 

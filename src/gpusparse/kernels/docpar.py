@@ -9,11 +9,10 @@ measured it 5× slower than scatter-add.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
-from ..index import Index
+from ..layout.postings import PostingLists
+from ..queries import QueryBatch
 from . import TRITON_HINT
 from .scatter import _check_launch, check_block  # the output contract is scatter's
 
@@ -23,8 +22,6 @@ try:
 except ImportError as e:  # pragma: no cover - scatter's import fails first
     raise ImportError(TRITON_HINT) from e
 
-if TYPE_CHECKING:  # search imports the kernels: import it here for type checkers only
-    from ..search import QueryBatch
 
 # Terms of one document read per step: one 128-byte row of int32 term ids per document.
 # SPLADE passages hold ~120 terms, so about four steps.
@@ -83,47 +80,8 @@ def _docpar_kernel(
     tl.store(out_ptr + b.to(tl.int64) * width + col, score, mask=col < width)
 
 
-def forward_index(index: Index, *, chunk: int = 1 << 23) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The collection in document-major CSR form, built from the inverted index.
-
-    Real postings (padding skipped) are visited in list order, ``chunk`` at a time: each
-    piece is stably sorted by document and written after the postings its documents already
-    have, so terms stay ascending inside each document. Built on the index's device;
-    nothing is cached. Temporaries: about 60 bytes per posting of a piece (2**23: ~0.5 GB)
-    plus two int64 ``[N]`` counters.
-
-    Returns:
-        ``(indptr, terms, weights)``: int64 ``[N + 1]``, int32 ``[nnz]``, float32 ``[nnz]``;
-        document ``d``'s terms are ``terms[indptr[d]:indptr[d + 1]]``.
-    """
-    from ..index import real_postings
-
-    if not isinstance(index, Index):
-        raise TypeError(f"index must be a gpusparse.Index, not {type(index).__name__}")
-    dev, n = index.device, index.n_docs
-    counts = torch.zeros(n, dtype=torch.int64, device=dev)
-    for _, _, _, pos in real_postings(index, chunk):
-        counts += torch.bincount(index.doc_ids[pos].to(torch.int64), minlength=n)
-    indptr = torch.zeros(n + 1, dtype=torch.int64, device=dev)
-    torch.cumsum(counts, 0, out=indptr[1:])
-    nnz = int(indptr[-1])
-    terms = torch.empty(nnz, dtype=torch.int32, device=dev)
-    weights = torch.empty(nnz, dtype=torch.float32, device=dev)
-    filled = indptr[:-1].clone()  # next free slot of each document
-    for _, _, term, pos in real_postings(index, chunk):
-        doc = index.doc_ids[pos].to(torch.int64)
-        order = torch.sort(doc, stable=True).indices  # by document, terms ascending inside
-        doc = doc[order]
-        rank = torch.arange(doc.numel(), device=dev) - torch.searchsorted(doc, doc)  # inside its document
-        dest = filled[doc] + rank
-        terms[dest] = term[order].to(torch.int32)
-        weights[dest] = index.scores[pos[order]]
-        filled += torch.bincount(doc, minlength=n)
-    return indptr, terms, weights
-
-
 def docpar_scores(
-    index: Index,
+    index: PostingLists,
     batch: QueryBatch,
     d0: int,
     width: int,
@@ -137,10 +95,10 @@ def docpar_scores(
     Args:
         index: the inverted index (for its size, vocabulary and device), on a CUDA device
             (or on the CPU under ``TRITON_INTERPRET=1``).
-        batch: queries from :func:`gpusparse.search.query_batch`, on the index's device.
+        batch: queries from :func:`gpusparse.queries.query_batch`, on the index's device.
         d0: first document of the chunk (``0 ≤ d0 < 2**31``).
         width: documents in the chunk; columns past the collection's end score 0.
-        forward: :func:`forward_index` of ``index``, on the same device.
+        forward: :func:`~gpusparse.layout.forward.forward_index` of ``index``, on the same device.
         out: optional float32 ``[B, width]`` contiguous buffer on the index's device;
             every cell is overwritten.
         block_d: documents per program, a power of two ≥ 1.
@@ -189,9 +147,9 @@ def docpar_scores(
 
 
 def _check_forward(
-    index: Index, forward: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    index: PostingLists, forward: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Validate a :func:`forward_index` triple against ``index`` (shapes, dtypes, device)."""
+    """Validate a :func:`~gpusparse.layout.forward.forward_index` triple against ``index`` (shapes, dtypes, device)."""
     if not (isinstance(forward, tuple | list) and len(forward) == 3):
         raise TypeError("forward must be the (indptr, terms, weights) triple of forward_index(index)")
     indptr, terms, weights = forward

@@ -4,18 +4,18 @@ One program per (query, query-term position): it walks its term's posting list i
 of ``BLOCK_PL`` postings and atomically adds ``w_q · w_d`` into the ``[B, W]`` float32
 score buffer of the document chunk ``[d0, d0 + W)``. Work is proportional to the postings
 read, but the adds land at scattered addresses, in no fixed order: the scores are
-float32 sums in arbitrary order, which :func:`gpusparse.search.select_exact_topk` then
+float32 sums in arbitrary order, which :func:`gpusparse.exact.select_exact_topk` then
 turns into the exact top-k.
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 import torch
 
-from ..index import MAX_DOCS, Index
+from ..layout.postings import MAX_DOCS, PostingLists, bisect_lists
+from ..queries import QueryBatch
 from . import TRITON_HINT
 
 try:
@@ -24,8 +24,6 @@ try:
 except ImportError as e:  # pragma: no cover - exercised in a subprocess by the tests
     raise ImportError(TRITON_HINT) from e
 
-if TYPE_CHECKING:  # search imports the kernels: import it here for type checkers only
-    from ..search import QueryBatch
 
 # CUDA limits grid axes 1 and 2 to 65535 programs.
 _MAX_GRID_YZ = 65535
@@ -82,7 +80,7 @@ def _scatter_add_kernel(
 
 
 def scatter_add_scores(
-    index: Index,
+    index: PostingLists,
     batch: QueryBatch,
     d0: int,
     width: int,
@@ -95,7 +93,7 @@ def scatter_add_scores(
     Args:
         index: the inverted index, on a CUDA device (or on the CPU under
             ``TRITON_INTERPRET=1``).
-        batch: queries from :func:`gpusparse.search.query_batch`, on the index's device.
+        batch: queries from :func:`gpusparse.queries.query_batch`, on the index's device.
         d0: first document of the chunk (``0 ≤ d0 < 2**31``).
         width: documents in the chunk; columns past the collection's end score 0.
         out: optional float32 ``[B, width]`` contiguous buffer on the index's device;
@@ -138,7 +136,7 @@ def scatter_add_scores(
     return out
 
 
-def _posting_ranges(index: Index, batch: QueryBatch, d0: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _posting_ranges(index: PostingLists, batch: QueryBatch, d0: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per (query, term position), the posting positions ``[start, end)`` to read, int64 ``[B, T]``.
 
     For a chunk covering the whole collection, a term's whole padded list (padding is
@@ -146,7 +144,6 @@ def _posting_ranges(index: Index, batch: QueryBatch, d0: int, width: int) -> tup
     found by binary search (doc ids ascend inside each list). Padding terms get an empty
     range.
     """
-    from ..search import lower_bound  # search imports the kernels: no import at module level
 
     terms = batch.padded_terms
     valid = terms >= 0
@@ -158,8 +155,8 @@ def _posting_ranges(index: Index, batch: QueryBatch, d0: int, width: int) -> tup
         return start.contiguous(), end.contiguous()
     # Search the real postings only: padding (-1) would break the ascending order.
     real_end = start + torch.where(valid, index.lengths[safe].to(torch.int64), zero)
-    lo = lower_bound(index.doc_ids, start, real_end, d0)
-    hi = lower_bound(index.doc_ids, lo, real_end, d0 + width)
+    lo = bisect_lists(index.doc_ids, start, real_end, d0)
+    hi = bisect_lists(index.doc_ids, lo, real_end, d0 + width)
     return lo.contiguous(), hi.contiguous()
 
 
@@ -171,17 +168,18 @@ def check_block(name: str, value: int, minimum: int) -> None:
         raise ValueError(f"{name} must be a power of two ≥ {minimum} (Triton block shapes are), not {value}")
 
 
-def _check_launch(index: Index, batch: QueryBatch, d0: int, width: int, out: torch.Tensor | None) -> torch.Tensor:
+def _check_launch(
+    index: PostingLists, batch: QueryBatch, d0: int, width: int, out: torch.Tensor | None
+) -> torch.Tensor:
     """Validate what every score kernel takes; return ``out`` or a new float32 ``[B, width]`` buffer.
 
     A new buffer is uninitialised: launchers whose kernels do not write every cell zero it.
     """
-    from ..search import QueryBatch  # search imports the kernels: no import at module level
 
-    if not isinstance(index, Index):
+    if not isinstance(index, PostingLists):
         raise TypeError(f"index must be a gpusparse.Index, not {type(index).__name__}")
     if not isinstance(batch, QueryBatch):
-        raise TypeError(f"batch must be a QueryBatch (gpusparse.search.query_batch), not {type(batch).__name__}")
+        raise TypeError(f"batch must be a QueryBatch (gpusparse.queries.query_batch), not {type(batch).__name__}")
     for name, value in (("d0", d0), ("width", width)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{name} must be an int, not {type(value).__name__}")

@@ -1,0 +1,90 @@
+"""The engines' tunable settings: one frozen :class:`EngineConfig`, scoped per context.
+
+Settings that benchmarks and tests vary (fixed-point weights, the accumulator, CUDA-graph
+limits, page-locked results, the shards' lower-bound exchange) live here instead of in
+module globals. :func:`engine_config` returns the settings in force; :func:`override_config`
+changes some of them for a ``with`` block only. The override is held in a
+:class:`contextvars.ContextVar`, so it applies to the current thread (or asyncio task) alone:
+a test or benchmark that overrides a setting does not change what a server's worker thread
+sees. Benchmarks write :meth:`EngineConfig.as_dict` into every result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Settings of the search engines; the defaults are the measured best (bench/NOTES.md).
+
+    Attributes:
+        fixed_point: the tiled engine stores float32 weights as 30-bit fixed-point integers
+            (integer products: -15% at k = 1000 on an H200) where every query's margin allows.
+        accumulator: the tiled CUDA kernel's accumulator, ``"u32"`` (fastest) or ``"carry"``
+            (2**61 units: fewer rescored candidates, slower).
+        forward_rescoring: a tiled layout built on a GPU keeps the index's document-major
+            copy, which rescoring reads instead of binary-searching the inverted lists
+            (8 bytes a posting more on the GPU).
+        graph_max_batch: batches of at most this many queries replay a captured CUDA graph.
+        graph_cache: captured graphs kept per index (least recently used dropped first).
+        pinned_results: results come back from a GPU through page-locked host memory
+            (-0.8 ms at 8.8M x 256, k = 1000).
+        pinned_output_max: a search of several batches writes straight into one page-locked
+            output when it takes at most this many bytes.
+        shard_lower_bounds: shards exchange their candidates' lower bounds before rescoring
+            (one all-reduce and a host sync per call; off: it costs more than it saves since
+            rescoring reads the forward copy).
+    """
+
+    fixed_point: bool = True
+    accumulator: str = "u32"
+    forward_rescoring: bool = True
+    graph_max_batch: int = 8
+    graph_cache: int = 8
+    pinned_results: bool = True
+    pinned_output_max: int = 1 << 28
+    shard_lower_bounds: bool = False
+
+    def __post_init__(self) -> None:
+        if self.accumulator not in ("u32", "carry"):
+            raise ValueError(f"accumulator must be 'u32' or 'carry', not {self.accumulator!r}")
+        for name in ("graph_max_batch", "graph_cache", "pinned_output_max"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer, not {value!r}")
+
+    def as_dict(self) -> dict[str, Any]:
+        """The settings by name (for benchmark results)."""
+        return dataclasses.asdict(self)
+
+
+_DEFAULT = EngineConfig()
+_CURRENT: ContextVar[EngineConfig | None] = ContextVar("gpusparse_engine_config", default=None)
+
+
+def engine_config() -> EngineConfig:
+    """The settings in force in this thread or task."""
+    return _CURRENT.get() or _DEFAULT
+
+
+@contextlib.contextmanager
+def override_config(**changes: Any) -> Iterator[EngineConfig]:
+    """Change some settings for the ``with`` block (this thread or task only)::
+
+        with override_config(fixed_point=False):
+            index.search(queries)
+
+    Unknown names raise :class:`TypeError`; the block gets the new :class:`EngineConfig`.
+    """
+    config = dataclasses.replace(engine_config(), **changes)
+    token = _CURRENT.set(config)
+    try:
+        yield config
+    finally:
+        _CURRENT.reset(token)

@@ -1,0 +1,203 @@
+"""The tiled engine's search on a GPU without host synchronisation, and its CUDA graphs.
+
+Waves, capacities and the final width are fixed in advance; rows that outgrow them, or
+whose top-k may miss scores below one fixed-point unit, are flagged on the device and
+searched again the general way (:mod:`.waves`). Small batches replay a CUDA graph of these
+steps, captured once per shape and kept with the index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ...config import engine_config
+from ...exact import pad_results
+from ...kernels import rescore
+from ...kernels import tiled as cuda
+from ...layout.postings import PostingLists
+from ...layout.tiled import TiledIndex
+from ...queries import QueryBatch
+from ...topk import decode_keys, top_keys
+from . import waves
+from .fixed_point import FixedPoint, kernel_scale, match_floor, uncertain_rows
+from .waves import candidate_lows
+
+# Candidate slots per query kept for the final selection on the synchronisation-free path:
+# after the last compaction a row holds its k best plus the few within the margin of the k-th.
+DEVICE_WIDTH_SLACK = 1024
+
+
+def device_search(
+    index: PostingLists,
+    tl: TiledIndex,
+    batch: QueryBatch,
+    fp: FixedPoint,
+    k: int,
+    *,
+    acc: str,
+    int_weights: bool,
+    n_sm: int,
+    cutoff: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The CUDA search without host synchronisation: ``(scores, ids, redo)`` on the device.
+
+    The waves, capacities and final width are fixed in advance (:func:`wave_plan`,
+    :func:`initial_capacity`, ``2k +`` :data:`DEVICE_WIDTH_SLACK`); each wave's candidates are
+    compacted by one kernel, turned into keys by another, and the top-k taken. A row whose
+    candidates outgrew a capacity, or whose top-k may miss documents below one fixed-point
+    unit (:func:`uncertain_rows`), is flagged in ``redo`` (bool ``[B]``): its results are not
+    to be used, and :func:`tiled_search` searches it again the general way.
+
+    Batches of at most :attr:`~gpusparse.config.EngineConfig.graph_max_batch` queries replay a
+    captured CUDA graph of these steps (their time is mostly the host's launching them); the graph is captured on the
+    first batch of its shape and kept with the index. ``cutoff``: see :func:`tiled_search`
+    (not for those batches: a capture may fail on one process only).
+    """
+    dev = tl.seg.device
+    lb = fp.floor if fp.floor is not None else match_floor(index, batch, dev)
+    terms, weights = batch.padded_terms, batch.padded_weights
+    if terms.shape[0] <= engine_config().graph_max_batch:
+        out = _graphed_search(index, tl, terms, weights, fp, lb, k, acc=acc, int_weights=int_weights, n_sm=n_sm)
+        if out is not None:
+            return out
+        cutoff = None
+    return _device_steps(index, tl, terms.contiguous(), weights.contiguous(), fp, lb, k, acc, int_weights, n_sm,
+                         cutoff)  # fmt: skip
+
+
+def _device_steps(
+    index: PostingLists,
+    tl: TiledIndex,
+    terms: torch.Tensor,
+    weights: torch.Tensor,
+    fp: FixedPoint,
+    lb: torch.Tensor,
+    k: int,
+    acc: str,
+    int_weights: bool,
+    n_sm: int,
+    cutoff: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`device_search`'s device work, from tensors only (so that it can be captured)."""
+    dev = tl.seg.device
+    b = terms.shape[0]
+    terms32 = terms.to(torch.int32)
+    q_scale = kernel_scale(tl, fp)
+    plan = waves.wave_plan(tl.n_tiles, b, k, n_sm)
+    cap = waves.initial_capacity(k, plan[0][1] if plan else 1)
+    theta = torch.zeros(b, dtype=torch.int64, device=dev)
+    count = torch.zeros(b, dtype=torch.int32, device=dev)
+    cand_doc = torch.empty((b, cap), dtype=torch.int32, device=dev)
+    cand_val = torch.empty((b, cap), dtype=torch.int64, device=dev)
+    redo = torch.zeros(b, dtype=torch.bool, device=dev)
+    for first, n in plan:
+        cuda.tiled_candidates(
+            tl.seg, tl.offs, tl.wts, tl.dense_id, tl.dense, terms32, weights, q_scale, fp.delta,
+            n_docs=tl.n_docs, n_terms=tl.n_terms, tile_bits=tl.tile_bits, k=k, tiles=(first, n), select=first == 0,
+            acc=acc, int_weights=int_weights, q_shift=fp.shift,
+            theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
+        )  # fmt: skip
+        redo |= count > cap  # candidates past the capacity were counted, not stored
+        cuda.compact_candidates(theta, count, cand_doc, cand_val, fp.delta, k, cap)
+    width = min(cap, 2 * k + DEVICE_WIDTH_SLACK)
+    redo |= count > width
+    floor = cutoff(candidate_lows(cand_val, count, fp.delta, fp.scale, width)) if cutoff is not None else None
+    keys = rescore.candidate_keys_cuda(
+        index.doc_ids, index.scores, index.offsets, index.lengths, terms, weights, cand_doc, cand_val,
+        fp.delta, fp.scale, width=width, count=count, list_pos=tl.list_pos, tile_bits=tl.tile_bits, floor=floor,
+        forward=tl.forward,
+    )  # fmt: skip
+    top = top_keys(keys, k, count)
+    scores, ids = pad_results(decode_keys(top) if width else None, k, b, dev)
+    redo |= uncertain_rows(index, None, fp, scores, k, lb, floor)
+    return scores, ids, redo
+
+
+def _graphed_search(
+    index: PostingLists,
+    tl: TiledIndex,
+    terms: torch.Tensor,
+    weights: torch.Tensor,
+    fp: FixedPoint,
+    lb: torch.Tensor,
+    k: int,
+    *,
+    acc: str,
+    int_weights: bool,
+    n_sm: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """:func:`_device_steps` by a CUDA graph for this shape, captured once (``None``: it
+    could not be captured here; the caller runs the steps themselves).
+
+    The query width is padded to a power of two (at least 8) so that few shapes occur; the
+    padding is what a batch's shorter rows already have (term -1, weight 0).
+    """
+    b, t = terms.shape
+    width = max(8, 1 << max(t - 1, 0).bit_length())
+    graphs = index.derived.graphs
+    key = (id(tl), b, width, k, acc, int_weights, fp.mult is not None, fp.shift is not None)
+    entry = graphs.get(key)
+    if entry is False:
+        return None
+    if entry is None:
+        entry = _capture(index, tl, b, width, fp, k, acc, int_weights, n_sm)
+        graphs[key] = entry if entry is not None else False
+        while len(graphs) > engine_config().graph_cache:
+            graphs.popitem(last=False)
+        if entry is None:
+            return None
+    graphs.move_to_end(key)
+    graph, inputs, outputs = entry
+    inputs["terms"].fill_(-1)
+    inputs["terms"][:, :t].copy_(terms)
+    inputs["weights"].zero_()
+    inputs["weights"][:, :t].copy_(weights)
+    for name in ("scale", "delta", "mult", "shift"):
+        if getattr(fp, name) is not None:
+            inputs[name].copy_(getattr(fp, name))
+    inputs["lb"].copy_(lb)
+    graph.replay()
+    return tuple(x.clone() for x in outputs)  # type: ignore[return-value]
+
+
+def _capture(
+    index: PostingLists,
+    tl: TiledIndex,
+    b: int,
+    width: int,
+    fp: FixedPoint,
+    k: int,
+    acc: str,
+    int_weights: bool,
+    n_sm: int,
+):  # -> (graph, inputs, outputs) | None
+    dev = tl.seg.device
+    inputs = {
+        "terms": torch.full((b, width), -1, dtype=torch.int64, device=dev),
+        "weights": torch.zeros((b, width), dtype=torch.float32, device=dev),
+        "lb": torch.zeros(b, dtype=torch.float64, device=dev),
+    }
+    for name in ("scale", "delta", "mult", "shift"):
+        if getattr(fp, name) is not None:
+            inputs[name] = getattr(fp, name).clone()
+    static = FixedPoint(inputs["scale"], inputs["delta"], inputs.get("mult"), inputs.get("shift"))
+
+    def steps():
+        return _device_steps(index, tl, inputs["terms"], inputs["weights"], static, inputs["lb"], k, acc,
+                             int_weights, n_sm)  # fmt: skip
+
+    try:
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):  # warm up: kernels compiled, allocations made
+            steps()
+        torch.cuda.current_stream(dev).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outputs = steps()
+    except RuntimeError:  # capture unsupported here: the caller runs the steps directly
+        torch.cuda.synchronize(dev)
+        return None
+    return graph, inputs, outputs

@@ -1,0 +1,90 @@
+"""The tiled CUDA kernel's contract in PyTorch (:func:`torch_tiled_candidates`): the tiled
+engine on a CPU, and the reference its GPU kernel is tested against."""
+
+from __future__ import annotations
+
+import torch
+
+from ...exact import expand_ranges
+from ...kernels.tiled import ACC_TOP
+from .fixed_point import emission_threshold
+
+
+def torch_tiled_candidates(
+    seg: torch.Tensor,
+    offs: torch.Tensor,
+    wts: torch.Tensor,
+    dense_id: torch.Tensor,
+    dense: torch.Tensor,
+    q_terms: torch.Tensor,
+    q_weights: torch.Tensor,
+    q_scale: torch.Tensor,
+    q_delta: torch.Tensor,
+    *,
+    n_docs: int,
+    n_terms: int,
+    tile_bits: int,
+    k: int,
+    tiles: tuple[int, int],
+    select: bool,
+    acc: str = "carry",
+    int_weights: bool = False,
+    q_shift: torch.Tensor | None = None,
+    theta: torch.Tensor,
+    cand_count: torch.Tensor,
+    cand_doc: torch.Tensor,
+    cand_val: torch.Tensor,
+) -> None:
+    """The CUDA kernel's contract (:func:`gpusparse.kernels.tiled.tiled_candidates`) in PyTorch.
+
+    Tile after tile, all queries at once: the same fixed-point sums, ``tau`` the tile's exact
+    k-th value (the kernel's radix passes give a value at or below it; any value that k
+    documents of the tile reach is a valid bound), the same emission rule. Candidates past a
+    query's capacity are counted but not stored, as on the GPU. The sums are exact int64
+    here, which every ``acc`` mode also gives within its range (checked); ``int_weights``
+    changes nothing here (the products are then integers anyway). int32 ``wts`` are
+    fixed-point weights: products ``(round(w_q · q_scale) · d) >> q_shift``, as on the GPU.
+    """
+    dev = seg.device
+    b, cap, tile = q_terms.shape[0], cand_doc.shape[1], 1 << tile_bits
+    rows, cols = (q_terms >= 0).nonzero(as_tuple=True)
+    terms = q_terms[rows, cols].to(torch.int64)
+    wq = q_weights[rows, cols].to(torch.float64) * q_scale[rows]
+    fixed = wts.dtype == torch.int32
+    if fixed:
+        wq_int = torch.round(wq).to(torch.int64)
+        sh = q_shift.to(torch.int64)[rows]
+
+    def products(p: torch.Tensor | int, pair_weights: torch.Tensor) -> torch.Tensor:
+        if fixed:  # < 2**31 · 2**30: exact in int64
+            return (wq_int[p] * pair_weights.to(torch.int64)) >> sh[p]
+        return torch.round(wq[p] * pair_weights.to(torch.float64)).to(torch.int64)
+
+    for t in range(tiles[0], tiles[0] + tiles[1]):
+        base = t * tile
+        width = min(tile, n_docs - base)
+        sums = torch.zeros(b * width, dtype=torch.int64, device=dev)
+        did = dense_id[t * n_terms + terms].to(torch.int64)
+        for p in (did >= 0).nonzero().flatten().tolist():
+            col = products(p, dense[did[p], :width])
+            sums[rows[p] * width : (rows[p] + 1) * width] += col
+        lo, hi = seg[t * n_terms + terms], seg[t * n_terms + terms + 1]
+        for pair, pos in expand_ranges(lo, hi, 1 << 22):
+            off = offs[pos].to(torch.int64) & 0xFFFF
+            contrib = products(pair, wts[pos])
+            sums.index_add_(0, rows[pair] * width + off, contrib)
+        top = sums.max() if sums.numel() else 0
+        if top >= 2 * ACC_TOP[acc]:
+            raise OverflowError(f"fixed-point sum {int(top)} exceeds the {acc!r} accumulator")
+        sums = sums.view(b, width)
+        tau = torch.zeros(b, dtype=torch.int64, device=dev)
+        if select and k <= width:
+            tau = torch.topk(sums, k, dim=1).values[:, -1].clamp_min(0)
+        theta.copy_(torch.maximum(theta, tau))
+        r, c = (sums >= emission_threshold(theta, q_delta)[:, None]).nonzero(as_tuple=True)  # row-major
+        per_row = torch.bincount(r, minlength=b)
+        slot = cand_count[r].to(torch.int64) + torch.arange(r.numel(), device=dev) - (per_row.cumsum(0) - per_row)[r]
+        ok = slot < cap
+        cand_doc[r[ok], slot[ok]] = (c[ok] + base).to(torch.int32)
+        cand_val[r[ok], slot[ok]] = sums[r[ok], c[ok]]
+        cand_count += per_row.to(torch.int32)

@@ -1,0 +1,157 @@
+"""The tiled engine: on-chip accumulation per document tile, exact by a certified margin.
+
+Search (per query batch) over the tiled layout (:mod:`gpusparse.layout.tiled`): every
+(query, tile) pair accumulates its scores in fixed point (32-bit sums by default; on a GPU
+in shared memory, :mod:`gpusparse.kernels.tiled`; on a CPU the same steps in PyTorch,
+:mod:`.emulation`), keeps a running per-query lower bound ``theta`` of the k-th best score,
+and emits only documents within an error margin of it (:mod:`.fixed_point`). The margin
+covers the fixed-point rounding, the canonical float64 sum's own error and one float32 ulp,
+so the candidates always contain the exact top-k of the search contract
+(:mod:`gpusparse.exact`); candidates whose float32 score is not certain from the integer sum
+are rescored canonically (:mod:`.ranking`). No ``[B, N]`` buffer is ever allocated. On a GPU
+the steps run without host synchronisation (:mod:`.device`); rows it cannot finish go the
+general way (:mod:`.waves`, which syncs per wave).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+import torch
+
+from ...config import engine_config
+from ...kernels import rescore
+from ...kernels import tiled as cuda
+from ...layout.postings import PostingLists
+from ...layout.tiled import AUTO, TiledIndex, tiled_layout
+from ...queries import QueryBatch, batch_rows, query_batch
+from ..base import DEFAULT_MEMORY_BUDGET, POSTING_BYTES, BatchResult, SearchPlan, plan_chunks
+from ..reference import reference_search
+from .device import device_search
+from .emulation import torch_tiled_candidates
+from .fixed_point import choose_acc, fixed_point, integer_weights, out_of_range
+from .ranking import rank_candidates
+from .waves import candidate_lows, candidates, compact_cuda, compact_torch
+
+if TYPE_CHECKING:
+    from ...collection import SparseCollection
+
+
+class TiledEngine:
+    """:func:`tiled_search` behind the :class:`~gpusparse.engines.base.Engine` interface."""
+
+    name: ClassVar[str] = "tiled"
+    auto_rank: ClassVar[int] = 30
+
+    def unavailable(self, device: torch.device, *, auto: bool = False) -> str | None:
+        """Runs anywhere (PyTorch off a GPU with CuPy); chosen automatically only on a CUDA
+        device with CuPy, the CUDA kernel's runtime compiler."""
+        if auto and not (device.type == "cuda" and cuda.available()):
+            return "the tiled engine's CUDA kernel needs a CUDA device and CuPy (elsewhere it is an emulation)"
+        return None
+
+    def search_batch(self, index: PostingLists, queries: SparseCollection, k: int, plan: SearchPlan) -> BatchResult:
+        """Exact top-``k`` of the batch, before the GPU path's host sync (see :func:`tiled_search`)."""
+        return tiled_search(index, query_batch(queries, index.device), k, cutoff=plan.cutoff)
+
+
+def layout_for_search(
+    index: PostingLists,
+    tile_bits: int | None = None,
+    dense_min: float | str | None = AUTO,
+    acc: str | None = None,
+    fixed: bool | None = None,
+    *,
+    forward: bool = True,
+) -> TiledIndex:
+    """The layout :func:`tiled_search` searches with these arguments (built once per index).
+    ``fixed=None`` takes :attr:`~gpusparse.config.EngineConfig.fixed_point`. ``forward``:
+    a layout built on a GPU with the CUDA kernels holds the index's forward copy for
+    rescoring (:attr:`~gpusparse.config.EngineConfig.forward_rescoring`); ``False`` for a
+    layout to be streamed."""
+    config = engine_config()
+    acc = choose_acc(acc)
+    fixed = (config.fixed_point if fixed is None else fixed) and acc == "u32" and index.quantization is None
+    forward = forward and config.forward_rescoring and index.device.type == "cuda" and rescore.available()
+    return tiled_layout(index, tile_bits, dense_min, fixed, forward=forward)
+
+
+def tiled_search(
+    index: PostingLists,
+    batch: QueryBatch,
+    k: int,
+    *,
+    tile_bits: int | None = None,
+    dense_min: float | str | None = AUTO,
+    acc: str | None = None,
+    fixed: bool | None = None,
+    emulated: bool = False,
+    general: bool = False,
+    cutoff: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> BatchResult:
+    """Exact top-k of a query batch with the tiled engine: a
+    :class:`~gpusparse.engines.base.BatchResult` ``[B, k]`` on the device.
+
+    Uses the CUDA kernel on a GPU with CuPy, and the same algorithm in PyTorch elsewhere
+    (or when ``emulated``). On a GPU the search runs without host synchronisation
+    (:func:`~.device.device_search`): the result's flagged rows are searched again the
+    general way, which syncs after each wave to size its buffers, only when the caller asks
+    (:meth:`~gpusparse.engines.base.BatchResult.resolved`, after its own sync); ``general``:
+    every row that way.
+    ``tile_bits`` / ``dense_min``: the layout (see :func:`~gpusparse.layout.tiled.tiled_layout`).
+    ``acc``: the kernel's accumulator mode (default: the configured one); it sets the
+    fixed-point scale, so the PyTorch path follows it too.
+    ``fixed``: fixed-point float32 weights (default: configured; "u32" only).
+    ``cutoff``: for a search whose results are merged with other searches' (shards), a function
+    that takes this search's candidate lower bounds (:func:`~.waves.candidate_lows`) and returns,
+    per row, a bound that the merged k-th score reaches (the k-th largest of all searches' lower
+    bounds); candidates surely below it are not rescored, and the rows' results are only
+    right for that merge. Every search of the merge must call it (it is collective): it is
+    used unless the batch replays a CUDA graph (at most
+    :attr:`~gpusparse.config.EngineConfig.graph_max_batch` rows), and not on the general path.
+    """
+    acc = choose_acc(acc)
+    tl = layout_for_search(index, tile_bits, dense_min, acc, fixed)
+    try:
+        fp = fixed_point(index, batch, acc, tl.weight_bits)
+    except ValueError:  # weights too far from 1 for 64-bit products: float64 arithmetic instead
+        tl = layout_for_search(index, tile_bits, dense_min, acc, False)
+        fp = fixed_point(index, batch, acc)
+    dev = index.device
+    int_w = integer_weights(tl, batch, fp, acc)
+    on_gpu = dev.type == "cuda" and cuda.available() and not emulated
+    n_sm = torch.cuda.get_device_properties(dev).multi_processor_count if on_gpu else 1
+    if on_gpu and not general:
+        scores, ids, redo_rows = device_search(index, tl, batch, fp, k, acc=acc, int_weights=int_w, n_sm=n_sm,
+                                               cutoff=cutoff)  # fmt: skip
+
+        def again(rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+            # capacities overflowed, or scores below one unit may be missed: the general path
+            return tiled_search(index, batch_rows(batch, rows, dev), k, tile_bits=tile_bits, dense_min=dense_min,
+                                acc=acc, fixed=fixed, general=True).resolved()  # fmt: skip
+
+        return BatchResult(scores, ids, redo_rows, again)
+    launch, compact = (cuda.tiled_candidates, compact_cuda) if on_gpu else (torch_tiled_candidates, compact_torch)
+    docs, vals = candidates(tl, batch, fp, k, launch=launch, n_sm=n_sm, acc=acc, int_weights=int_w, compact=compact)
+    floor = None
+    if cutoff is not None and not general and batch.padded_terms.shape[0] > engine_config().graph_max_batch:
+        # as device_search: batches that replay a graph take no cutoff
+        floor = cutoff(candidate_lows(vals, (docs >= 0).sum(1).to(torch.int32), fp.delta, fp.scale, vals.shape[1]))
+    scores, ids = rank_candidates(index, batch, fp, docs, vals, k, tl, floor=floor)
+    redo = out_of_range(index, batch, fp, scores, k, floor)
+    if redo.size:  # queries whose matches may include scores below one fixed-point unit
+        sub = batch_rows(batch, redo, dev)
+        # 2**61 units instead of 2**31, on the same layout; fixed-point weights need "u32",
+        # and another layout for a few rows would cost a whole build: the float64 path then.
+        if acc != "carry" and tl.weight_bits is None:
+            s2, i2 = tiled_search(index, sub, k, tile_bits=tile_bits, dense_min=dense_min, acc="carry",
+                                  fixed=False, emulated=emulated, general=True).resolved()  # fmt: skip
+        else:  # float64 scatter-add: any range
+            _, chunk = plan_chunks(len(redo), index.n_docs, DEFAULT_MEMORY_BUDGET, len(redo))
+            most = DEFAULT_MEMORY_BUDGET // POSTING_BYTES
+            s2, i2 = reference_search(index, sub, k, doc_chunk=chunk, max_postings=most)
+        at = torch.from_numpy(redo).to(dev)
+        scores[at], ids[at] = s2, i2
+    return BatchResult(scores, ids)

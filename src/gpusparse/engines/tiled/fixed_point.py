@@ -1,0 +1,192 @@
+"""The tiled engine's fixed-point arithmetic: per-query scales and error margins, and the
+checks that say when a row's fixed-point top-k cannot be trusted.
+
+Each query's scores are accumulated as integers ``≈ score · scale`` (``scale`` a power of
+two chosen so the query's largest possible score fits the accumulator); candidates within
+a margin ``delta`` of the running k-th value are kept, so the exact top-k is always among
+them (see :func:`fixed_point` for the bound).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ...config import engine_config
+from ...kernels.tiled import ACC_MODES, ACC_TOP
+from ...layout.postings import PostingLists
+from ...layout.statistics import max_score, max_scores_host, min_weight
+from ...layout.tiled import TiledIndex
+from ...queries import QueryBatch
+from ...transfer import to_device
+
+FIXED_MAX_DELTA = 1 << 16
+
+
+@dataclass(frozen=True)
+class FixedPoint:
+    """Per-query fixed-point parameters: ``scale`` (a power of two) and the margin ``delta``;
+    with fixed-point weights also each query weight's multiplier and each product's shift."""
+
+    scale: torch.Tensor  # float64 [B]
+    delta: torch.Tensor  # int64 [B], in units
+    mult: torch.Tensor | None = None  # float64 [B]: q = round(w_q · mult), mult = scale · 2**c
+    shift: torch.Tensor | None = None  # int32 [B]: b + c, product = (q · d) >> shift
+    scale_host: np.ndarray | None = None  # float64 [B]: ``scale`` on the host (no copy back)
+    floor: torch.Tensor | None = None  # float64 [B]: :func:`match_floor`, moved in the same copy
+
+
+def choose_acc(acc: str | None) -> str:
+    """The accumulator mode: ``acc``, checked, or the configured one
+    (:attr:`~gpusparse.config.EngineConfig.accumulator`)."""
+    acc = acc or engine_config().accumulator
+    if acc not in ACC_MODES:
+        raise ValueError(f"acc must be one of {sorted(ACC_MODES)}, got {acc!r}")
+    return acc
+
+
+def integer_weights(tl: TiledIndex, batch: QueryBatch, fp: FixedPoint, acc: str) -> bool:
+    """Whether the kernel may multiply integers: 8-bit levels, "u32", and every scaled query
+    weight an integer (true for quantized queries: their step times the scale is a power of
+    two of at least 1). Checked on the host copies: no device work."""
+    if tl.wts.dtype != torch.uint8 or acc != "u32":
+        return False
+    _, weights, _ = batch.host_arrays()
+    scale = fp.scale_host if fp.scale_host is not None else fp.scale.cpu().numpy()
+    w = weights.astype(np.float64) * (scale * tl.step)[:, None]
+    return bool((w == np.round(w)).all())
+
+
+def fixed_point(
+    index: PostingLists, batch: QueryBatch, acc: str = "carry", weight_bits: int | None = None
+) -> FixedPoint:
+    """Choose each query's scale so its largest possible score fits, and its error margin.
+
+    ``ub = Σ w_q[t] · max_scores[t]`` bounds every score; ``scale`` is the largest power of
+    two with ``ub · scale ≤ top``, the accumulator mode's limit (``2**61`` for "carry",
+    ``2**31`` for "u32"; exact, from the binary exponent of ``ub``).
+    The integer sum ``F`` is within ``n/2`` units of ``scale · S`` (S the exact score): each
+    product is rounded once to the unit (or, in the "u32" kernel's dense phase, m exact
+    products are summed in float64 below 2**32, error at most (m−1)·2**-21, then rounded
+    once: at most m/2 again). The canonical float64 sum is within
+    ``2·(n+1)·2**-53 · scale · S``; twice their sum, plus slack, is the margin between any
+    two of them. Computed on the host (a batch is small) and moved in one copy.
+
+    ``weight_bits`` (fixed-point document weights ``d = round(w_d · 2**b)``, "u32"): each
+    query weight becomes ``q = round(w_q · scale · 2**c)`` (``c`` the largest with every
+    ``q < 2**31``) and a product ``(q · d) >> (b + c)``. Against ``P = w_q · scale · w_d``
+    that product errs by less than ``1`` (the shift truncates) ``+ |q − w_q·scale·2**c| ·
+    w_d · 2**-c + |d − w_d·2**b| · w_q·scale · 2**-b`` (+ their product), so ``n/2`` above
+    becomes ``E = n + n·max_w·2**-(c+1) + Σ w_q·scale·2**-(b+1) + n·2**-(b+c+2)``.
+    """
+    terms, weights, n_terms = batch.host_arrays()
+    max_scores = max_scores_host(index)
+    # Padding (term -1, weight 0) adds 0 below: a batch is small, but each numpy pass over
+    # [B, T] costs tens of microseconds, and this runs before the first launch.
+    w64 = weights.astype(np.float64)
+    ub = np.einsum("ij,ij->i", w64, max_scores[terms]) if terms.size else np.zeros(len(terms))
+    mant, expo = np.frexp(ub)  # ub = mant · 2**expo, mant in [0.5, 1)
+    e = int(math.log2(ACC_TOP[acc])) - expo + (mant == 0.5)
+    scale = np.where(ub > 0, np.ldexp(1.0, np.clip(e, -1000, 1000)), 1.0)
+    n = n_terms.astype(np.float64)
+    canon = (ub * scale) * 2 * (n + 1) * 2.0**-53
+    dev = batch.padded_terms.device
+    floor = _match_floor_host(index, terms, weights)
+    if weight_bits is None:
+        delta = np.ceil(2 * (n / 2 + 1) + 2 * canon + 2)
+        scale_d, delta_d, floor_d = to_device([scale, delta.astype(np.int64), floor], dev)
+        return FixedPoint(scale_d, delta_d, scale_host=scale, floor=floor_d)
+    # max and sum of w_q · scale: scale is a power of two, so scaling after is exact
+    qmax = (weights.max(1) if terms.shape[1] else np.zeros(len(scale))) * scale
+    qsum = w64.sum(1) * scale
+    _, qexpo = np.frexp(qmax)
+    c = np.where(qmax > 0, 31 - qexpo, 0)  # qmax · 2**c < 2**31
+    max_w = max_score(index)
+    err = n + n * max_w * np.ldexp(0.5, -c) + qsum * 2.0 ** -(weight_bits + 1)
+    err += n * np.ldexp(0.25, -(weight_bits + c))
+    delta = np.ceil(2 * (err + 1) + 2 * canon + 2)
+    shift = weight_bits + c
+    # Out of range when one document weight dwarfs the query's own terms' (b then leaves
+    # ordinary weights few bits): the margin would admit most documents. The caller falls
+    # back to float64 products.
+    if (shift < 0).any() or (shift > 62).any() or (delta > FIXED_MAX_DELTA).any():
+        raise ValueError("weights outside the fixed-point range")
+    moved = to_device([scale, delta.astype(np.int64), np.ldexp(scale, c), shift.astype(np.int32), floor], dev)
+    return FixedPoint(*moved[:4], scale_host=scale, floor=moved[4])
+
+
+def kernel_scale(tl: TiledIndex, fp: FixedPoint) -> torch.Tensor:
+    """The kernel's ``q_scale``: the fixed-point scale per stored weight unit (exact: both
+    are powers of two), or with fixed-point weights the multiplier of each query weight."""
+    return fp.mult if tl.weight_bits is not None else fp.scale * tl.step
+
+
+def emission_threshold(theta: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """Smallest value a candidate needs: ``theta`` less the margin and one float32 ulp, at least 1.
+
+    The CUDA kernel applies the same rule (see :mod:`gpusparse.kernels.tiled`).
+    """
+    d = delta + (theta >> 22)
+    return torch.where(theta > d, theta - d, torch.ones_like(theta)).clamp_min(1)
+
+
+def match_floor(index: PostingLists, batch: QueryBatch, dev: torch.device) -> torch.Tensor:
+    """float64 ``[B]``: no document matching a query scores below this (its smallest weight
+    times the index's smallest weight; inf for a query without terms: nothing to miss)."""
+    terms, weights, _ = batch.host_arrays()
+    return torch.from_numpy(_match_floor_host(index, terms, weights)).to(dev)
+
+
+def _match_floor_host(index: PostingLists, terms: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    b = terms.shape[0]
+    qmin = np.where(terms >= 0, weights, np.inf).min(1) if terms.shape[1] else np.full(b, np.inf)
+    return qmin.astype(np.float64) * min_weight(index)
+
+
+def uncertain_rows(
+    index: PostingLists,
+    batch: QueryBatch | None,
+    fp: FixedPoint,
+    scores: torch.Tensor,
+    k: int,
+    lb: torch.Tensor | None = None,
+    floor: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`out_of_range` as a bool ``[B]`` tensor on the device, without a host sync;
+    ``lb``: :func:`match_floor`'s tensor, if already on the device (then ``batch`` is not read)."""
+    b = scores.shape[0]
+    if b == 0 or k == 0:
+        return torch.zeros(b, dtype=torch.bool, device=scores.device)
+    if lb is None:
+        if batch is None:
+            raise ValueError("uncertain_rows needs the batch or its match floor")
+        lb = match_floor(index, batch, scores.device)
+    delta = fp.delta.to(torch.float64)
+    kth = scores[:, k - 1] if floor is None else torch.maximum(scores[:, k - 1], floor)
+    kth = kth.to(torch.float64) * fp.scale * (1 - 2.0**-22)  # float32 rounding
+    return ~((kth > delta) | (lb * fp.scale >= delta / 2 + 1))
+
+
+def out_of_range(
+    index: PostingLists,
+    batch: QueryBatch,
+    fp: FixedPoint,
+    scores: torch.Tensor,
+    k: int,
+    floor: torch.Tensor | None = None,
+) -> np.ndarray:
+    """Rows whose top-k may miss documents that scored below one fixed-point unit.
+
+    Candidates are emitted from integer sums of at least 1, so a matching document whose
+    sum rounded to 0 (its score more than ~2**31 times, "u32", or 2**61 times, "carry",
+    below the query's bound) is never seen. That matters only where the k-th result is
+    within the margin of 0 (fewer than k results above it): a row is certain when its k-th
+    score exceeds the margin, or when every matching document provably sums to at least 1
+    (the smallest query weight times the index's smallest weight, less half the margin).
+    ``floor``: a bound the k-th score reaches (a ``cutoff``'s, see :func:`tiled_search`), used
+    where it exceeds the row's own k-th. One host sync.
+    """
+    return uncertain_rows(index, batch, fp, scores, k, None, floor).nonzero().flatten().cpu().numpy()

@@ -1,0 +1,68 @@
+"""What is built from an index's arrays on demand, typed: :class:`DerivedState`.
+
+An index object builds each of these at most once, on its own device: the document-major
+forward copy, tiled layouts (one per layout key), host statistics read before every search
+(list maxima, the smallest weight) and the tiled engine's captured CUDA graphs. A copy of the
+index on another device starts with the host statistics only (they do not depend on the
+device); the arrays' other structures are built again where they are needed.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def same_device(a: torch.device, b: torch.device) -> bool:
+    """Whether two device names mean the same device (``cuda`` is the current CUDA device)."""
+    return normalize_device(a) == normalize_device(b)
+
+
+def normalize_device(device: torch.device) -> torch.device:
+    """``device`` with its index filled in (``cuda`` → ``cuda:<current>``) where that is known."""
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+@dataclass
+class DerivedState:
+    """Structures derived from one index object's arrays (see the module docstring).
+
+    Attributes:
+        forward: the document-major copy ``(indptr, terms, weights)``
+            (:func:`gpusparse.layout.forward.forward_index`).
+        layouts: tiled layouts by key (:func:`gpusparse.layout.tiled.tiled_layout`).
+        max_scores_host: the lists' largest weights, float64 on the host.
+        max_score: the largest of them.
+        min_weight: the smallest document weight (+inf for an empty index).
+        graphs: the tiled engine's captured CUDA graphs, least recently used first.
+        copy: ``(device, index)``: the copy searched on another device
+            (:meth:`PostingLists.resident_on`).
+    """
+
+    forward: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    layouts: dict[tuple, Any] = field(default_factory=dict)
+    max_scores_host: np.ndarray | None = None
+    max_score: float | None = None
+    min_weight: float | None = None
+    graphs: OrderedDict = field(default_factory=OrderedDict)
+    copy: tuple[torch.device, Any] | None = None
+
+    def share_host_statistics(self, other: DerivedState) -> None:
+        """Take ``other``'s device-independent statistics."""
+        self.max_scores_host, self.max_score, self.min_weight = other.max_scores_host, other.max_score, other.min_weight
+
+    def copy_on(self, device: torch.device) -> Any:
+        """The kept copy on ``device``, or ``None``."""
+        if self.copy is not None and same_device(self.copy[0], device):
+            return self.copy[1]
+        return None
+
+    def keep_copy(self, device: torch.device, index: Any) -> None:
+        """Keep ``index`` as the copy on ``device`` (replacing any other)."""
+        self.copy = (normalize_device(device), index)

@@ -1,0 +1,207 @@
+"""The tiled layout: postings regrouped by (document tile, term), as the tiled engine reads them.
+
+Documents are cut into tiles of ``2**tile_bits``; postings are stored tile-major, then
+term-major, then by document: ``offs`` (int16 holding the unsigned 16-bit offset inside the
+tile) and ``wts`` (float32, 30-bit fixed-point integers, or 8-bit levels), with
+``seg[tile * V + term]`` the start of each (tile, term) segment — 6 bytes a posting instead
+of the paper's 8, and no padding. Segments covering a large share of a tile are stored
+densely, one weight per document of the tile. The engine that searches it is
+:mod:`gpusparse.engines.tiled`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+
+from ..quantize import levels
+from .forward import forward_copy
+from .postings import PostingLists, real_postings
+from .statistics import max_score
+
+# Tile size and dense-segment threshold by weight type, measured best at 8.8M x 256 on an
+# H200 (bench/results/2026-11-26-H200-profile-tiled-8.8M-v9-layout.json, -v11-fixed.json):
+# fixed-point float32 weights (integer products) 8,192-document tiles with segments covering
+# 12% of a tile stored densely; float32 weights with float64 products (the fallback) half a
+# tile, as float64 dense sums cost more; 8-bit levels 8,192-document tiles and 12% since the
+# kernel's launch shape follows the tile size (...-v13-q8.json: 10.3 / 8.0 ms at k = 1000 /
+# 10 against 11.0 / 9.4 ms with 16,384-document tiles; 16K had won with 512 threads at 8K).
+DEFAULT_LAYOUT = {"fixed": (13, 0.12), "float32": (13, 0.5), "uint8": (13, 0.12)}
+DEFAULT_TILE_BITS, DEFAULT_DENSE_MIN = DEFAULT_LAYOUT["fixed"]
+# Dense segments pay where there are many blocks (throughput); with few tiles a block's own
+# latency shows and the dense phase (a pass over the whole tile per dense term) costs more
+# than the atomics it saves: below SMALL_TILES tiles, fixed-point weights use this threshold
+# (bench/results/2026-11-26-H200-fixed-ab.log: 50K documents, batch 1, 12% dense 2.3-2.8 ms
+# against 1.7-1.9 ms at 50%; at 1M batch 1 equal, batch 1024 72.4K QPS at 12% (final6)
+# against 62.9K at 50% (final7); at 8.8M x 256 12% is 10-20% faster).
+SMALL_TILES, SMALL_DENSE_MIN = 32, 0.5
+AUTO = "auto"
+MAX_TILE_BITS = 16  # offsets are 16-bit
+
+
+@dataclass(frozen=True)
+class TiledIndex:
+    """Postings regrouped by (tile, term); see the module docstring."""
+
+    tile_bits: int
+    n_docs: int
+    n_terms: int
+    seg: torch.Tensor  # int64 [n_tiles * n_terms + 1]
+    offs: torch.Tensor  # int16 [P] (unsigned offset inside the tile)
+    wts: torch.Tensor  # float32 [P], or uint8 levels (weight = level · step) of a quantized index
+    dense_id: torch.Tensor  # int32 [n_tiles * n_terms]: row of `dense`, or -1 for a sparse segment
+    dense: torch.Tensor  # wts's dtype [n_dense, 2**tile_bits]: weights by offset, 0 where absent
+    step: float = 1.0  # what a stored weight is worth (1 for float32 weights)
+    # Fixed-point float32 weights (int32 storage): stored = round(weight · 2**weight_bits).
+    weight_bits: int | None = None
+    # int32 [n_tiles * n_terms]: real postings of each term in earlier tiles, i.e. where a
+    # tile's share of the term's list starts in the index's own list; it narrows the binary
+    # searches of canonical rescoring from the whole list (~22 steps) to one tile's share.
+    list_pos: torch.Tensor | None = None
+    # The index's document-major copy (gpusparse.kernels.forward_index: indptr, terms,
+    # weights), kept with a layout built on a GPU: rescoring reads a candidate's ~120
+    # postings in order instead of binary-searching each query term's list (bench/NOTES.md).
+    forward: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def n_tiles(self) -> int:
+        """Number of document tiles."""
+        return (self.n_docs + (1 << self.tile_bits) - 1) >> self.tile_bits
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes of the arrays."""
+        arrays = (self.seg, self.offs, self.wts, self.dense_id, self.dense, self.list_pos, *(self.forward or ()))
+        return sum(t.numel() * t.element_size() for t in arrays if t is not None)
+
+
+def build_tiled(
+    index: PostingLists,
+    tile_bits: int = DEFAULT_TILE_BITS,
+    *,
+    dense_min: float | None = DEFAULT_DENSE_MIN,
+    fixed: bool = False,
+    chunk: int = 1 << 23,
+) -> TiledIndex:
+    """Regroup an index's postings by (tile, term), on the index's device.
+
+    No sort is needed: inside a term's list documents are ascending, so each tile's share
+    of the list is contiguous and keeps its order; a posting's new position is its
+    (tile, term) segment start plus its rank inside that share. Temporaries are bounded by
+    ``chunk`` postings (~100 bytes each: 2**23 keep the build within ~1 GB beside the index)
+    plus a few ``[n_tiles, V]`` count matrices.
+
+    Segments holding at least ``dense_min`` of a tile's documents are stored densely instead
+    (one weight per document of the tile): the kernel adds them with coalesced reads into
+    registers, without shared-memory atomics. ``None`` keeps every segment sparse.
+
+    A quantized index (:mod:`gpusparse.quantize`) stores its weights as uint8 levels: 3
+    bytes a sparse posting, 1 a dense slot. ``fixed`` (float32 weights only) stores them in
+    fixed point, ``round(w · 2**b)`` with the largest weight below ``2**30``, so the kernel
+    multiplies integers; the rounding is covered by the fixed-point margin
+    (:func:`gpusparse.engines.tiled.fixed_point.fixed_point`).
+    """
+    if not 1 <= tile_bits <= MAX_TILE_BITS:
+        raise ValueError(f"tile_bits must be in 1..{MAX_TILE_BITS}")
+    dev = index.device
+    n_terms, n_docs = len(index.vocab), index.n_docs
+    n_tiles = max(1, (n_docs + (1 << tile_bits) - 1) >> tile_bits)
+    lengths = index.lengths.to(torch.int64)
+    list_start = torch.cumsum(lengths, 0) - lengths  # start of each list among real postings
+    counts = torch.zeros(n_tiles * n_terms, dtype=torch.int64, device=dev)
+    for _, _, term, pos in real_postings(index, chunk):
+        tile = index.doc_ids[pos].to(torch.int64) >> tile_bits
+        counts += torch.bincount(tile * n_terms + term, minlength=n_tiles * n_terms)
+    is_dense = counts >= max(1, int(dense_min * (1 << tile_bits))) if dense_min is not None else counts < 0
+    n_dense = int(is_dense.sum())
+    quant = index.quantization
+    fixed = fixed and quant is None
+    wdtype, step = (torch.uint8, quant.step) if quant is not None else (torch.float32, 1.0)
+    weight_bits = None
+    if fixed:
+        wdtype, weight_bits = torch.int32, fixed_weight_bits(max_score(index))
+
+    def stored(scores: torch.Tensor) -> torch.Tensor:
+        if weight_bits is not None:
+            return torch.round(scores.to(torch.float64) * 2.0**weight_bits).to(torch.int32)  # < 2**30
+        if quant is None:
+            return scores
+        return levels(scores, step, quant.bits).to(torch.uint8)  # exact: scores are level · step
+
+    dense_id = torch.full((n_tiles * n_terms,), -1, dtype=torch.int32, device=dev)
+    dense_id[is_dense] = torch.arange(n_dense, dtype=torch.int32, device=dev)
+    dense = torch.zeros((n_dense, 1 << tile_bits), dtype=wdtype, device=dev)
+    sparse_counts = torch.where(is_dense, torch.zeros_like(counts), counts)
+    seg = torch.zeros(n_tiles * n_terms + 1, dtype=torch.int64, device=dev)
+    torch.cumsum(sparse_counts, 0, out=seg[1:])
+    # Postings of term t in tiles before tile b: the rank offset of the (b, t) share.
+    before = torch.cumsum(counts.view(n_tiles, n_terms), 0) - counts.view(n_tiles, n_terms)
+    n_sparse = int(seg[-1])
+    offs = torch.empty(n_sparse, dtype=torch.int16, device=dev)
+    wts = torch.empty(n_sparse, dtype=wdtype, device=dev)
+    mask = (1 << tile_bits) - 1
+    for a, b, term, pos in real_postings(index, chunk):
+        doc = index.doc_ids[pos].to(torch.int64)
+        tile = doc >> tile_bits
+        key = tile * n_terms + term
+        off = doc & mask
+        did = dense_id[key].to(torch.int64)
+        d = did >= 0
+        dense[did[d], off[d]] = stored(index.scores[pos[d]])
+        s = ~d
+        rank = torch.arange(a, b, device=dev)[s] - list_start[term[s]]  # rank inside the term's list
+        new = seg[key[s]] + rank - before[tile[s], term[s]]
+        offs[new] = torch.where(off[s] >= 1 << 15, off[s] - (1 << 16), off[s]).to(torch.int16)
+        wts[new] = stored(index.scores[pos[s]])
+    list_pos = before.reshape(-1).to(torch.int32)  # < n_docs
+    return TiledIndex(tile_bits, n_docs, n_terms, seg, offs, wts, dense_id, dense, step, weight_bits, list_pos)
+
+
+def fixed_weight_bits(max_weight: float) -> int:
+    """``b`` with ``max_weight · 2**b < 2**30``, the largest such (fixed-point weights)."""
+    if not max_weight > 0:
+        return 0
+    return 30 - math.frexp(max_weight)[1]
+
+
+def default_layout(index: PostingLists, fixed: bool = False) -> tuple[int, float]:
+    """``(tile_bits, dense_min)`` for this index's weights (see :data:`DEFAULT_LAYOUT`)."""
+    if index.quantization is not None:
+        return DEFAULT_LAYOUT["uint8"]
+    bits, dense_min = DEFAULT_LAYOUT["fixed" if fixed else "float32"]
+    if fixed and (index.n_docs >> bits) < SMALL_TILES:
+        dense_min = SMALL_DENSE_MIN
+    return bits, dense_min
+
+
+def tiled_layout(
+    index: PostingLists,
+    tile_bits: int | None = None,
+    dense_min: float | str | None = AUTO,
+    fixed: bool = False,
+    *,
+    forward: bool = False,
+) -> TiledIndex:
+    """The index's tiled layout, built once per index object and kept in its derived state.
+
+    ``tile_bits=None`` and ``dense_min="auto"`` take :func:`default_layout`'s values;
+    ``dense_min=None`` keeps every segment sparse; ``fixed``: fixed-point float32 weights
+    (see :func:`build_tiled`). ``forward``: a layout built now also holds the index's forward
+    copy (:func:`~gpusparse.layout.forward.forward_copy`, 8 bytes a posting, shared with the
+    doc-parallel kernel's) for rescoring; the engine asks for it on a GPU with the CUDA
+    kernels, not for a layout to be streamed.
+    """
+    fixed = fixed and index.quantization is None
+    auto_bits, auto_dense = default_layout(index, fixed)
+    tile_bits = auto_bits if tile_bits is None else tile_bits
+    dense_min = auto_dense if dense_min == AUTO else dense_min
+    key = (tile_bits, dense_min, fixed)
+    layouts = index.derived.layouts
+    if key not in layouts:
+        layout = build_tiled(index, tile_bits, dense_min=dense_min, fixed=fixed)
+        if forward:
+            layout = replace(layout, forward=forward_copy(index))
+        layouts[key] = layout
+    return layouts[key]

@@ -1,0 +1,140 @@
+"""Queries from what users pass to a batch on a device, in the shapes kernels read.
+
+:func:`as_queries` accepts a :class:`~gpusparse.collection.SparseCollection`, a scipy sparse
+matrix or a list of ``{token: weight}`` dicts and checks the vocabulary against the index's;
+:func:`prepare_queries` also quantizes them like a quantized index's documents;
+:func:`query_batch` lays a batch out on a device (:class:`QueryBatch`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from .collection import SparseCollection
+from .errors import InputError
+from .quantize import quantize_queries
+from .transfer import to_device
+from .vocab import Vocabulary
+
+if TYPE_CHECKING:
+    from .quantize import Quantization
+
+
+def as_queries(queries: object, vocab: Vocabulary) -> SparseCollection:
+    """Turn what :meth:`Index.search` accepts into a collection checked against ``vocab``."""
+    if isinstance(queries, SparseCollection):
+        q = queries
+    elif sp.issparse(queries):
+        q = SparseCollection.from_scipy(queries)
+    elif isinstance(queries, Sequence) and all(isinstance(v, Mapping) for v in queries):
+        q = SparseCollection.from_dicts(queries, vocab=vocab)
+    else:
+        raise TypeError("queries must be a SparseCollection, a scipy sparse matrix or a list of {token: weight} dicts")
+    check_vocab(q.vocab, vocab)
+    return q
+
+
+def prepare_queries(queries: object, vocab: Vocabulary, quantization: Quantization | None) -> SparseCollection:
+    """:func:`as_queries`, then quantized like the index's documents when they are."""
+    q = as_queries(queries, vocab)
+    if quantization is not None:
+        q = quantize_queries(q, quantization.bits)
+    return q
+
+
+def check_vocab(query_vocab: Vocabulary, index_vocab: Vocabulary) -> None:
+    """Refuse queries whose term ids would mean other tokens than the index's.
+
+    An integer (anonymous) query vocabulary is compatible with any index vocabulary at
+    least as large; two token vocabularies must be identical.
+    """
+    if query_vocab.is_integer or index_vocab.is_integer:
+        if len(query_vocab) > len(index_vocab):
+            raise InputError(
+                f"queries use a vocabulary of {len(query_vocab)} terms but the index has {len(index_vocab)}",
+                field="vocabulary",
+            )
+        if not (query_vocab.is_integer or len(query_vocab) == len(index_vocab)):
+            raise InputError("queries use a token vocabulary of another size than the index's", field="vocabulary")
+        return
+    if query_vocab != index_vocab:
+        raise InputError(
+            f"the queries' vocabulary ({query_vocab.fingerprint[:12]}, {len(query_vocab)} tokens) is not the "
+            f"index's ({index_vocab.fingerprint[:12]}, {len(index_vocab)} tokens)",
+            field="vocabulary",
+        )
+
+
+class QueryBatch(NamedTuple):
+    """A query batch on a device, in the two shapes kernels want.
+
+    ``rows``/``terms``/``weights``: one entry per (query, term) pair, in CSR order;
+    ``padded_terms``/``padded_weights``: ``[B, T]`` with ``-1``/``0`` padding, terms
+    ascending in each row (the canonical summation order); ``n_terms``: ``[B]``.
+    """
+
+    rows: torch.Tensor
+    terms: torch.Tensor
+    weights: torch.Tensor
+    padded_terms: torch.Tensor
+    padded_weights: torch.Tensor
+    n_terms: torch.Tensor
+    # The same padded terms, weights and lengths on the host (for host-side planning).
+    host: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+
+    def host_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Padded terms, padded weights and lengths on the host (copied back if not kept)."""
+        if self.host is not None:
+            return self.host
+        return self.padded_terms.cpu().numpy(), self.padded_weights.cpu().numpy(), self.n_terms.cpu().numpy()
+
+
+def query_batch(queries: SparseCollection, device: torch.device) -> QueryBatch:
+    """Move a (canonical, term-sorted) query batch to ``device``.
+
+    Laid out on the host and moved in one copy (:func:`to_device`): a batch is small, and
+    each device operation costs more host time than the arithmetic.
+    """
+    return _batch_from_csr(queries.indptr, queries.indices, queries.values, device)
+
+
+def batch_rows(batch: QueryBatch, rows: np.ndarray, device: torch.device) -> QueryBatch:
+    """The queries ``rows`` of ``batch`` as a batch of their own (from its host arrays)."""
+    terms, weights, lengths = (a[rows] for a in batch.host_arrays())
+    indptr = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=indptr[1:])
+    valid = terms >= 0  # padding sits at the end of each row: row-major order is CSR order
+    return _batch_from_csr(indptr, terms[valid], weights[valid], device)
+
+
+def _batch_from_csr(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, device: torch.device) -> QueryBatch:
+    lengths = np.diff(indptr).astype(np.int64)
+    b, nnz = len(lengths), int(indices.size)
+    width = int(lengths.max()) if b else 0
+    real = np.arange(width) < lengths[:, None]  # row-major order of the real slots is CSR order
+    rows = np.repeat(np.arange(b, dtype=np.int64), lengths)
+    ints = np.empty(2 * nnz + b * width + b, dtype=np.int64)  # rows | terms | padded terms | lengths
+    ints[:nnz] = rows
+    ints[nnz : 2 * nnz] = indices
+    padded = ints[2 * nnz : 2 * nnz + b * width].reshape(b, width)
+    padded.fill(-1)
+    padded[real] = indices
+    ints[2 * nnz + b * width :] = lengths
+    floats = np.zeros(nnz + b * width, dtype=np.float32)  # weights | padded weights
+    floats[:nnz] = values
+    floats[nnz:].reshape(b, width)[real] = values
+    ints_d, floats_d = to_device([ints, floats], device)
+    return QueryBatch(
+        ints_d[:nnz],
+        ints_d[nnz : 2 * nnz],
+        floats_d[:nnz],
+        ints_d[2 * nnz : 2 * nnz + b * width].view(b, width),
+        floats_d[nnz:].view(b, width),
+        ints_d[2 * nnz + b * width :],
+        (padded, floats[nnz:].reshape(b, width), lengths),
+    )
