@@ -1,0 +1,494 @@
+// The tiled engine's kernel: on-chip accumulation per (document tile, query), candidates out.
+// Launched by gpusparse.kernels.tile_candidates.tiled_candidates, compiled by NVRTC with
+// -DTILE_BITS -DTHREADS -DUNROLL -DMIN_BLOCKS -DACC_MODE -DWT -DINT_W -DFIXED_W (and, for
+// profiling builds only, -DPROFILE_SKIP_DENSE / -DPROFILE_SKIP_SPARSE).
+// WT is passed as one token (-DWT=unsigned_char): these name the two-word types.
+typedef unsigned char unsigned_char;
+typedef unsigned int unsigned_int;
+#ifndef TILE_BITS
+#define TILE_BITS 14
+#endif
+#ifndef THREADS
+#define THREADS 512
+#endif
+#define TILE (1 << TILE_BITS)
+#define PER (TILE / THREADS)  // documents each thread owns in the dense phase
+typedef unsigned long long u64;
+// How a document's fixed-point sum is held in shared memory (see ACC_MODES in Python):
+//   0 "carry": 64 bits as lo/hi 32-bit halves (shared-memory atomics are native for 32
+//     bits; a 64-bit one compiles to a compare-and-swap loop); each product is rounded to
+//     the integer unit and the dense phase sums integers.
+//   1 "u32": a scale that keeps every sum below 2**32; one atomic per posting, half the
+//     shared memory, and the dense phase sums exact float64 products in float64 registers
+//     (rounded once per document: one conversion per element instead of two).
+#ifndef ACC_MODE
+#define ACC_MODE 0
+#endif
+#if ACC_MODE == 0
+#define ACC(i) (((u64)hi[i] << 32) | (u64)lo[i])
+#else
+#define ACC(i) ((u64)lo[i])
+#endif
+// Document weights: float32, or 8-bit levels of a quantized index (the query's scale then
+// includes the index's step).
+#ifndef WT
+#define WT float
+#endif
+// INT_W (mode 1 only): every scaled query weight is an integer (a quantized index and
+// quantized queries), so products are exact 32-bit integer multiplications, no float64.
+#ifndef INT_W
+#define INT_W 0
+#endif
+// FIXED_W (mode 1 only): float32 weights stored as fixed point, d = round(w · 2**b) (WT is
+// unsigned int); each query weight becomes q = round(w_q · mult) and a product is
+// (q · d) >> shift[query], integer arithmetic throughout; the rounding errors are in the
+// margin (see fixed_point in gpusparse.tiled).
+#ifndef FIXED_W
+#define FIXED_W 0
+#endif
+#define INT_PRODUCTS (INT_W || FIXED_W)
+typedef long long i64;
+
+#define MAXT 256  // query terms whose metadata sits in shared memory at once
+#ifndef UNROLL
+#define UNROLL 4
+#endif
+
+// Dense rows are read VEC weights at a time (one vector load).
+#define VEC (PER >= 4 ? 4 : PER)
+template <typename T, int N> struct alignas(sizeof(T) * N) Pack { T v[N]; };
+
+// Shared-memory metadata of a chunk of query terms, compacted (padding and empty segments
+// dropped): the dense rows [0, nd) and the non-empty sparse segments [0, ns). Weights as
+// float64 only where products are float64 (INT_PRODUCTS needs the integer ones only).
+#if INT_PRODUCTS
+#define WMAX 1
+#else
+#define WMAX MAXT
+#endif
+struct Terms {
+    int nd, ns;
+    int* d_row;            // [MAXT] dense row
+    unsigned int* d_wi;    // [MAXT] integer query weight (INT_PRODUCTS)
+    double* d_w;           // [WMAX] float64 query weight
+    i64* s_start;          // [MAXT] first posting of a sparse segment
+    int* s_pref;           // [MAXT + 1] segment lengths, then their exclusive prefix sums
+    unsigned int* s_wi;    // [MAXT]
+    double* s_w;           // [WMAX]
+    int* warp_counts;      // [2 * warps]
+};
+
+#define NWARPS ((THREADS + 31) / 32)
+// A block of tiny tiles may have fewer than 32 threads: warp-wide operations use WL lanes.
+#define WL (THREADS < 32 ? THREADS : 32)
+#define WMASK (WL == 32 ? 0xffffffffu : (1u << WL) - 1u)
+
+// Loads the metadata of query terms [0, nj) of a chunk (all threads), compacted in term order:
+// each warp's entries by ballot, the warps' counts through shared memory. Every load a term
+// needs is issued at once (its dense row and its segment bounds), so one round trip follows
+// the term id's instead of a chain of three.
+__device__ __forceinline__ void load_terms(
+    const int* terms, const float* qw, int nj, double scale, const int* did_tile, const i64* seg_tile, Terms& m)
+{
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    __syncthreads();  // the previous chunk's metadata is no longer read
+    int nd = 0, ns = 0;
+    for (int r0 = 0; r0 < nj; r0 += THREADS) {
+        const int j = r0 + tid;
+        int did = -1, len = 0;
+        i64 start = 0;
+        double w = 0.0;
+        if (j < nj) {
+            const int t = terms[j];
+            w = (double)qw[j] * scale;  // exact: scale is a power of two
+            if (t >= 0) {
+                did = did_tile[t];
+                start = seg_tile[t];
+                len = (int)(seg_tile[t + 1] - start);
+            }
+        }
+        const bool dense = did >= 0, sparse = !dense && len > 0;
+        const unsigned int bd = __ballot_sync(WMASK, dense), bs = __ballot_sync(WMASK, sparse);
+        if (lane == 0) {
+            m.warp_counts[warp] = __popc(bd);
+            m.warp_counts[NWARPS + warp] = __popc(bs);
+        }
+        __syncthreads();
+        int od = nd, os = ns;
+        for (int v = 0; v < NWARPS; ++v) {
+            const int cd = m.warp_counts[v], cs = m.warp_counts[NWARPS + v];
+            if (v < warp) {
+                od += cd;
+                os += cs;
+            }
+            nd += cd;
+            ns += cs;
+        }
+        const unsigned int below = (1u << lane) - 1u;
+        // INT_W: exact (checked by the caller); FIXED_W: rounded to the nearest integer
+        const unsigned int wi = INT_W ? (unsigned int)w : FIXED_W ? __double2uint_rn(w) : 0u;
+        if (dense) {
+            od += __popc(bd & below);
+            m.d_row[od] = did;
+            m.d_wi[od] = wi;
+            if (!INT_PRODUCTS) m.d_w[od] = w;
+        }
+        if (sparse) {
+            os += __popc(bs & below);
+            m.s_start[os] = start;
+            m.s_pref[os] = len;
+            m.s_wi[os] = wi;
+            if (!INT_PRODUCTS) m.s_w[os] = w;
+        }
+        __syncthreads();  // warp_counts is rewritten by the next round
+    }
+    m.nd = nd;
+    m.ns = ns;
+}
+
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 2
+#endif
+// Sparse postings are assigned to segments through a map of NCHUNK equal pieces (each piece's
+// first segment, found by binary search once per block), so a thread's search for its
+// posting's segment starts next to it.
+#define NCHUNK 512
+extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidates(
+    const i64* __restrict__ seg,              // [n_tiles * V + 1] start of each sparse (tile, term) segment
+    const unsigned short* __restrict__ offs,  // [P] document offset inside the tile
+    const WT* __restrict__ wts,               // [P] document weight
+    const int* __restrict__ dense_id,         // [n_tiles * V] row of `dense` for a dense segment, else -1
+    const WT* __restrict__ dense,             // [n_dense, TILE] weights by offset (0 = absent)
+    const int* __restrict__ q_terms,          // [B, T] term ids, -1 padding at the end of a row
+    const float* __restrict__ q_weights,      // [B, T]
+    const double* __restrict__ q_scale,       // [B] power of two: fixed-point units per score unit
+    const i64* __restrict__ q_delta,          // [B] error margin in units
+    const int* __restrict__ q_shift,          // [B] FIXED_W: right shift of each product
+    const int T, const int V, const int n_docs, const int k, const int tile0, const int select,
+    u64* __restrict__ theta,                  // [B] running lower bound of the k-th best score
+    int* __restrict__ cand_count,             // [B]
+    int* __restrict__ cand_doc,               // [B, cap]
+    u64* __restrict__ cand_val,               // [B, cap]
+    const int cap)
+{
+    extern __shared__ unsigned int smem[];
+    unsigned int* lo = smem;
+    unsigned int* hi = smem + TILE;  // unused (not allocated) in mode 1
+    // The radix histogram of the selection, and before it the sparse phase's chunk map.
+    __shared__ unsigned int hist[256];
+    unsigned short* s_chunk = reinterpret_cast<unsigned short*>(hist);
+    __shared__ int d_row[MAXT], s_pref[MAXT + 1], warp_counts[2 * NWARPS];
+    __shared__ unsigned int d_wi[MAXT], s_wi[MAXT];
+    __shared__ i64 s_start[MAXT];
+    __shared__ double d_w[WMAX], s_w[WMAX];
+    __shared__ u64 s_max, s_val, s_th0;
+    __shared__ unsigned int s_above;
+    __shared__ int s_bucket;
+    Terms meta{0, 0, d_row, d_wi, d_w, s_start, s_pref, s_wi, s_w, warp_counts};
+
+    const int q = blockIdx.x;
+    const int tile = tile0 + blockIdx.y;  // waves of tiles: see gpusparse.tiled
+    const int tid = threadIdx.x;
+    const int nt = blockDim.x;
+    const int base = tile << TILE_BITS;
+    const int width = min(TILE, n_docs - base);
+
+    // The query's running threshold, read now so its latency hides behind the accumulation
+    // (it only grows: an older value is still a valid bound for the early exit below).
+    if (tid == 0) {
+        s_max = 0ull;
+        s_th0 = __ldcg(&theta[q]);
+    }
+    const double scale = q_scale[q];
+    const int sh = FIXED_W ? q_shift[q] : 0;
+    const int* terms = q_terms + (i64)q * T;
+    const float* qw = q_weights + (i64)q * T;
+    const i64* seg_tile = seg + (i64)tile * V;
+    const int* did_tile = dense_id + (i64)tile * V;
+
+    // The query's terms are handled in chunks of MAXT: their metadata (weight, dense row,
+    // sparse segment) is loaded by all threads at once into shared memory, instead of by
+    // every thread one term after the other (a chain of dependent global loads).
+    // 1a. Dense segments: each thread owns VEC consecutive documents in each group of
+    //     THREADS * VEC and sums them in registers from coalesced vector reads; the sums
+    //     initialise the shared accumulators.
+#if ACC_MODE == 1 && INT_PRODUCTS
+    unsigned int reg[PER];
+#elif ACC_MODE == 1
+    double reg[PER];
+#else
+    u64 reg[PER];
+#endif
+#pragma unroll
+    for (int r = 0; r < PER; ++r) reg[r] = 0;
+    for (int j0 = 0; j0 < T; j0 += MAXT) {
+        const int nj = min(MAXT, T - j0);
+        load_terms(terms + j0, qw + j0, nj, scale, did_tile, seg_tile, meta);
+#ifdef PROFILE_SKIP_DENSE  // profiling only (bench/profile_tiled.py): results are wrong
+        continue;
+#endif
+        for (int d = 0; d < meta.nd; ++d) {
+            const Pack<WT, VEC>* col = reinterpret_cast<const Pack<WT, VEC>*>(dense + (i64)d_row[d] * TILE);
+            const double w = INT_PRODUCTS ? 0.0 : d_w[d];
+            const unsigned int wi = d_wi[d];
+#pragma unroll
+            for (int g = 0; g < PER / VEC; ++g) {
+                const Pack<WT, VEC> p = col[g * THREADS + tid];
+#pragma unroll
+                for (int v = 0; v < VEC; ++v) {
+#if ACC_MODE == 1 && FIXED_W
+                    reg[g * VEC + v] += (unsigned int)(((u64)wi * (u64)p.v[v]) >> sh);
+#elif ACC_MODE == 1 && INT_W
+                    reg[g * VEC + v] += wi * (unsigned int)p.v[v];
+#elif ACC_MODE == 1
+                    reg[g * VEC + v] = fma(w, (double)p.v[v], reg[g * VEC + v]);  // exact product
+#else
+                    reg[g * VEC + v] += (u64)__double2ll_rn(w * (double)p.v[v]);
+#endif
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < PER / VEC; ++g) {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            const int i = (g * THREADS + tid) * VEC + v;
+#if ACC_MODE == 0
+            lo[i] = (unsigned int)reg[g * VEC + v];
+            hi[i] = (unsigned int)(reg[g * VEC + v] >> 32);
+#elif INT_PRODUCTS
+            lo[i] = reg[g * VEC + v];
+#else
+            lo[i] = (unsigned int)__double2ll_rn(reg[g * VEC + v]);
+#endif
+        }
+    }
+
+    // 1b. Sparse segments: one flat loop over all their postings, so that every thread has
+    //     independent loads in flight whatever the segments' lengths.
+    for (int j0 = 0; j0 < T; j0 += MAXT) {
+        // one chunk (the usual case): its metadata is still there from the dense phase
+        if (T > MAXT) load_terms(terms + j0, qw + j0, min(MAXT, T - j0), scale, did_tile, seg_tile, meta);
+        const int ns = meta.ns;
+        // Exclusive prefix sums of the segment lengths, in place, by the first warp.
+        if (tid < WL) {
+            int carry = 0;
+            for (int c = 0; c < ns; c += WL) {
+                const int len = c + tid < ns ? s_pref[c + tid] : 0;
+                int incl = len;
+                for (int o = 1; o < WL; o <<= 1) {
+                    const int up = __shfl_up_sync(WMASK, incl, o);
+                    if (tid >= o) incl += up;
+                }
+                if (c + tid < ns) s_pref[c + tid] = carry + incl - len;
+                carry += __shfl_sync(WMASK, incl, WL - 1);
+            }
+            if (tid == 0) s_pref[ns] = carry;
+        }
+        __syncthreads();
+#ifdef PROFILE_SKIP_SPARSE  // profiling only: results are wrong
+        const int total = 0;
+#else
+        const int total = s_pref[ns];
+#endif
+        // Chunk map: s_chunk[c] = the segment holding posting c << cs (segments are non-empty,
+        // so the prefix sums increase strictly).
+        int cs = 5;
+        while (total > 0 && ((total - 1) >> cs) >= NCHUNK) ++cs;
+        for (int c = tid; total > 0 && c <= (total - 1) >> cs; c += THREADS) {
+            const int pos = c << cs;
+            int a = 0, b = ns - 1;
+            while (a < b) {
+                const int mid = (a + b + 1) >> 1;
+                if (s_pref[mid] <= pos) a = mid;
+                else b = mid - 1;
+            }
+            s_chunk[c] = (unsigned short)a;
+        }
+        __syncthreads();
+        // UNROLL postings per thread and step: all their loads are issued before the first
+        // atomic, so several global loads are in flight per thread.
+        for (int f0 = tid; f0 < total; f0 += UNROLL * THREADS) {
+            i64 idx[UNROLL];
+            double wq[UNROLL];
+            unsigned int wqi[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                const int f = f0 + u * THREADS;
+                idx[u] = -1;
+                if (f < total) {
+                    int j = s_chunk[f >> cs];
+                    while (s_pref[j + 1] <= f) ++j;  // a piece is at most a few segments
+                    idx[u] = s_start[j] + (f - s_pref[j]);
+                    wq[u] = INT_PRODUCTS ? 0.0 : s_w[j];
+                    wqi[u] = s_wi[j];
+                }
+            }
+            WT wd[UNROLL];
+            unsigned int o[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                if (idx[u] >= 0) {
+                    wd[u] = wts[idx[u]];
+                    o[u] = offs[idx[u]];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                if (idx[u] < 0) continue;
+                // float32 x float32 is exact in float64 (wq holds w_q * scale, a power of two);
+                // one rounding to the integer unit.
+#if FIXED_W
+                const u64 v = ((u64)wqi[u] * (u64)wd[u]) >> sh;
+#elif INT_W
+                const u64 v = (u64)(wqi[u] * (unsigned int)wd[u]);
+#else
+                const u64 v = (u64)__double2ll_rn(wq[u] * (double)wd[u]);
+#endif
+#if ACC_MODE == 0
+                const unsigned int add_lo = (unsigned int)v;
+                const unsigned int old = atomicAdd(&lo[o[u]], add_lo);
+                const unsigned int add_hi = (unsigned int)(v >> 32) + (old + add_lo < old ? 1u : 0u);  // carry
+                if (add_hi) atomicAdd(&hi[o[u]], add_hi);
+#else
+                atomicAdd(&lo[o[u]], (unsigned int)v);
+#endif
+            }
+        }
+    }
+    __syncthreads();
+
+    // 2. The tile's largest score.
+    const int lane = tid & 31;
+#if ACC_MODE == 1 && VEC == 4
+    // 32-bit sums: each thread reads back the groups of four it wrote, one vector load each
+    // (past `width` the sums are 0: no posting or dense weight lies there).
+    const uint4* lo4 = reinterpret_cast<const uint4*>(lo);
+    unsigned int m32 = 0u;
+#pragma unroll
+    for (int g = 0; g < PER / 4; ++g) {
+        const uint4 x = lo4[g * THREADS + tid];
+        m32 = max(m32, max(max(x.x, x.y), max(x.z, x.w)));
+    }
+    m32 = __reduce_max_sync(WMASK, m32);
+    if (lane == 0) atomicMax(&s_max, (u64)m32);
+#else
+    u64 m = 0ull;
+    for (int i = tid; i < width; i += nt) m = max(m, ACC(i));
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_down_sync(0xffffffffu, m, o));
+    if (lane == 0) atomicMax(&s_max, m);
+#endif
+    __syncthreads();
+    const u64 vmax = s_max;
+    if (vmax == 0ull) return;  // no document of this tile matches the query
+    // Nothing to emit if even the tile's best stays below the query's current threshold
+    // (common once earlier waves have set theta): skip the selection passes.
+    {
+        const u64 th0 = s_th0;
+        const u64 d0 = (u64)q_delta[q] + (th0 >> 22);
+        if (th0 > d0 && vmax < th0 - d0) return;
+    }
+
+    // 3. tau: at least k documents of the tile score >= tau (two 8-bit radix passes below
+    //    the top bit; 0 when fewer than k documents match).
+    const int msb = 63 - __clzll((i64)vmax);
+    const int s0 = msb >= 7 ? msb - 7 : 0;
+    //    Skipped (select == 0) once theta comes from earlier waves: it is then a far better
+    //    bound than one tile's k-th, and the two passes over the tile are saved.
+    u64 tau = 0ull;
+    int need = k;
+    for (int pass = 0; pass < (select ? 2 : 0); ++pass) {
+        const int shift = pass == 0 ? s0 : (s0 >= 8 ? s0 - 8 : 0);
+        const int bits = pass == 0 ? 8 : s0 - shift;
+        if (pass == 1 && bits == 0) break;
+        const u64 prefix = tau >> s0;  // pass 1: the bucket chosen in pass 0
+        for (int i = tid; i < 256; i += nt) hist[i] = 0u;
+        __syncthreads();
+        for (int i = tid; i < width; i += nt) {
+            const u64 v = ACC(i);
+            if (v != 0ull && (pass == 0 || (v >> s0) == prefix))
+                atomicAdd(&hist[(v >> shift) & ((1u << bits) - 1u)], 1u);
+        }
+        __syncthreads();
+        if (tid == 0) {
+            unsigned int cum = 0u;
+            int b = (1 << bits) - 1;
+            for (; b >= 0; --b) {
+                if (cum + hist[b] >= (unsigned int)need) break;
+                cum += hist[b];
+            }
+            s_bucket = b;
+            s_above = cum;
+        }
+        __syncthreads();
+        const int b = s_bucket;
+        if (b < 0) { tau = 0ull; break; }  // fewer than k matches (only possible in pass 0)
+        need -= (int)s_above;
+        tau = pass == 0 ? ((u64)b << s0) : (tau | ((u64)b << shift));
+        __syncthreads();  // everyone has read s_bucket before the next pass rewrites it
+    }
+
+    // 4. Raise the query's running threshold and emit the documents within the margin.
+    if (tid == 0) {
+        const u64 old = tau > 0ull ? atomicMax(&theta[q], tau) : atomicAdd(&theta[q], 0ull);
+        s_val = max(old, tau);
+    }
+    __syncthreads();
+    const u64 th = s_val;
+    const u64 d = (u64)q_delta[q] + (th >> 22);  // + one float32 ulp: ties after rounding
+    const u64 thr = th > d ? max(th - d, 1ull) : 1ull;
+#if ACC_MODE == 1 && VEC == 4
+    // Few documents pass: a warp tests 128 of them per step (one vector load a thread) and
+    // only a warp holding some takes the slots, by a prefix sum of its lanes' counts.
+    if (thr > 0xffffffffull) return;  // above every 32-bit sum
+    const unsigned int t32 = (unsigned int)thr;
+    for (int g = 0; g < PER / 4; ++g) {
+        const uint4 x = lo4[g * THREADS + tid];
+        const unsigned int f = (unsigned int)(x.x >= t32) | ((unsigned int)(x.y >= t32) << 1) |
+                               ((unsigned int)(x.z >= t32) << 2) | ((unsigned int)(x.w >= t32) << 3);
+        if (__ballot_sync(WMASK, f != 0u) == 0u) continue;
+        const int cnt = __popc(f);
+        int incl = cnt;
+        for (int o = 1; o < WL; o <<= 1) {
+            const int up = __shfl_up_sync(WMASK, incl, o);
+            if (lane >= o) incl += up;
+        }
+        int first = 0;
+        if (lane == WL - 1) first = atomicAdd(&cand_count[q], incl);
+        first = __shfl_sync(WMASK, first, WL - 1);
+        int slot = first + incl - cnt;
+        const int i = (g * THREADS + tid) * 4;
+        const unsigned int xv[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+        for (int v = 0; v < 4; ++v) {
+            if ((f >> v) & 1u) {
+                if (slot < cap) {
+                    cand_doc[(i64)q * cap + slot] = base + i + v;
+                    cand_val[(i64)q * cap + slot] = xv[v];
+                }
+                ++slot;
+            }
+        }
+    }
+#else
+    for (int i0 = 0; i0 < width; i0 += nt) {
+        const int i = i0 + tid;
+        const u64 v = i < width ? ACC(i) : 0ull;
+        const bool emit = v >= thr;
+        const unsigned int mask = __ballot_sync(0xffffffffu, emit);
+        if (mask == 0u) continue;
+        const int leader = __ffs(mask) - 1;
+        int first = 0;
+        if (lane == leader) first = atomicAdd(&cand_count[q], __popc(mask));
+        first = __shfl_sync(0xffffffffu, first, leader);
+        if (emit) {
+            const int slot = first + __popc(mask & ((1u << lane) - 1u));
+            if (slot < cap) {
+                cand_doc[(i64)q * cap + slot] = base + i;
+                cand_val[(i64)q * cap + slot] = v;
+            }
+        }
+    }
+#endif
+}
