@@ -8,7 +8,7 @@ import scipy.sparse as sp
 import torch
 
 from gpusparse import Index, SparseCollection
-from gpusparse.kernels.tiled import ACC_TOP
+from gpusparse.kernels.tile_candidates import ACC_TOP
 from gpusparse.search import query_batch
 from gpusparse.tiled import build_tiled, choose_acc, fixed_point, tiled_search
 
@@ -18,9 +18,9 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def cuda_kernel_available() -> bool:
-    from gpusparse.kernels import tiled
+    from gpusparse.kernels import cupy_launch
 
-    return tiled.available()
+    return cupy_launch.available()
 
 
 @pytest.mark.parametrize("dense_min", [None, 0.3, 0.01])
@@ -255,7 +255,7 @@ def test_cuda_kernel_with_long_queries_and_long_segments():
 def test_cuda_compaction_equals_the_pytorch_one():
     if not cuda_kernel_available():
         pytest.skip("needs CuPy")
-    from gpusparse.kernels.tiled import compact_candidates
+    from gpusparse.kernels.compact import compact_candidates
     from gpusparse.tiled import FixedPoint, _compact
 
     rng = np.random.default_rng()
