@@ -11,11 +11,19 @@ Prints (and writes ``<out>/anatomy.json``):
 
 Under ``ncu`` give ``--ncu``: the script then only warms up and runs one search, whose third
 wave (``--launch-skip 2 --launch-count 1 -k regex:tiled_candidates``) is the big one.
+
+``--baseline old/rescore.cu ...`` times older kernel sources the same way: each is a ``.cu``
+file named as the one of ``src/gpusparse/kernels/cuda/`` it replaces (e.g.
+``git show SHA:src/gpusparse/kernels/cuda/rescore.cu > old/rescore.cu``; from a commit before
+the sources were files, save the text of the module's ``CUDA_SOURCE`` string, and for
+``tile_candidates.cu`` add the two typedefs that now open that file). The searches then
+compile it (:func:`gpusparse.kernels.cupy_launch.variant`) in place of the package's.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -26,13 +34,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from gpusparse.tiled import DEFAULT_FIXED, tiled, tiled_search
+
 import gpusparse.search as search_mod
 from gpusparse import Index, SparseCollection, Vocabulary
-from gpusparse.kernels import rescore
-from gpusparse.kernels import tiled as cuda
+from gpusparse.kernels.cupy_launch import source, variant
 from gpusparse.search import query_batch
 from gpusparse.synthetic import generate
-from gpusparse.tiled import DEFAULT_FIXED, tiled, tiled_search
 
 
 def block_work(tl, batch) -> dict[str, float]:
@@ -99,7 +107,7 @@ def main() -> None:
         "--baseline",
         nargs="*",
         default=[],
-        help="older kernels/tiled.py or kernels/rescore.py files to time the same way",
+        help="older kernels/cuda/*.cu files (named as the file each replaces) to time the same way",
     )
     args = p.parse_args()
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
@@ -121,60 +129,59 @@ def main() -> None:
     out["work"] = block_work(tl, batch)
     print(json.dumps(out["layout"]), json.dumps(out["work"]), flush=True)
     sources = [("current", None)] + [(Path(b).name, Path(b)) for b in args.baseline]
+    for path in [p for _, p in sources if p is not None]:
+        source(path.name)  # refuses a name that is not a kernel source of the package
     for label, path in sources:
-        if path is not None:  # an older kernels/tiled.py or rescore.py: its CUDA source, same launcher
-            namespace: dict = {"__name__": "baseline"}
-            text = path.read_text()
-            source = text[text.index('CUDA_SOURCE = r"""') :]
-            exec(compile(source[: source.index('"""', 20) + 3], str(path), "exec"), namespace)
-            if "candidate_keys" in namespace["CUDA_SOURCE"]:
-                rescore.CUDA_SOURCE = namespace["CUDA_SOURCE"]
-                rescore._module.cache_clear()
-            else:
-                cuda.CUDA_SOURCE = namespace["CUDA_SOURCE"]
-                cuda._kernel.cache_clear()
-        for k in args.ks:
-            exact = None
-            if args.check:
-                ref = index.search(queries, k, kernel="scatter" if args.device == "cuda" else "reference")
-                s_, i_ = tiled_search(index, batch, k)
-                exact = bool(torch.equal(i_.cpu(), ref.ids) and torch.equal(s_.cpu(), ref.scores))
-            for _ in range(3):
-                tiled_search(index, batch, k)
-            walls = []
-            for _ in range(10):
+        # A baseline compiles from its file, same launcher, for this label's searches only.
+        scope = variant(path.name, code=path.read_text()) if path is not None else contextlib.nullcontext()
+        with scope:
+            measure(args, index, queries, batch, sync, out, label)
+    (args.out / "anatomy.json").write_text(json.dumps(out, indent=2))
+
+
+def measure(args, index, queries, batch, sync, out: dict, label: str) -> None:
+    """Time the searches at each k for one set of kernel sources; adds ``out[f"{label}-k{k}"]``."""
+    for k in args.ks:
+        exact = None
+        if args.check:
+            ref = index.search(queries, k, kernel="scatter" if args.device == "cuda" else "reference")
+            s_, i_ = tiled_search(index, batch, k)
+            exact = bool(torch.equal(i_.cpu(), ref.ids) and torch.equal(s_.cpu(), ref.scores))
+        for _ in range(3):
+            tiled_search(index, batch, k)
+        walls = []
+        for _ in range(10):
+            sync()
+            t0 = time.perf_counter()
+            tiled_search(index, batch, k)
+            sync()
+            walls.append((time.perf_counter() - t0) * 1e3)
+        trace = args.out / f"trace-{label}-k{k}.json" if args.trace else None
+        h2h_by = {}  # the same batch host to host: Index.search (queries in, top-k back on the host)
+        for pinned in (False, True):
+            search_mod.PINNED_RESULTS = pinned
+            host = []
+            for rep in range(12):
                 sync()
                 t0 = time.perf_counter()
-                tiled_search(index, batch, k)
+                index.search(queries, k, batch_size=len(queries))
                 sync()
-                walls.append((time.perf_counter() - t0) * 1e3)
-            trace = args.out / f"trace-{label}-k{k}.json" if args.trace else None
-            h2h_by = {}  # the same batch host to host: Index.search (queries in, top-k back on the host)
-            for pinned in (False, True):
-                search_mod.PINNED_RESULTS = pinned
-                host = []
-                for rep in range(12):
-                    sync()
-                    t0 = time.perf_counter()
-                    index.search(queries, k, batch_size=len(queries))
-                    sync()
-                    if rep >= 2:
-                        host.append((time.perf_counter() - t0) * 1e3)
-                h2h_by[pinned] = statistics.median(host)
-            wall, ops = device_ops(lambda: tiled_search(index, batch, k), sync, trace)  # noqa: B023
-            busy = sum(o["device_ms"] for o in ops)
-            med = statistics.median(walls)
-            h2h = h2h_by[True]
-            row = {"wall_ms_median": med, "index_search_ms_median": h2h, "profiled_wall_ms": wall, "exact": exact}
-            row["index_search_ms_median_pageable_results"] = h2h_by[False]
-            out[f"{label}-k{k}"] = {**row, "ops": ops}
-            print(f"--- {label} k={k}: wall median {med:.2f} ms (exact {exact}), Index.search {h2h:.2f} ms "
-                  f"(pageable results {h2h_by[False]:.2f} ms); "
-                  f"profiled call {wall:.2f} ms, "
-                  f"device busy {busy:.2f} ms, idle {wall - busy:.2f} ms")  # fmt: skip
-            for o in ops[:8]:
-                print(f"  {o['device_ms']:8.3f} ms  x{o['count']:<4d} {o['op']}")
-    (args.out / "anatomy.json").write_text(json.dumps(out, indent=2))
+                if rep >= 2:
+                    host.append((time.perf_counter() - t0) * 1e3)
+            h2h_by[pinned] = statistics.median(host)
+        wall, ops = device_ops(lambda: tiled_search(index, batch, k), sync, trace)  # noqa: B023
+        busy = sum(o["device_ms"] for o in ops)
+        med = statistics.median(walls)
+        h2h = h2h_by[True]
+        row = {"wall_ms_median": med, "index_search_ms_median": h2h, "profiled_wall_ms": wall, "exact": exact}
+        row["index_search_ms_median_pageable_results"] = h2h_by[False]
+        out[f"{label}-k{k}"] = {**row, "ops": ops}
+        print(f"--- {label} k={k}: wall median {med:.2f} ms (exact {exact}), Index.search {h2h:.2f} ms "
+              f"(pageable results {h2h_by[False]:.2f} ms); "
+              f"profiled call {wall:.2f} ms, "
+              f"device busy {busy:.2f} ms, idle {wall - busy:.2f} ms")  # fmt: skip
+        for o in ops[:8]:
+            print(f"  {o['device_ms']:8.3f} ms  x{o['count']:<4d} {o['op']}")
 
 
 if __name__ == "__main__":

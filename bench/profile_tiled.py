@@ -2,6 +2,11 @@
 
 Usage (GPU machine): python bench/profile_tiled.py --out $OUT --commit SHA [--sizes 1000000]
 Writes ``<out>/<date>-<card>-profile-tiled.json`` and prints a table last.
+
+Kernel variants (``--threads``, ``--unroll``, ``--min-blocks``, ``--phases``) are passed to
+the launcher as arguments; the whole search (``search_ms``) runs the engine's own launches, at
+the launcher's default shape whatever the swept one, and ``--search-phases`` compiles the
+phases out of it by :func:`gpusparse.kernels.cupy_launch.variant`.
 """
 
 from __future__ import annotations
@@ -19,12 +24,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from gpusparse.tiled import fixed_point, initial_capacity, kernel_scale, tiled, tiled_search
+
 from gpusparse import Index, SparseCollection, Vocabulary
-from gpusparse.kernels import tiled as cuda
+from gpusparse.kernels import tile_candidates
+from gpusparse.kernels.cupy_launch import variant
 from gpusparse.quantize import quantize_queries
 from gpusparse.search import query_batch
 from gpusparse.synthetic import generate
-from gpusparse.tiled import fixed_point, initial_capacity, kernel_scale, tiled, tiled_search
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernels import time_events  # bench/kernels.py: one timing helper for both scripts
@@ -49,17 +56,18 @@ def wall(fn, reps: int = 10, warmup: int = 2) -> float:
     return statistics.median(out)
 
 
-def run_kernel(tl, batch, terms32, fp, k, bufs, acc) -> None:
-    """One launch of the tiled kernel into preallocated candidate buffers."""
+def run_kernel(tl, batch, terms32, fp, k, bufs, acc, **build) -> None:
+    """One launch of the tiled kernel into preallocated candidate buffers; ``build``: the
+    launcher's build knobs (threads, unroll, min_blocks, defines)."""
     theta, count, cand_doc, cand_val = bufs
     theta.zero_()
     count.zero_()
     q_scale = kernel_scale(tl, fp)
-    cuda.tiled_candidates(
+    tile_candidates.tiled_candidates(
         tl.seg, tl.offs, tl.wts, tl.dense_id, tl.dense, terms32, batch.padded_weights, q_scale, fp.delta,
         n_docs=tl.n_docs, n_terms=tl.n_terms, tile_bits=tl.tile_bits, k=k, acc=acc, q_shift=fp.shift,
         int_weights=tl.wts.dtype == torch.uint8,
-        theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
+        theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val, **build,
     )  # fmt: skip
 
 
@@ -132,16 +140,15 @@ def main() -> None:
                     cand_val = torch.empty((b, cap), dtype=torch.int64, device="cuda")
                     combos = [(t, u, mb) for t in args.threads for u in args.unroll for mb in args.min_blocks]
                     for threads, unroll, min_blocks in combos:
-                        cuda.THREADS, cuda.UNROLL, cuda.MIN_BLOCKS = threads or None, unroll, min_blocks or None
+                        shape = {"threads": threads or None, "unroll": unroll, "min_blocks": min_blocks or None}
                         bufs = (theta, count, cand_doc, cand_val)
-                        launch = partial(run_kernel, tl, batch, terms32, fp, k, bufs, acc)
+                        launch = partial(run_kernel, tl, batch, terms32, fp, k, bufs, acc, **shape)
                         k_ms = events(launch)
                         phase_ms = {}
                         if args.phases:
                             for skip in ("PROFILE_SKIP_DENSE", "PROFILE_SKIP_SPARSE"):
-                                cuda.PROFILE_DEFINES = (skip,)
-                                phase_ms[skip.removeprefix("PROFILE_").lower()] = events(launch)
-                            cuda.PROFILE_DEFINES = ()
+                                without = partial(launch, defines=(skip,))
+                                phase_ms[skip.removeprefix("PROFILE_").lower()] = events(without)
                         launch()
                         torch.cuda.synchronize()
                         c = count.to(torch.float64)
@@ -155,9 +162,8 @@ def main() -> None:
                                 ("skip_sparse", ("PROFILE_SKIP_SPARSE",)),
                                 ("skip_both", ("PROFILE_SKIP_DENSE", "PROFILE_SKIP_SPARSE")),
                             ):
-                                cuda.PROFILE_DEFINES = defs
-                                phase_ms[f"search_ms_{name}"] = wall(search)
-                            cuda.PROFILE_DEFINES = ()
+                                with variant(tile_candidates.SOURCE, defines=defs):
+                                    phase_ms[f"search_ms_{name}"] = wall(search)
                         exact = None
                         if ref is not None:
                             s_, i_ = search()

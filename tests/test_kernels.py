@@ -19,6 +19,7 @@ if not torch.cuda.is_available():
 
 import subprocess
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -430,3 +431,148 @@ def test_packed_merge_of_process_results_equals_the_pytorch_merge(runs: int, len
     for bad in (0, runs * b + 1):
         with pytest.raises(ValueError, match="processes' rows"):
             rowsort.merge_gathered_cuda(gathered, bad, 5)
+
+
+# -- the CUDA kernels' launch helper (no GPU, no CuPy: a stand-in records what would compile) --
+
+CUDA_KERNELS = {  # .cu file -> the kernels its launchers look up in it
+    "tile_candidates.cu": ["tiled_candidates"],
+    "compact.cu": ["compact_candidates"],
+    "rescore.cu": ["exact_scores_kernel", "candidate_keys"],
+    "rowsort.cu": ["top_keys", "pack_results", "merge_gathered"],
+}
+
+
+def test_cuda_sources_are_package_data() -> None:
+    """Every launcher's .cu file is in the package, declared as package data, and defines its kernels."""
+    import tomllib
+    from importlib import resources
+    from pathlib import Path
+
+    from gpusparse.kernels import compact, cupy_launch, rescore, rowsort, tile_candidates
+
+    folder = resources.files("gpusparse.kernels").joinpath("cuda")
+    on_disk = sorted(p.name for p in folder.iterdir() if p.name.endswith(".cu"))
+    assert on_disk == sorted(CUDA_KERNELS)
+    assert {m.SOURCE for m in (compact, rescore, rowsort, tile_candidates)} == set(CUDA_KERNELS)
+    for name, kernels in CUDA_KERNELS.items():
+        text = cupy_launch.source(name)
+        for kernel in kernels:
+            assert f" {kernel}(" in text and 'extern "C" __global__' in text, (name, kernel)
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    globs = tomllib.loads(pyproject.read_text())["tool"]["setuptools"]["package-data"]["gpusparse"]
+    assert "kernels/cuda/*.cu" in globs
+
+
+class _FakeCupy:
+    """What get_kernel uses of CuPy: RawModule(code, options).get_function(name), cuda.Device(i)."""
+
+    def __init__(self) -> None:
+        self.compiled: list[tuple[str, tuple[str, ...], int | None]] = []
+        self.device: int | None = None
+        fake = self
+
+        class Device:
+            def __init__(self, index: int | None = None) -> None:
+                self.index = index
+
+            def __enter__(self) -> None:
+                self.before, fake.device = fake.device, self.index
+
+            def __exit__(self, *exc: object) -> None:
+                fake.device = self.before
+
+        class RawModule:
+            def __init__(self, code: str, options: tuple[str, ...] = ()) -> None:
+                fake.compiled.append((code, options, fake.device))
+
+            def get_function(self, name: str) -> SimpleNamespace:
+                return SimpleNamespace(name=name, device=fake.device, max_dynamic_shared_size_bytes=0)
+
+        self.RawModule = RawModule
+        self.cuda = SimpleNamespace(Device=Device)
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch: pytest.MonkeyPatch) -> _FakeCupy:
+    from gpusparse.kernels import cupy_launch
+
+    fake = _FakeCupy()
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(cupy_launch, "_MODULES", {})  # the real caches stay untouched
+    monkeypatch.setattr(cupy_launch, "_KERNELS", {})
+    return fake
+
+
+def test_kernel_cache_keys_on_source_name_options_and_device(fake_cupy: _FakeCupy) -> None:
+    from gpusparse.kernels.cupy_launch import get_kernel, kernel_key
+
+    code = '// a test source\nextern "C" __global__ void a() {}\nextern "C" __global__ void b() {}\n'
+    key = kernel_key(code, "a", ["-DX=1"], 0)
+    assert key == kernel_key(code, "a", ("-DX=1",), 0)
+    others = [
+        kernel_key(code + " ", "a", ["-DX=1"], 0),
+        kernel_key(code, "b", ["-DX=1"], 0),
+        kernel_key(code, "a", ["-DX=2"], 0),
+        kernel_key(code, "a", ["-DX=1", "-DY"], 0),
+        kernel_key(code, "a", ["-DX=1"], 1),
+        kernel_key(code, "a", ["-DX=1"], 0, max_dynamic_shared=1 << 16),
+    ]
+    assert len({key, *others}) == len(others) + 1
+    a0 = get_kernel(code, "a", options=["-DX=1"], device=0)
+    assert a0 is get_kernel(code, "a", options=("-DX=1",), device=0)  # cached
+    assert a0.device == 0 and fake_cupy.compiled == [(code, ("-DX=1",), 0)]
+    get_kernel(code, "b", options=("-DX=1",), device=0)  # same module: no second compilation
+    assert len(fake_cupy.compiled) == 1
+    get_kernel(code, "a", options=("-DX=2",), device=0)
+    a1 = get_kernel(code, "a", options=("-DX=1",), device=1)
+    assert a1 is not a0 and a1.device == 1
+    assert fake_cupy.compiled[1:] == [(code, ("-DX=2",), 0), (code, ("-DX=1",), 1)]
+    big = get_kernel(code, "a", options=("-DX=1",), device=0, max_dynamic_shared=1 << 16)
+    assert big.max_dynamic_shared_size_bytes == 1 << 16 and a0.max_dynamic_shared_size_bytes == 0
+
+
+def test_variant_changes_source_and_defines_only_inside_its_block(fake_cupy: _FakeCupy) -> None:
+    from gpusparse.kernels.cupy_launch import load_kernel, source, variant
+
+    load_kernel("compact.cu", "compact_candidates", device=0)
+    with variant("compact.cu", defines=("PROFILE_X",)):
+        load_kernel("compact.cu", "compact_candidates", options=("-DA",), device=0)
+        load_kernel("rowsort.cu", "top_keys", device=0)  # another file: unchanged
+    with variant("rescore.cu", code="// an older rescore.cu\n"):
+        load_kernel("rescore.cu", "candidate_keys", device=0)
+    load_kernel("rescore.cu", "candidate_keys", device=0)
+    assert fake_cupy.compiled == [
+        (source("compact.cu"), (), 0),
+        (source("compact.cu"), ("-DA", "-DPROFILE_X"), 0),
+        (source("rowsort.cu"), (), 0),
+        ("// an older rescore.cu\n", (), 0),
+        (source("rescore.cu"), (), 0),
+    ]
+
+
+def test_tile_candidates_build_options() -> None:
+    """The launch knobs reach the compile options (profiling passes them instead of setting globals)."""
+    from gpusparse.kernels.tile_candidates import compile_options, launch_shape
+
+    assert launch_shape(13, "u32") == (256, 4)
+    assert launch_shape(13, "u32", threads=512, min_blocks=2) == (512, 2)
+    assert launch_shape(13, "u32", threads=512)[1] == 3  # blocks per SM follow the threads given
+    opts = compile_options(13, 256, 4, 4, "u32", "unsigned char", True, ("PROFILE_SKIP_DENSE",))
+    assert opts == (
+        "--std=c++17", "-DTILE_BITS=13", "-DTHREADS=256", "-DUNROLL=4", "-DMIN_BLOCKS=4", "-DACC_MODE=1",
+        "-DWT=unsigned_char", "-DINT_W=1", "-DFIXED_W=0", "-DPROFILE_SKIP_DENSE",
+    )  # fmt: skip
+    assert compile_options(14, 512, 4, 3, "u32", "unsigned int", False)[-2:] == ("-DINT_W=0", "-DFIXED_W=1")
+
+
+def test_check_tensors_refuses_wrong_dtype_device_and_layout() -> None:
+    from gpusparse.kernels.cupy_launch import check_tensors, pointer
+
+    dev = torch.device("cpu")
+    x = torch.zeros((4, 6), dtype=torch.int64)
+    check_tensors({"x": (x, torch.int64), "y": (torch.zeros(3, dtype=torch.int32), torch.int32)}, dev)
+    for bad in (x.to(torch.int32), x.t(), x[:, ::2], torch.zeros((4, 6), dtype=torch.int64, device="meta")):
+        with pytest.raises(ValueError, match=r"x must be a contiguous torch\.int64 tensor on cpu"):
+            check_tensors({"x": (bad, torch.int64)}, dev)
+    assert pointer(x) == x.data_ptr() and isinstance(pointer(x), np.uint64)

@@ -14,7 +14,7 @@ from gpusparse.engines.tiled import waves
 from gpusparse.engines.tiled.engine import layout_for_search, tiled_search
 from gpusparse.engines.tiled.fixed_point import choose_acc, fixed_point
 from gpusparse.engines.tiled.ranking import rank_candidates
-from gpusparse.kernels.tiled import ACC_TOP
+from gpusparse.kernels.tile_candidates import ACC_TOP
 from gpusparse.layout.tiled import build_tiled, tiled_layout
 from gpusparse.queries import query_batch
 
@@ -24,9 +24,9 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def cuda_kernel_available() -> bool:
-    from gpusparse.kernels import tiled
+    from gpusparse.kernels import cupy_launch
 
-    return tiled.available()
+    return cupy_launch.available()
 
 
 @pytest.mark.parametrize("dense_min", [None, 0.3, 0.01])
@@ -264,7 +264,7 @@ def test_cuda_compaction_equals_the_pytorch_one():
         pytest.skip("needs CuPy")
     from gpusparse.engines.tiled.fixed_point import FixedPoint
     from gpusparse.engines.tiled.waves import compact_torch
-    from gpusparse.kernels.tiled import compact_candidates
+    from gpusparse.kernels.compact import compact_candidates
 
     rng = np.random.default_rng()
     b, cap = 37, 3000

@@ -1,4 +1,6 @@
-"""Triton kernels that fill a ``[B, W]`` float32 score buffer for one document chunk.
+"""The GPU kernels and their launchers.
+
+Triton kernels that fill a ``[B, W]`` float32 score buffer for one document chunk:
 
 * :func:`scatter_add_scores`: the paper's fused scatter-add (one program per query term);
 * :func:`docpar_scores`: the paper's document-parallel CSR kernel (one program per query
@@ -8,8 +10,17 @@ Both write approximate float32 scores (float32 sums, in any order, of ``w_q · w
 exactly 0 for documents sharing no term with the query) that
 :func:`gpusparse.exact.select_exact_topk` turns into the exact top-k.
 
-Importing this package does not import Triton: the launchers are loaded on first use
-(PEP 562), and raise an :class:`ImportError` saying what to install when Triton is missing.
+CUDA kernels, compiled at run time through CuPy (sources in ``cuda/*.cu``, package data):
+
+* :mod:`.tile_candidates`: the tiled engine's per-(query, tile) accumulation and candidates;
+* :mod:`.compact`: the compaction of a wave's candidates;
+* :mod:`.rescore`: canonical rescoring of (query, document) pairs and candidates' ranking keys;
+* :mod:`.rowsort`: the top-k of rows of ranking keys, and the NCCL merge's pack and merge;
+* :mod:`.cupy_launch`: the one compile cache and launch path they share (and ``available``).
+
+Importing this package imports neither Triton nor CuPy: the Triton launchers are loaded on
+first use (PEP 562), and raise an :class:`ImportError` saying what to install when Triton is
+missing; the CUDA modules are imported by name and import CuPy only to compile or launch.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ import torch
 
 from ...config import engine_config
 from ...exact import pad_results
-from ...kernels import rescore
-from ...kernels import tiled as cuda
+from ...kernels import rescore, tile_candidates
+from ...kernels.compact import compact_candidates
 from ...layout.postings import PostingLists
 from ...layout.tiled import TiledIndex
 from ...queries import QueryBatch
@@ -93,14 +93,14 @@ def _device_steps(
     cand_val = torch.empty((b, cap), dtype=torch.int64, device=dev)
     redo = torch.zeros(b, dtype=torch.bool, device=dev)
     for first, n in plan:
-        cuda.tiled_candidates(
+        tile_candidates.tiled_candidates(
             tl.seg, tl.offs, tl.wts, tl.dense_id, tl.dense, terms32, weights, q_scale, fp.delta,
             n_docs=tl.n_docs, n_terms=tl.n_terms, tile_bits=tl.tile_bits, k=k, tiles=(first, n), select=first == 0,
             acc=acc, int_weights=int_weights, q_shift=fp.shift,
             theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
         )  # fmt: skip
         redo |= count > cap  # candidates past the capacity were counted, not stored
-        cuda.compact_candidates(theta, count, cand_doc, cand_val, fp.delta, k, cap)
+        compact_candidates(theta, count, cand_doc, cand_val, fp.delta, k, cap)
     width = min(cap, 2 * k + DEVICE_WIDTH_SLACK)
     redo |= count > width
     floor = cutoff(candidate_lows(cand_val, count, fp.delta, fp.scale, width)) if cutoff is not None else None

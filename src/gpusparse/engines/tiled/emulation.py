@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ...exact import expand_ranges
-from ...kernels.tiled import ACC_TOP
+from ...kernels.tile_candidates import ACC_TOP
 from .fixed_point import emission_threshold
 
 

@@ -22,8 +22,7 @@ import numpy as np
 import torch
 
 from ...config import engine_config
-from ...kernels import rescore
-from ...kernels import tiled as cuda
+from ...kernels import cupy_launch, rescore, tile_candidates
 from ...layout.postings import PostingLists
 from ...layout.tiled import AUTO, TiledIndex, tiled_layout
 from ...queries import QueryBatch, batch_rows, query_batch
@@ -48,7 +47,7 @@ class TiledEngine:
     def unavailable(self, device: torch.device, *, auto: bool = False) -> str | None:
         """Runs anywhere (PyTorch off a GPU with CuPy); chosen automatically only on a CUDA
         device with CuPy, the CUDA kernel's runtime compiler."""
-        if auto and not (device.type == "cuda" and cuda.available()):
+        if auto and not (device.type == "cuda" and cupy_launch.available()):
             return "the tiled engine's CUDA kernel needs a CUDA device and CuPy (elsewhere it is an emulation)"
         return None
 
@@ -121,7 +120,7 @@ def tiled_search(
         fp = fixed_point(index, batch, acc)
     dev = index.device
     int_w = integer_weights(tl, batch, fp, acc)
-    on_gpu = dev.type == "cuda" and cuda.available() and not emulated
+    on_gpu = dev.type == "cuda" and cupy_launch.available() and not emulated
     n_sm = torch.cuda.get_device_properties(dev).multi_processor_count if on_gpu else 1
     if on_gpu and not general:
         scores, ids, redo_rows = device_search(index, tl, batch, fp, k, acc=acc, int_weights=int_w, n_sm=n_sm,
@@ -133,7 +132,9 @@ def tiled_search(
                                 acc=acc, fixed=fixed, general=True).resolved()  # fmt: skip
 
         return BatchResult(scores, ids, redo_rows, again)
-    launch, compact = (cuda.tiled_candidates, compact_cuda) if on_gpu else (torch_tiled_candidates, compact_torch)
+    launch, compact = (
+        (tile_candidates.tiled_candidates, compact_cuda) if on_gpu else (torch_tiled_candidates, compact_torch)
+    )
     docs, vals = candidates(tl, batch, fp, k, launch=launch, n_sm=n_sm, acc=acc, int_weights=int_w, compact=compact)
     floor = None
     if cutoff is not None and not general and batch.padded_terms.shape[0] > engine_config().graph_max_batch:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ...config import engine_config
-from ...kernels.tiled import ACC_MODES, ACC_TOP
+from ...kernels.tile_candidates import ACC_MODES, ACC_TOP
 from ...layout.postings import PostingLists
 from ...layout.statistics import max_score, max_scores_host, min_weight
 from ...layout.tiled import TiledIndex

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from ...kernels.tiled import compact_candidates
+from ...kernels.compact import compact_candidates
 from ...layout.tiled import TiledIndex
 from ...queries import QueryBatch
 from .fixed_point import FixedPoint, emission_threshold, kernel_scale

@@ -1,0 +1,52 @@
+"""The one-launch compaction of a tiled wave's candidates (``cuda/compact.cu``), a block per query.
+
+The block finds the k-th largest candidate value, raises the query's threshold ``theta`` to
+it, and drops in place the candidates below theta's margin; the rule is
+:func:`gpusparse.tiled._compact`'s, which is its reference.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .cupy_launch import available, check_tensors, device_index, launch, load_kernel, pointer
+
+__all__ = ["SOURCE", "available", "compact_candidates"]
+
+SOURCE = "compact.cu"  # in kernels/cuda/
+THREADS = 512  # the kernel's NT
+
+
+def compact_candidates(
+    theta: torch.Tensor,
+    count: torch.Tensor,
+    cand_doc: torch.Tensor,
+    cand_val: torch.Tensor,
+    delta: torch.Tensor,
+    k: int,
+    most: int,
+) -> None:
+    """:func:`gpusparse.tiled._compact` in one launch (a block per query), in place.
+
+    ``theta`` int64 ``[B]``, ``count`` int32 ``[B]``, ``cand_doc`` int32 and ``cand_val``
+    int64 ``[B, cap]``, ``delta`` int64 ``[B]``, contiguous on one CUDA device; ``most`` is the
+    largest count (every count is at most ``cap``).
+    """
+    dev = theta.device
+    check_tensors(
+        {
+            "theta": (theta, torch.int64),
+            "count": (count, torch.int32),
+            "cand_doc": (cand_doc, torch.int32),
+            "cand_val": (cand_val, torch.int64),
+            "delta": (delta, torch.int64),
+        },
+        dev,
+    )
+    b, cap = cand_val.shape
+    if b == 0 or most == 0:
+        return
+    kernel = load_kernel(SOURCE, "compact_candidates", device=device_index(dev))
+    args = [pointer(x) for x in (theta, count, cand_doc, cand_val, delta)]
+    launch(kernel, (b,), (THREADS,), (*args, np.int32(k), np.int32(cap), np.int32(most)), device=dev)

@@ -1,0 +1,196 @@
+"""The tiled engine's CUDA kernel: on-chip accumulation per (document tile, query), compiled at run time.
+
+Documents are cut into tiles of ``2**TILE_BITS``; the postings of each (tile, term) pair are
+stored together as 16-bit offsets inside the tile and float32 weights (see
+:mod:`gpusparse.tiled`). One thread block handles one (query, tile): it accumulates the
+query's scores for the whole tile in shared memory, so no ``[B, N]`` buffer exists and the
+only device-memory traffic is reading postings (blocks of the same tile run together and
+share them through L2) and writing a few candidates.
+
+Scores are accumulated in fixed point (ACC_MODES: 32-bit sums, or 64 bits as two 32-bit
+halves): every product ``w_q · w_d`` is scaled by the query's power-of-two ``scale`` and
+rounded to an integer (or, with fixed-point weights, computed in integers), so the sum is
+exact integer arithmetic, independent of the order of the atomics, within a bounded number
+of units of the true sum. After accumulating, the block finds by a two-pass
+radix histogram a value ``tau`` that at least ``k`` of its documents reach, raises the
+query's running threshold ``theta`` to it (a lower bound of the k-th best score of the
+whole collection), and emits every document within the error margin ``delta`` of
+``max(tau, theta)`` as a candidate. Triton cannot express shared-memory atomics, hence CUDA
+(``cuda/tile_candidates.cu``, compiled through CuPy's NVRTC by :mod:`.cupy_launch`, whose
+``available`` says whether it can run here). The compaction of a wave's candidates is
+:mod:`.compact`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from .cupy_launch import available, check_tensors, device_index, launch, load_kernel, pointer
+
+__all__ = ["ACC_MODES", "ACC_TOP", "SOURCE", "available", "launch_shape", "shared_bytes", "tiled_candidates"]
+
+SOURCE = "tile_candidates.cu"  # in kernels/cuda/
+UNROLL = 4  # sparse postings per thread and step (the default of tiled_candidates' unroll)
+# Accumulator modes (see the CUDA source) and the largest fixed-point value each holds: a query's
+# scale keeps its score bound at or below ``top`` (rounding adds at most n/2 units).
+ACC_MODES = {"carry": 0, "u32": 1}
+ACC_TOP = {"carry": 2.0**61, "u32": 2.0**31}
+# float32 weights; uint8 levels of a quantized index; int32 holding fixed-point float32
+# weights (read as unsigned, FIXED_W).
+_WEIGHT_TYPES = {torch.float32: "float", torch.uint8: "unsigned char", torch.int32: "unsigned int"}
+
+
+def launch_shape(
+    tile_bits: int, acc: str = "u32", *, threads: int | None = None, min_blocks: int | None = None
+) -> tuple[int, int]:
+    """``(threads, min_blocks)`` for tiles of ``2**tile_bits`` documents; ``threads`` and
+    ``min_blocks`` (threads per block, resident blocks per SM the registers must allow), where
+    given, replace the choice below (profiling sweeps them).
+
+    Measured at 8.8M x 256 on an H200 (bench/results/2026-11-26-H200-profile-tiled-8.8M-v12-shape.json):
+    at 8K documents a tile, 256 threads (32 documents each in the dense phase) with room in
+    the registers for 4 blocks per SM beat 512 threads with 3 (search 14.5 against 15.4 ms
+    at k = 1000), and 2 blocks were slowest. Larger tiles keep 32 documents a thread (at
+    most 1,024 threads); the blocks per SM are what shared memory and the SM's 2,048
+    threads allow.
+    """
+    tile = 1 << tile_bits
+    threads = threads or min(tile, max(256, tile >> 5), 1024)
+    fit = (227 << 10) // (shared_bytes(tile_bits, acc) + (8 << 10))  # + the static arrays
+    return threads, min_blocks or max(1, min(4 if threads <= 256 else 3, fit, 2048 // threads))
+
+
+def shared_bytes(tile_bits: int, acc: str) -> int:
+    """Dynamic shared memory of one block: the tile's accumulators."""
+    return (4 if acc == "u32" else 8) << tile_bits
+
+
+def compile_options(
+    tile_bits: int,
+    threads: int,
+    unroll: int,
+    min_blocks: int,
+    acc: str,
+    weight_type: str,
+    int_weights: bool,
+    defines: Sequence[str] = (),
+) -> tuple[str, ...]:
+    """The NVRTC options of one build of the kernel (``defines``: extra ``-D`` names, profiling only)."""
+    return (
+        "--std=c++17",
+        f"-DTILE_BITS={tile_bits}",
+        f"-DTHREADS={threads}",
+        f"-DUNROLL={unroll}",
+        f"-DMIN_BLOCKS={min_blocks}",
+        f"-DACC_MODE={ACC_MODES[acc]}",
+        f"-DWT={weight_type.replace(' ', '_')}",
+        f"-DINT_W={int(int_weights and weight_type != 'unsigned int')}",
+        f"-DFIXED_W={int(weight_type == 'unsigned int')}",
+        *(f"-D{d}" for d in defines),
+    )
+
+
+def tiled_candidates(
+    seg: torch.Tensor,
+    offs: torch.Tensor,
+    wts: torch.Tensor,
+    dense_id: torch.Tensor,
+    dense: torch.Tensor,
+    q_terms: torch.Tensor,
+    q_weights: torch.Tensor,
+    q_scale: torch.Tensor,
+    q_delta: torch.Tensor,
+    *,
+    n_docs: int,
+    n_terms: int,
+    tile_bits: int,
+    k: int,
+    tiles: tuple[int, int] | None = None,
+    select: bool = True,
+    acc: str = "carry",
+    int_weights: bool = False,
+    q_shift: torch.Tensor | None = None,
+    theta: torch.Tensor,
+    cand_count: torch.Tensor,
+    cand_doc: torch.Tensor,
+    cand_val: torch.Tensor,
+    threads: int | None = None,
+    unroll: int = UNROLL,
+    min_blocks: int | None = None,
+    defines: Sequence[str] = (),
+) -> None:
+    """Launch ``cuda/tile_candidates.cu``'s kernel on the current PyTorch stream (see the module docstring).
+
+    All tensors must be contiguous on one CUDA device: ``seg`` int64 ``[n_tiles·V + 1]``,
+    ``offs`` int16 (read as unsigned) and ``wts`` float32 or uint8 ``[P]``, ``dense_id`` int32
+    ``[n_tiles·V]``, ``dense`` (``wts``'s dtype) ``[n_dense, 2**tile_bits]``, ``q_terms`` int32 and
+    ``q_weights`` float32 ``[B, T]``, ``q_scale`` float64 and ``q_delta`` int64 ``[B]``,
+    ``theta`` int64 ``[B]`` (zeros, updated), ``cand_count`` int32 ``[B]`` (zeros, updated),
+    ``cand_doc`` int32 and ``cand_val`` int64 ``[B, cap]`` (written). ``tiles = (first, count)``
+    restricts the launch to a range of tiles (default: all). ``select=False`` skips each
+    block's own k-th selection and relies on ``theta`` alone (for waves after the first).
+    ``acc`` is the accumulator mode (:data:`ACC_MODES`); the caller's scales must keep every
+    sum within its :data:`ACC_TOP`. ``int_weights`` (with "u32" only): every
+    ``q_weights · q_scale`` is an integer (checked by the caller), so the kernel multiplies
+    integers. int32 ``wts`` are fixed-point float32 weights (FIXED_W, "u32" only): each query
+    weight is rounded to ``round(q_weights · q_scale)`` and each product shifted right by the
+    query's ``q_shift`` (int32 ``[B]``).
+
+    Build knobs, for profiling: ``threads`` and ``min_blocks`` (default: :func:`launch_shape`'s
+    choice), ``unroll`` (sparse postings per thread and step), ``defines`` (extra ``-D`` names:
+    ``PROFILE_SKIP_DENSE`` and ``PROFILE_SKIP_SPARSE`` time one phase without the other; their
+    results are wrong). Each combination is compiled once per device.
+    """
+    b, t = q_terms.shape
+    cap = cand_doc.shape[1]
+    n_tiles = (n_docs + (1 << tile_bits) - 1) >> tile_bits
+    expected = {
+        "seg": (seg, torch.int64),
+        "offs": (offs, torch.int16),
+        "wts": (wts, wts.dtype if wts.dtype in _WEIGHT_TYPES else torch.float32),
+        "dense_id": (dense_id, torch.int32),
+        "dense": (dense, wts.dtype),
+        "q_terms": (q_terms, torch.int32),
+        "q_weights": (q_weights, torch.float32),
+        "q_scale": (q_scale, torch.float64),
+        "q_delta": (q_delta, torch.int64),
+        "theta": (theta, torch.int64),
+        "cand_count": (cand_count, torch.int32),
+        "cand_doc": (cand_doc, torch.int32),
+        "cand_val": (cand_val, torch.int64),
+    }
+    dev = seg.device
+    if acc not in ACC_MODES:
+        raise ValueError(f"acc must be one of {sorted(ACC_MODES)}")
+    if int_weights and acc != "u32":
+        raise ValueError('int_weights needs acc="u32"')
+    fixed = wts.dtype == torch.int32
+    if fixed and (acc != "u32" or q_shift is None):
+        raise ValueError('fixed-point weights need acc="u32" and q_shift')
+    expected["q_shift"] = (cand_count if q_shift is None else q_shift, torch.int32)  # None: any int32, not read
+    check_tensors(expected, dev)
+    q_shift = expected["q_shift"][0]
+    if seg.numel() != n_tiles * n_terms + 1:
+        raise ValueError("seg does not match n_docs, n_terms and tile_bits")
+    first, count = (0, n_tiles) if tiles is None else tiles
+    if not (first >= 0 and count >= 0 and first + count <= n_tiles):
+        raise ValueError(f"tile range {tiles} outside 0..{n_tiles}")
+    if count > 65535:
+        raise ValueError(f"{count} tiles exceed the grid's y limit; use larger tiles or waves")
+    if b == 0 or count == 0 or t == 0:
+        return
+    threads, min_blocks = launch_shape(tile_bits, acc, threads=threads, min_blocks=min_blocks)
+    wtype = _WEIGHT_TYPES[wts.dtype]
+    options = compile_options(tile_bits, threads, unroll, min_blocks, acc, wtype, int_weights, defines)
+    shared = shared_bytes(tile_bits, acc)
+    dev_index = device_index(dev)
+    kernel = load_kernel(SOURCE, "tiled_candidates", options=options, device=dev_index, max_dynamic_shared=shared)
+    if dense.numel() == 0:  # CuPy wants real memory behind every pointer
+        dense = torch.zeros((1, 1 << tile_bits), dtype=wts.dtype, device=dev)
+    args = [pointer(x) for x in (seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_delta, q_shift)]
+    ints = [np.int32(t), np.int32(n_terms), np.int32(n_docs), np.int32(k), np.int32(first), np.int32(select)]
+    outs = [pointer(x) for x in (theta, cand_count, cand_doc, cand_val)]
+    launch(kernel, (b, count), (threads,), (*args, *ints, *outs, np.int32(cap)), device=dev, shared_mem=shared)
