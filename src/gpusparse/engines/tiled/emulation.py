@@ -35,7 +35,7 @@ def torch_tiled_candidates(
     cand_doc: torch.Tensor,
     cand_val: torch.Tensor,
 ) -> None:
-    """The CUDA kernel's contract (:func:`gpusparse.kernels.tiled.tiled_candidates`) in PyTorch.
+    """The CUDA kernel's contract (:func:`gpusparse.kernels.tile_candidates.tiled_candidates`) in PyTorch.
 
     Tile after tile, all queries at once: the same fixed-point sums, ``tau`` the tile's exact
     k-th value (the kernel's radix passes give a value at or below it; any value that k

@@ -2,7 +2,7 @@
 
 Search (per query batch) over the tiled layout (:mod:`gpusparse.layout.tiled`): every
 (query, tile) pair accumulates its scores in fixed point (32-bit sums by default; on a GPU
-in shared memory, :mod:`gpusparse.kernels.tiled`; on a CPU the same steps in PyTorch,
+in shared memory, :mod:`gpusparse.kernels.tile_candidates`; on a CPU the same steps in PyTorch,
 :mod:`.emulation`), keeps a running per-query lower bound ``theta`` of the k-th best score,
 and emits only documents within an error margin of it (:mod:`.fixed_point`). The margin
 covers the fixed-point rounding, the canonical float64 sum's own error and one float32 ulp,

@@ -127,7 +127,7 @@ def kernel_scale(tl: TiledIndex, fp: FixedPoint) -> torch.Tensor:
 def emission_threshold(theta: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
     """Smallest value a candidate needs: ``theta`` less the margin and one float32 ulp, at least 1.
 
-    The CUDA kernel applies the same rule (see :mod:`gpusparse.kernels.tiled`).
+    The CUDA kernel applies the same rule (see :mod:`gpusparse.kernels.tile_candidates`).
     """
     d = delta + (theta >> 22)
     return torch.where(theta > d, theta - d, torch.ones_like(theta)).clamp_min(1)
