@@ -17,7 +17,7 @@ def _ints(text: str) -> list[int]:
 
 
 def _size(text: str) -> int:
-    from ..cli import parse_size
+    from ..cli._common import parse_size
 
     return parse_size(text)
 
