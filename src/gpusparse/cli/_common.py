@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import sys
 import uuid
 from collections.abc import Callable
@@ -14,23 +13,20 @@ from typing import Any, NoReturn, TypeVar
 import click
 import torch
 
+from .. import sizes
 from ..errors import GPUSparseError
 from ..formats import write_trec_run
 from ..search import choose_kernel
 
 F = TypeVar("F", bound=Callable[..., Any])
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20}
-_UNITS |= {"g": 1e9, "gb": 1e9, "gib": 2**30, "t": 1e12, "tb": 1e12, "tib": 2**40}
 
 
 def parse_size(text: str) -> int:
-    """``"1GiB"``, ``"512MB"``, ``"1048576"`` → bytes."""
-    m = _SIZE.match(text)
-    unit = (m.group(2) or "").lower() if m else None
-    if not m or unit not in _UNITS:
-        raise click.BadParameter(f"{text!r} is not a size such as 512MiB, 2GB or 1073741824")
-    return int(float(m.group(1)) * _UNITS[unit])
+    """``"1GiB"``, ``"512MB"``, ``"1048576"`` → bytes; anything else is a usage error."""
+    try:
+        return sizes.parse_size(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def fail(message: str) -> NoReturn:
