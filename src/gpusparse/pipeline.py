@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from .beir import Texts
 from .collection import SparseCollection
 from .encode import EncodeStats, SpladeEncoder
@@ -73,14 +75,14 @@ class TextPipeline:
         self.encode_seconds = time.perf_counter() - t0
         return self.docs, self.queries
 
-    def build_index(self, device: str, *, progress: bool = False) -> Index:
+    def build_index(self, device: str | torch.device, *, progress: bool = False) -> Index:
         """Index the encoded documents on ``device``."""
         if self.docs is None:
             raise RuntimeError("encode() first")
         t0 = time.perf_counter()
         self.index = Index.build(self.docs, device=device, progress=progress)
         self.index_seconds = time.perf_counter() - t0
-        self.device = device
+        self.device = str(device)
         return self.index
 
     def search(
