@@ -31,8 +31,15 @@ def _size(text: str) -> int:
 
 
 def _command_line() -> str:
-    """The command as typed: ``gpusparse bench run ...`` or ``python -m gpusparse_bench run ...``."""
-    prog = "python -m gpusparse_bench" if sys.argv and sys.argv[0].endswith("__main__.py") else "gpusparse bench"
+    """The command as typed: ``gpusparse bench run ...``, ``python -m gpusparse.cli bench run ...``
+    or ``python -m gpusparse_bench run ...``."""
+    main = Path(sys.argv[0]) if sys.argv else Path()
+    if main.name != "__main__.py":
+        prog = "gpusparse bench"
+    elif main.parent.name == "cli":  # gpusparse/cli/__main__.py
+        prog = "python -m gpusparse.cli bench"
+    else:
+        prog = "python -m gpusparse_bench"
     args = sys.argv[1:]
     if args[:1] == ["bench"]:
         args = args[1:]

@@ -14,9 +14,9 @@ Six parts (``--only`` picks some), each written into one result file (the runner
 * ``sparsity``: 500K documents with 10 … 500 non-zeros per document, batch 64;
 * ``vocab``: vocabularies of 10K, 30K, 100K terms at the same postings;
 * ``memory``: index bytes and peak device bytes, 50K … 8.8M documents, batch 256;
-* ``quality``: the text pipeline (splade-tiny → index → search → ``ir_measures``) on every
-  BEIR folder under a data root, each run checked by the independent exact scorer of
-  :mod:`gpusparse.verify`.
+* ``quality``: the text pipeline (splade-tiny → index → search → ``ir_measures``; the steps
+  of ``gpusparse pipeline``, :class:`gpusparse.pipeline.TextPipeline`) on every BEIR folder
+  under a data root, each run checked by the independent exact scorer of :mod:`gpusparse.verify`.
 
 "ours" is the kernel ``kernel="auto"`` picks on the device (:func:`gpusparse.search.choose_kernel`);
 "paper" is the paper's pipeline (:class:`~gpusparse_bench.systems.PaperScatter`). The
