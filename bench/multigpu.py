@@ -44,14 +44,13 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from gpusparse.tiled import TiledIndex
-
 from gpusparse import Index, SparseCollection, Vocabulary
-from gpusparse.bench.runner import RunConfig, environment, time_once
 from gpusparse.distributed import StreamedIndex, init_from_env, search_sharded
 from gpusparse.search import SearchResults, choose_kernel
 from gpusparse.shards import document_ranges
 from gpusparse.synthetic import MSMARCO_TARGETS, format_stats, generate, synthetic_stats
+from gpusparse.tiled import TiledIndex
+from gpusparse_bench.runner import RunConfig, environment, time_once
 
 
 def main() -> None:

@@ -9,9 +9,11 @@ import torch
 from click.testing import CliRunner
 
 from gpusparse import Index, SparseCollection, Vocabulary
-from gpusparse.bench.report import headline, markdown, render, short_table
-from gpusparse.bench.runner import RunConfig, compare, run, spec_from_overrides
-from gpusparse.bench.systems import (
+from gpusparse.cli import main
+from gpusparse.synthetic import BERT_VOCAB_SIZE, SyntheticSpec, generate, synthetic_stats
+from gpusparse_bench.report import headline, markdown, render, short_table
+from gpusparse_bench.runner import RunConfig, compare, run, spec_from_overrides
+from gpusparse_bench.systems import (
     CuSparseSpGEMM,
     CuSparseSpMM,
     DenseMatmul,
@@ -19,8 +21,6 @@ from gpusparse.bench.systems import (
     SpareIterative,
     Workload,
 )
-from gpusparse.cli import main
-from gpusparse.synthetic import BERT_VOCAB_SIZE, SyntheticSpec, generate, synthetic_stats
 
 from .shared_data import needs_shared
 
@@ -240,7 +240,7 @@ def paper_results(tmp_path_factory):
 
 
 def test_paper_dry_run_records_every_part(paper_results):
-    from gpusparse.bench.paper import SCALES
+    from gpusparse_bench.paper import SCALES
 
     data = json.loads(paper_results.read_text())
     sc = SCALES["tiny"]
@@ -275,7 +275,7 @@ def test_paper_dry_run_records_every_part(paper_results):
 
 
 def test_paper_report_keeps_gpu_tables_for_gpu_results(paper_results, tmp_path):
-    from gpusparse.bench.paper_report import END, NOT_MEASURED, START, load_results, paper_markdown
+    from gpusparse_bench.paper_report import END, NOT_MEASURED, START, load_results, paper_markdown
 
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\n## Performance\n\n{START}\nold\n{END}\n\nafter\n")
@@ -341,7 +341,7 @@ def test_paper_parts_skip_with_a_reason(tmp_path):
 
 
 def test_paper_part_failure_is_recorded_and_the_rest_runs(tmp_path, monkeypatch):
-    import gpusparse.bench.paper as paper
+    import gpusparse_bench.paper as paper
 
     def boom(ctx):
         raise RuntimeError("boom")
@@ -355,3 +355,39 @@ def test_paper_part_failure_is_recorded_and_the_rest_runs(tmp_path, monkeypatch)
     assert parts["batch"]["status"] == "error" and "boom" in parts["batch"]["reason"]
     assert "RuntimeError" in parts["batch"]["traceback"]
     assert parts["quality"]["status"] == "skipped"  # the next part still ran
+
+
+# -- where the harness lives -----------------------------------------------------------------
+
+
+def test_bench_command_without_a_checkout_fails_with_one_line(tmp_path):
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import gpusparse
+
+    # The package alone, as an install has it: no bench/ beside its src/.
+    shutil.copytree(Path(gpusparse.__file__).parent, tmp_path / "src" / "gpusparse")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "src"))
+    argv = [sys.executable, "-m", "gpusparse.cli", "bench", "run", "--quick"]
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120, check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "gpusparse: error: gpusparse bench needs a source checkout: its harness is bench/gpusparse_bench, not installed"
+    ]
+
+
+def test_only_the_cli_hook_imports_the_harness():
+    import re
+    from pathlib import Path
+
+    import gpusparse
+
+    root = Path(gpusparse.__file__).parent
+    imports = re.compile(r"^\s*(from|import)\s+gpusparse_bench\b", re.MULTILINE)
+    users = sorted(str(p.relative_to(root)) for p in root.rglob("*.py") if imports.search(p.read_text()))
+    assert users == ["cli/bench.py"]
+    assert not (root / "bench").exists()  # the harness is not shipped in the package

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-import shutil
+import os
 import struct
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 import torch
 from click.testing import CliRunner, Result
 
+import gpusparse
 from gpusparse import Index, SparseCollection, Vocabulary, read_trec_run, read_vectors, write_jsonl, write_trec_run
 from gpusparse.cli import main, parse_size
 
@@ -101,14 +103,34 @@ def expected_run(files: dict[str, Path], k: int = 1000, tag: str = "gpusparse") 
 # -- the happy path -------------------------------------------------------------------------
 
 
-def test_console_script_help():
-    exe = shutil.which("gpusparse")
-    if exe is None:
-        pytest.skip("console script not installed")
-    proc = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=60, check=False)
+def _listed_commands(help_text: str) -> list[str]:
+    """The names under "Commands:" in a click group's --help."""
+    assert "\nCommands:\n" in help_text, help_text
+    lines = help_text.split("\nCommands:\n", 1)[1].splitlines()
+    return [line.split()[0] for line in lines if line.startswith("  ") and line.strip()]
+
+
+def _help_of(argv: list[str]) -> str:
+    # The subprocess imports the gpusparse these tests import (a checkout's src/ before an install).
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(gpusparse.__file__).parents[1]), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([*argv, "--help"], capture_output=True, text=True, timeout=120, check=False, env=env)
     assert proc.returncode == 0, proc.stderr
-    for cmd in ("index", "search", "info"):
-        assert cmd in proc.stdout
+    return proc.stdout
+
+
+def test_python_m_cli_lists_every_command():
+    expected = sorted(main.commands)
+    assert len(expected) == 12 and {"index", "search", "info", "bench", "serve"} <= set(expected)
+    assert _listed_commands(_help_of([sys.executable, "-m", "gpusparse.cli"])) == expected
+
+
+def test_console_script_lists_the_same_commands():
+    # The script pip installed beside this interpreter (a venv's bin/ need not be on PATH).
+    exe = Path(sys.executable).parent / ("gpusparse.exe" if os.name == "nt" else "gpusparse")
+    if not exe.is_file():
+        pytest.skip(f"no console script {exe} (gpusparse is not installed in this environment)")
+    assert _listed_commands(_help_of([str(exe)])) == _listed_commands(_help_of([sys.executable, "-m", "gpusparse.cli"]))
 
 
 def test_version_and_help():

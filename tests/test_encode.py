@@ -166,7 +166,7 @@ def test_missing_transformers_gives_install_hint(monkeypatch):
 def test_cli_defaults_match_the_encoder():
     import inspect
 
-    from gpusparse.cli import _ENCODE_DEFAULTS
+    from gpusparse.cli._text import _ENCODE_DEFAULTS
     from gpusparse.encode import DEFAULT_MODEL
 
     params = inspect.signature(SpladeEncoder.__init__).parameters

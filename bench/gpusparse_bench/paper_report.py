@@ -365,7 +365,7 @@ def paper_markdown(datas: list[dict], *, heading: str = "###", require_gpu: bool
     """Every table, each from its newest result, the paper's figures beside ours
     (``require_gpu=False``: speed tables from CPU dry runs too)."""
     out = [
-        "The paper's figures (H100 80GB, real MS MARCO SPLADE; quoted in `gpusparse/bench/paper_report.py` from "
+        "The paper's figures (H100 80GB, real MS MARCO SPLADE; quoted in `bench/gpusparse_bench/paper_report.py` from "
         f"{SOURCE}) beside ours, measured by `gpusparse bench paper`. Cards and data differ: compare ours with the "
         "paper's kernel run beside it, and the paper's absolute figures only as such.",
         "",

@@ -14,15 +14,15 @@ Six parts (``--only`` picks some), each written into one result file (the runner
 * ``sparsity``: 500K documents with 10 … 500 non-zeros per document, batch 64;
 * ``vocab``: vocabularies of 10K, 30K, 100K terms at the same postings;
 * ``memory``: index bytes and peak device bytes, 50K … 8.8M documents, batch 256;
-* ``quality``: the text pipeline (splade-tiny → index → search → ``ir_measures``) on every
-  BEIR folder under a data root, each run checked by the independent exact scorer of
-  :mod:`gpusparse.verify`.
+* ``quality``: the text pipeline (splade-tiny → index → search → ``ir_measures``; the steps
+  of ``gpusparse pipeline``, :class:`gpusparse.pipeline.TextPipeline`) on every BEIR folder
+  under a data root, each run checked by the independent exact scorer of :mod:`gpusparse.verify`.
 
 "ours" is the kernel ``kernel="auto"`` picks on the device (:func:`gpusparse.search.choose_kernel`);
-"paper" is the paper's pipeline (:class:`~gpusparse.bench.systems.PaperScatter`). The
-``batch``, ``sparsity`` and ``vocab`` parts are :func:`gpusparse.bench.runner._run_size`
+"paper" is the paper's pipeline (:class:`~gpusparse_bench.systems.PaperScatter`). The
+``batch``, ``sparsity`` and ``vocab`` parts are :func:`gpusparse_bench.runner._run_size`
 itself (same timing, reference, floors and exactness check as ``gpusparse bench run``);
-``e2e`` and ``memory`` time with :func:`~gpusparse.bench.runner.time_call`. A part that
+``e2e`` and ``memory`` time with :func:`~gpusparse_bench.runner.time_call`. A part that
 cannot run here (no ``transformers``, no model folder, no data) is recorded as skipped
 with the reason; the others still run.
 """
@@ -40,11 +40,19 @@ from traceback import format_exc
 
 import torch
 
-from ..collection import SparseCollection
-from ..index import Index
-from ..search import choose_kernel
-from ..synthetic import MSMARCO_DOCS, SyntheticSpec, generate
-from ..vocab import Vocabulary
+from gpusparse.beir import read_beir, read_queries
+from gpusparse.collection import SparseCollection
+from gpusparse.encode import SpladeEncoder, check_model_folder, random_bert_base
+from gpusparse.errors import InputError
+from gpusparse.evaluate import evaluate
+from gpusparse.index import Index
+from gpusparse.pipeline import TextPipeline
+from gpusparse.search import choose_kernel
+from gpusparse.synthetic import MSMARCO_DOCS, SyntheticSpec, generate
+from gpusparse.verify import verify_run
+from gpusparse.vocab import Vocabulary
+
+from .paper_report import paper_markdown
 from .runner import (
     ResultFile,
     RunConfig,
@@ -244,8 +252,6 @@ def run_paper(cfg: PaperConfig, *, log: Callable[[str], None] = print) -> Path:
     out.data["env"]["wall_s"] = time.perf_counter() - t_start
     out.flush()
     log(f"\nwrote {out.path}")
-    from .paper_report import paper_markdown
-
     log(paper_markdown([out.data | {"_path": str(out.path)}], require_gpu=False))
     return out.path
 
@@ -415,8 +421,6 @@ def query_texts(path: Path | None, n: int, seed: int = 0) -> tuple[list[str], st
     drawn from a fixed list of English words (seeded).
     """
     if path is not None:
-        from ..beir import read_queries
-
         texts = [t for t in read_queries(path).texts if t.strip()]
         if not texts:
             raise _Skip(f"{path}: no non-empty query text")
@@ -446,9 +450,6 @@ def _encoders(ctx: _Ctx) -> list[tuple[str, object, int | None, dict]]:
         import transformers  # noqa: F401
     except ImportError as e:
         raise _Skip(f"transformers is not installed ({e})") from None
-    from ..encode import SpladeEncoder, check_model_folder, random_bert_base
-    from ..errors import InputError
-
     try:
         check_model_folder(Path(cfg.tiny_model))
     except InputError as e:
@@ -603,8 +604,6 @@ def _part_quality(ctx: _Ctx) -> None:
     folders = beir_folders(Path(cfg.data_root))
     if not folders:
         raise _Skip(f"no BEIR folder (with corpus.jsonl) under {cfg.data_root}")
-    from ..encode import SpladeEncoder
-
     enc = SpladeEncoder(cfg.tiny_model, device=ctx.device)
     for folder in folders:
         if ctx.over_deadline():
@@ -620,12 +619,8 @@ def _part_quality(ctx: _Ctx) -> None:
         )
 
 
-def _quality_one(ctx: _Ctx, enc: object, folder: Path) -> dict:
-    from ..beir import read_beir
-    from ..encode import EncodeStats
-    from ..evaluate import evaluate
-    from ..verify import verify_run
-
+def _quality_one(ctx: _Ctx, enc: SpladeEncoder, folder: Path) -> dict:
+    """The ``gpusparse pipeline`` steps on one collection, the run checked by the exact scorer."""
     cfg, sc = ctx.cfg, ctx.scale
     t0 = time.perf_counter()
     beir = read_beir(folder, cfg.split)
@@ -637,16 +632,14 @@ def _quality_one(ctx: _Ctx, enc: object, folder: Path) -> dict:
         qrels = {q: docs for q, docs in qrels.items() if any(g > 0 for g in docs.values())}
         subset = True
     judged = beir.queries.select(set(qrels))
-    dstats, qstats = EncodeStats(), EncodeStats()
-    docs = enc.encode(corpus.texts, corpus.ids, kind="document", stats=dstats)
-    queries = enc.encode(judged.texts, judged.ids, kind="query", stats=qstats)
+    pipe = TextPipeline(corpus, judged, enc)
+    docs, queries = pipe.encode()
     t_enc = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    index = Index.build(docs, device=ctx.device)
     kernel = choose_kernel("auto", ctx.device)
-    run = index.retrieve(queries, cfg.quality_k, kernel=kernel, memory_budget=cfg.memory_budget)
+    pipe.build_index(ctx.device)
+    pipe.search(cfg.quality_k, kernel=kernel, memory_budget=cfg.memory_budget)
     _sync(ctx.device)
-    t_search = time.perf_counter() - t1
+    run = pipe.run()
     ev = evaluate({q: dict(r) for q, r in run.items()}, qrels, list(QUALITY_MEASURES))
     report = verify_run(run, queries, docs, docs.ids, ks=(10, 100, 1000))  # float64 scipy, the original vectors
     return {
@@ -664,8 +657,8 @@ def _quality_one(ctx: _Ctx, enc: object, folder: Path) -> dict:
         "measures": ev.values,
         "evaluation": ev.as_dict(),
         "verify": report.as_dict(),
-        "encode": {"corpus": dstats.as_dict(), "queries": qstats.as_dict()},
+        "encode": pipe.summary()["encode"],
         "encode_s": t_enc,
-        "index_search_s": t_search,
+        "index_search_s": pipe.index_seconds + pipe.search_seconds,
         "seconds": time.perf_counter() - t0,
     }

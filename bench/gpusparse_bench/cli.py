@@ -1,4 +1,4 @@
-"""``gpusparse bench run`` and ``gpusparse bench report``."""
+"""The harness's command group: ``run``, ``report``, ``paper``, ``paper-report`` (``gpusparse bench ...``)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,13 @@ import sys
 from pathlib import Path
 
 import click
+
+from gpusparse.sizes import parse_size
+
+from .paper import PaperConfig, run_paper
+from .paper_report import render_paper
+from .report import load, performance_section, render
+from .runner import RunConfig, run, spec_from_overrides
 
 
 def _ints(text: str) -> list[int]:
@@ -17,14 +24,22 @@ def _ints(text: str) -> list[int]:
 
 
 def _size(text: str) -> int:
-    from ..cli import parse_size
-
-    return parse_size(text)
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
 
 
 def _command_line() -> str:
-    """The command as typed: ``gpusparse bench run ...`` or ``python -m gpusparse.bench run ...``."""
-    prog = "python -m gpusparse.bench" if sys.argv and sys.argv[0].endswith("__main__.py") else "gpusparse bench"
+    """The command as typed: ``gpusparse bench run ...``, ``python -m gpusparse.cli bench run ...``
+    or ``python -m gpusparse_bench run ...``."""
+    main = Path(sys.argv[0]) if sys.argv else Path()
+    if main.name != "__main__.py":
+        prog = "gpusparse bench"
+    elif main.parent.name == "cli":  # gpusparse/cli/__main__.py
+        prog = "python -m gpusparse.cli bench"
+    else:
+        prog = "python -m gpusparse_bench"
     args = sys.argv[1:]
     if args[:1] == ["bench"]:
         args = args[1:]
@@ -71,8 +86,6 @@ def bench() -> None:
 @click.option("--commit", default=None, help="Git commit to record (default: git rev-parse HEAD).")
 def run_cmd(**o: object) -> None:
     """Generate the collections, run every system, check exactness, write results and print a table."""
-    from .runner import RunConfig, run, spec_from_overrides
-
     try:
         spec = spec_from_overrides(list(o["spec_items"]))
     except ValueError as e:
@@ -113,8 +126,6 @@ def run_cmd(**o: object) -> None:
 @click.option("--readme", is_flag=True, help="Also write <stem>-readme.md: the README's Performance section.")
 def report_cmd(results: Path, out: Path, readme: bool) -> None:
     """Render a result file: Markdown tables and plots (latency vs size, QPS vs batch)."""
-    from .report import load, performance_section, render
-
     written = render(results, out)
     if readme:
         stem = results.stem
@@ -158,8 +169,6 @@ def report_cmd(results: Path, out: Path, readme: bool) -> None:
 def paper_cmd(**o: object) -> None:
     """The paper's remaining experiments (end to end, batch sweep, sparsity, vocabulary, memory,
     cross-domain quality), ours beside the paper's kernel, into one result file."""
-    from .paper import PaperConfig, run_paper
-
     try:
         cfg = PaperConfig(
             device=o["device"],
@@ -195,7 +204,5 @@ def paper_cmd(**o: object) -> None:
 )
 def paper_report_cmd(results: tuple[Path, ...], out: Path, readme: Path | None) -> None:
     """Render `bench paper` results (files, or folders searched for *-paper*.json) beside the paper's figures."""
-    from .paper_report import render_paper
-
     for p in render_paper(list(results), out, readme=readme):
         click.echo(f"wrote {p}")

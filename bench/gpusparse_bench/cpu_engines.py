@@ -1,7 +1,7 @@
 """CPU engines beside the GPU systems: Seismic, BMP and PISA on the host's cores.
 
 Each adapter is optional: its package is imported in :meth:`prepare`, and a missing one
-raises :class:`~gpusparse.bench.systems.SystemUnavailable` with the install hint, which
+raises :class:`~gpusparse_bench.systems.SystemUnavailable` with the install hint, which
 the runner records as the skip reason. They take the same host collection as the GPU
 systems (canonical CSR numpy arrays) and return ``(scores, ids)`` ``[B, k]`` CPU tensors.
 
@@ -31,7 +31,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..collection import SparseCollection
+from gpusparse.collection import SparseCollection
+
 from .systems import System, SystemUnavailable, Workload
 
 

@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..collection import SparseCollection
-from ..index import Index
-from ..search import QueryBatch, available_kernels, choose_kernel, query_batch
+from gpusparse.collection import SparseCollection
+from gpusparse.index import Index
+from gpusparse.search import QueryBatch, available_kernels, choose_kernel, query_batch
 
 
 class SystemUnavailable(Exception):
@@ -242,7 +242,7 @@ class PaperScatter(System):
     description = "paper: [B,N] fp32 buffer, fused Triton scatter-add (BLOCK_PL=128, atomics), torch.topk"
 
     def search(self, queries: SparseCollection, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        from ..kernels import scatter_add_scores
+        from gpusparse.kernels import scatter_add_scores
 
         w = self.w
         batch = query_batch(queries, w.device)
@@ -273,7 +273,7 @@ class PaperScatterChunked(System):
         )
 
     def search(self, queries: SparseCollection, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        from ..kernels import scatter_add_scores
+        from gpusparse.kernels import scatter_add_scores
 
         w = self.w
         n, b = w.n_docs, len(queries)
@@ -307,7 +307,7 @@ class PaperDocPar(System):
     description = "paper's contrast kernel: one program per (query, 32 docs) over the CSR, dense [B,V] queries"
 
     def search(self, queries: SparseCollection, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        from ..kernels import docpar_scores
+        from gpusparse.kernels import docpar_scores
 
         w = self.w
         batch = query_batch(queries, w.device)

@@ -23,6 +23,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -31,10 +32,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..collection import SparseCollection
-from ..index import Index
-from ..synthetic import MSMARCO_TARGETS, SyntheticSpec, format_stats, generate, synthetic_stats
-from ..vocab import Vocabulary
+import gpusparse
+from gpusparse.collection import SparseCollection
+from gpusparse.index import Index
+from gpusparse.synthetic import MSMARCO_TARGETS, SyntheticSpec, format_stats, generate, synthetic_stats
+from gpusparse.vocab import Vocabulary
+
+from .cpu_engines import cpu_engines
+from .cpu_job import save_job
+from .report import short_table
 from .systems import System, SystemUnavailable, Workload, gpu_systems
 
 POSTING_BYTES = 8  # the paper's layout: int32 doc id + float32 weight
@@ -323,8 +329,6 @@ def run(cfg: RunConfig, *, log: Callable[[str], None] = print) -> Path:
     out.data["env"]["wall_s"] = time.perf_counter() - t_start
     out.flush()
     log(f"\nwrote {path}\n")
-    from .report import short_table
-
     log(short_table(out.data))
     return path
 
@@ -410,8 +414,6 @@ def _run_size(
     systems: list[System] = [s for s in gpu_systems() if selected(cfg, s.name)]
     resident = ist.bytes + coll["forward_bytes"]
     if cfg.cpu_engines and n_docs <= cfg.cpu_max_docs:
-        from .cpu_engines import cpu_engines
-
         engines = [s for s in cpu_engines() if selected(cfg, s.name)]
         if cpu_set is not None and workers is not None and engines:
             meta = {
@@ -477,20 +479,16 @@ def _run_size(
 
 
 def _start_worker(docs, queries, ref, meta: dict, cpu_set: set[int], n_docs: int) -> tuple[object, Path, dict]:
-    import subprocess
-    import tempfile
-
-    from .cpu_worker import save_job
-
     folder = Path(tempfile.mkdtemp(prefix=f"gpusparse-cpu-{n_docs}-"))
     save_job(folder, docs, queries, ref, meta)
-    src = str(Path(__file__).resolve().parents[2])
+    # The worker imports this harness and the gpusparse this process runs, wherever they are.
+    paths = [str(Path(__file__).resolve().parents[1]), str(Path(gpusparse.__file__).resolve().parents[1])]
     env = dict(os.environ)
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
     env["CUDA_VISIBLE_DEVICES"] = ""  # the worker never touches the GPU
     with open(folder / "log", "w") as logf:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gpusparse.bench.cpu_worker", str(folder)],
+            [sys.executable, "-m", "gpusparse_bench.cpu_worker", str(folder)],
             stdout=logf,
             stderr=subprocess.STDOUT,
             env=env,

@@ -1,0 +1,120 @@
+"""What ``encode`` and ``pipeline`` share: the encoder's options and reporting on a BEIR folder."""
+
+from __future__ import annotations
+
+import click
+
+from ..beir import BeirCollection
+from ..encode import SpladeEncoder
+from ._common import F, device_option, warn
+
+# The encoder's defaults, spelled out so that ``--help`` does not load a model (a test checks them).
+_ENCODE_DEFAULTS = {
+    "model": "naver/splade-cocondenser-ensembledistil",
+    "query_max_length": 64,
+    "doc_max_length": 256,
+    "batch_size": 32,
+}
+
+
+def encoder_options(fn: F) -> F:
+    """Options shared by ``encode`` and ``pipeline`` (defaults: those of :mod:`gpusparse.encode`)."""
+    options = [
+        click.option(
+            "--model",
+            default=_ENCODE_DEFAULTS["model"],
+            show_default=True,
+            help="SPLADE-style masked-LM model: a local folder or a hub id.",
+        ),
+        click.option(
+            "--pooling",
+            type=click.Choice(["max", "sum"]),
+            default="max",
+            show_default=True,
+            help="max: SPLADE v2/++; sum: original SPLADE.",
+        ),
+        click.option(
+            "--query-max-length",
+            type=click.IntRange(min=2),
+            default=_ENCODE_DEFAULTS["query_max_length"],
+            show_default=True,
+            help="Tokens per query ([CLS]/[SEP] included); longer queries are truncated and counted.",
+        ),
+        click.option(
+            "--doc-max-length",
+            type=click.IntRange(min=2),
+            default=_ENCODE_DEFAULTS["doc_max_length"],
+            show_default=True,
+            help="Tokens per document; longer documents are truncated and counted.",
+        ),
+        click.option(
+            "--encode-batch-size",
+            type=click.IntRange(min=1),
+            default=_ENCODE_DEFAULTS["batch_size"],
+            show_default=True,
+            help="Texts per forward pass (batches are sorted by length).",
+        ),
+        click.option("--encode-device", help="Where the model runs: cpu or cuda[:N] [default: cuda if available]."),
+        click.option(
+            "--dtype",
+            type=click.Choice(["auto", "float32", "float16", "bfloat16"]),
+            default="auto",
+            show_default=True,
+            help="auto: bf16/fp16 autocast on a GPU, float32 on the CPU.",
+        ),
+        click.option("--prune-top", type=click.IntRange(min=1), help="Keep the N largest weights of each vector."),
+        click.option("--prune-threshold", type=click.FloatRange(min=0), help="Drop weights below this value."),
+        click.option("--split", default="test", show_default=True, help="Qrels split: BEIR_DIR/qrels/SPLIT.tsv."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def make_encoder(
+    model: str, pooling: str, qlen: int, dlen: int, batch: int, device: str | None, dtype: str
+) -> SpladeEncoder:
+    """Load the encoder the options describe and say so on stderr."""
+    enc = SpladeEncoder(
+        model,
+        pooling=pooling,  # type: ignore[arg-type]
+        query_max_length=qlen,
+        doc_max_length=dlen,
+        batch_size=batch,
+        device=device_option(device),
+        dtype=dtype,  # type: ignore[arg-type]
+    )
+    precision = (
+        "float32" if enc.autocast_dtype is None else f"{str(enc.autocast_dtype).removeprefix('torch.')} autocast"
+    )
+    click.echo(f"loaded {enc.name} ({pooling} pooling, {enc.device}, {precision})", err=True)
+    return enc
+
+
+def report_collection(beir: BeirCollection) -> None:
+    """Print what was read and the counted warnings about a BEIR folder."""
+    judged = beir.judged_queries()
+    qrels = f", {sum(len(v) for v in beir.qrels.values()):,} judgments" if beir.qrels_path else ", no qrels"
+    click.echo(
+        f"read {beir.path.name}: {len(beir.corpus):,} documents, {len(beir.queries):,} queries "
+        f"({len(judged):,} judged){qrels}",
+        err=True,
+    )
+    if beir.qrels_path is not None:
+        check = beir.check_qrels()
+        for line in check.warnings(beir.qrels_path):
+            warn(line)
+        if check.identical_id_pairs:
+            click.echo(
+                f"note: {check.identical_id_pairs:,} relevant judged pairs have equal query and document ids; "
+                "they are kept (see gpusparse eval --help)",
+                err=True,
+            )
+    for name, texts in (("documents", beir.corpus), ("queries", beir.queries)):
+        if texts.n_empty:
+            warn(f"{texts.path}: {texts.n_empty:,} {name} have empty text; they get empty vectors")
+
+
+def echo_err(line: str) -> None:
+    """A progress line on stderr (stdout carries only results)."""
+    click.echo(line, err=True)

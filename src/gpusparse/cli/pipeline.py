@@ -1,0 +1,125 @@
+"""``pipeline``: a BEIR folder's texts to metrics in one command (steps: :mod:`gpusparse.pipeline`)."""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from pathlib import Path
+
+import click
+import torch
+
+from .. import __version__
+from ..beir import read_beir
+from ..evaluate import evaluate, format_table, parse_measures
+from ..formats import write_jsonl
+from ..pipeline import TextPipeline
+from ._common import default_device, friendly_errors, parse_size, progress_option, warn
+from ._text import echo_err, encoder_options, make_encoder, report_collection
+from .eval import DEFAULT_MEASURES
+
+
+@click.command("pipeline")
+@click.argument("beir_dir", type=click.Path(path_type=Path))
+@encoder_options
+@click.option("-k", "--k", "k", default=1000, show_default=True, type=click.IntRange(min=1), help="Results per query.")
+@click.option("-m", "--measures", default=DEFAULT_MEASURES, show_default=True, help="Measures (see gpusparse eval).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    help="Folder for run.trec and metrics.json [default: pipeline-<BEIR_DIR name>].",
+)
+@click.option("--save-vectors", is_flag=True, help="Also write the vectors (exact float32) to OUTPUT/vectors/.")
+@click.option("--save-index", is_flag=True, help="Also save the index to OUTPUT/index/.")
+@click.option("--device", help="Where to index and search: cpu or cuda[:N] [default: cuda if available].")
+@click.option("--memory-budget", default="1GiB", show_default=True, help="Bytes of search temporaries.")
+@progress_option
+@friendly_errors
+def pipeline_cmd(
+    beir_dir: Path,
+    model: str,
+    pooling: str,
+    query_max_length: int,
+    doc_max_length: int,
+    encode_batch_size: int,
+    encode_device: str | None,
+    dtype: str,
+    prune_top: int | None,
+    prune_threshold: float | None,
+    split: str,
+    k: int,
+    measures: str,
+    output: Path | None,
+    save_vectors: bool,
+    save_index: bool,
+    device: str | None,
+    memory_budget: str,
+    progress: bool,
+) -> None:
+    """Encode a BEIR folder, index it, search its judged queries and print the metrics.
+
+    One command for text -> SPLADE vectors -> index -> exact top-k -> ir_measures metrics.
+    Writes OUTPUT/run.trec and OUTPUT/metrics.json (settings, counts, metrics, timings).
+    Only the queries judged in qrels/SPLIT.tsv are searched.
+
+    Identical ids: query and document ids are separate namespaces, and no document is
+    dropped for having its query's id (unlike BEIR's default ignore_identical_ids=True):
+    in Cranfield and CISI numeric ids collide and such pairs can be truly relevant.
+    """
+    parsed = parse_measures(measures)
+    budget = parse_size(memory_budget)
+    output = output or Path(f"pipeline-{beir_dir.resolve().name}")
+    dev = default_device(device)
+    t_start = time.perf_counter()
+    beir = read_beir(beir_dir, split)
+    report_collection(beir)
+    judged = beir.judged_queries()
+    if not len(judged):
+        raise click.UsageError(f"none of the queries of {beir.queries.path} is judged in {beir.qrels_path}")
+    enc = make_encoder(model, pooling, query_max_length, doc_max_length, encode_batch_size, encode_device, dtype)
+    pipe = TextPipeline(beir.corpus, judged, enc, log=echo_err)
+    docs, queries = pipe.encode(prune_top=prune_top, prune_threshold=prune_threshold, progress=progress)
+    output.mkdir(parents=True, exist_ok=True)
+    if save_vectors:
+        (output / "vectors").mkdir(exist_ok=True)
+        write_jsonl(docs, output / "vectors" / "corpus.jsonl.gz")
+        write_jsonl(queries, output / "vectors" / "queries.jsonl.gz", contents=judged.texts)
+    index = pipe.build_index(dev, progress=progress)
+    st = index.stats()
+    click.echo(
+        f"indexed {st.n_docs:,} documents, {st.n_postings:,} postings in {pipe.index_seconds:.1f} s on {dev}", err=True
+    )
+    if save_index:
+        index.save(output / "index", overwrite=True)
+    pipe.search(k, memory_budget=budget, progress=progress)
+    run_path = output / "run.trec"
+    n = pipe.write_run(run_path)
+    click.echo(
+        f"searched {len(queries):,} queries in {pipe.search_seconds:.3f} s; wrote {n:,} lines to {run_path}", err=True
+    )
+    ev = evaluate(run_path, beir.qrels, parsed)  # the run file as written, as `gpusparse eval` would score it
+    for line in ev.warnings():
+        warn(line)
+    report = {
+        "collection": beir.path.name,
+        "gpusparse": __version__,
+        "model": enc.name,
+        "settings": {
+            "pooling": pooling,
+            "query_max_length": query_max_length,
+            "doc_max_length": doc_max_length,
+            "dtype": dtype,
+            "prune_top": prune_top,
+            "prune_threshold": prune_threshold,
+            "split": split,
+            "k": k,
+        },
+        **pipe.summary(),
+        **ev.as_dict(),
+        "total_seconds": round(time.perf_counter() - t_start, 1),
+        "machine": {"python": platform.python_version(), "torch": torch.__version__, "cpu": platform.machine()},
+    }
+    (output / "metrics.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    click.echo(format_table([(beir.path.name, ev)], label="collection"))

@@ -1,0 +1,195 @@
+"""``search``: a TREC run from an index folder (plain, sharded or segmented), one process or many."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import torch.distributed as dist
+
+from ..distributed import first_error, init_from_env, load_shard, open_for_search, search_sharded
+from ..errors import GPUSparseError
+from ..formats import ReadStats, read_vectors
+from ..segments import SegmentedIndex, is_segmented
+from ..shards import is_sharded, shard_ids
+from ._common import (
+    check_kernel,
+    default_device,
+    fail,
+    friendly_errors,
+    kernel_choice,
+    parse_size,
+    progress_option,
+    unknown_option,
+    write_run,
+)
+
+
+@click.command("search")
+@click.argument("index_dir", type=click.Path(path_type=Path))
+@click.argument("queries", type=click.Path(path_type=Path))
+@click.option("-k", "--k", "k", default=1000, show_default=True, type=click.IntRange(min=1), help="Results per query.")
+@click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="TREC run file to write.")
+@click.option("--batch-size", type=click.IntRange(min=1), help="Queries scored together [default: from the budget].")
+@click.option("--device", help="cpu or cuda[:N] [default: cuda if available, else cpu].")
+@click.option(
+    "--kernel",
+    type=kernel_choice,
+    default="auto",
+    show_default=True,
+    help="Scoring kernel; auto picks the fastest exact one for the device.",
+)
+@click.option("--memory-budget", default="1GiB", show_default=True, help="Bytes of search temporaries.")
+@click.option("--tag", default="gpusparse", show_default=True, help="Run tag (last column).")
+@unknown_option
+@click.option("--verify/--no-verify", default=True, show_default=True, help="Check the index files' checksums.")
+@click.option(
+    "--distributed",
+    is_flag=True,
+    help="Under torchrun: each process searches its shards (one GPU each, else the CPU) and the "
+    "results are merged on the device; process 0 writes the run.",
+)
+@click.option(
+    "--index-memory",
+    help="Device memory the index (or a process's shards) may use; a larger one is streamed from "
+    "host memory in pieces [default: 90% of the GPU's free memory; no limit on cpu].",
+)
+@click.option("--pieces", type=click.IntRange(min=1), help="Stream the index in N pieces (forces streaming).")
+@progress_option
+@friendly_errors
+def search_cmd(
+    index_dir: Path,
+    queries: Path,
+    k: int,
+    output: Path,
+    batch_size: int | None,
+    device: str | None,
+    kernel: str,
+    memory_budget: str,
+    tag: str,
+    unknown_tokens: str,
+    verify: bool,
+    distributed: bool,
+    index_memory: str | None,
+    pieces: int | None,
+    progress: bool,
+) -> None:
+    """Search an index with the queries in QUERIES and write a TREC run.
+
+    QUERIES is a JsonVectorCollection JSONL(.gz) (or Seismic JSONL/.bin) file read in the
+    index's vocabulary; its ids become the run's query ids. With --distributed, start one
+    process per GPU: torchrun --nproc-per-node=N $(which gpusparse) search ... --distributed
+    (the run equals a single process's, byte for byte).
+    """
+    budget = parse_size(memory_budget)
+    if budget < 1 << 16:
+        raise click.BadParameter("must be at least 64KiB", param_hint="--memory-budget")
+    index_budget = None if index_memory is None else parse_size(index_memory)
+    if not output.parent.is_dir():
+        raise click.BadParameter(f"folder {output.parent} does not exist", param_hint="--output")
+    if tag.split() != [tag]:
+        raise click.BadParameter("must be one word", param_hint="--tag")
+    if distributed:
+        _search_distributed(
+            index_dir, queries, k, output, batch_size, device, kernel, budget, tag, unknown_tokens, verify,
+            index_budget, pieces, progress,
+        )  # fmt: skip
+        return
+    dev = default_device(device)
+    check_kernel(kernel, dev)
+    # An index updated with add/delete/compact is a segmented folder: search its snapshot.
+    segmented = is_segmented(index_dir)
+    if segmented:
+        if index_budget is not None or pieces is not None:
+            raise click.UsageError("--index-memory and --pieces apply to plain and sharded index folders")
+        index: Any = SegmentedIndex.load(index_dir, device=dev, verify=verify)
+    else:
+        host, _, _ = load_shard(index_dir, verify=verify)
+        index = open_for_search(
+            host, dev, kernel=kernel, index_memory=index_budget, pieces=pieces, memory_budget=budget
+        )
+    stats = ReadStats()
+    qs = read_vectors(queries, index.vocab, unknown=unknown_tokens, progress=progress, stats=stats)  # type: ignore[arg-type]
+    click.echo(f"read {stats.summary()}", err=True)
+    t0 = time.perf_counter()
+    res = index.search(qs, k, batch_size=batch_size, kernel=kernel, memory_budget=budget, progress=progress)
+    dt = time.perf_counter() - t0
+    if segmented:
+        doc_names, ranked = index.position_ids, res.positions
+    else:
+        doc_names, ranked = index.ids, res.ids
+    n = write_run(output, qs.ids, doc_names, res.scores, ranked, tag)
+    qps = len(qs) / dt if dt > 0 else float("inf")
+    streamed = f" (streamed in {len(index.pieces)} pieces)" if hasattr(index, "pieces") else ""
+    click.echo(
+        f"searched {len(qs):,} queries on {dev}{streamed} in {dt:.3f} s ({qps:,.0f} queries/s); "
+        f"wrote {n:,} lines to {output}",
+        err=True,
+    )
+
+
+def _search_distributed(
+    index_dir: Path,
+    queries: Path,
+    k: int,
+    output: Path,
+    batch_size: int | None,
+    device: str | None,
+    kernel: str,
+    budget: int,
+    tag: str,
+    unknown_tokens: str,
+    verify: bool,
+    index_budget: int | None,
+    pieces: int | None,
+    progress: bool,
+) -> None:
+    """``search --distributed``: one process of a torchrun group (see gpusparse.distributed).
+
+    Set-up errors (a missing shard, bad queries) are shared before any search, so that every
+    process stops: process 0 prints the first one, the others exit with status 1 silently.
+    """
+    rank, world, dev = init_from_env(device)
+    try:
+        error = None
+        try:
+            check_kernel(kernel, str(dev))
+            host, offset, n_docs = load_shard(index_dir, rank, world, verify=verify)
+            shard = open_for_search(
+                host, dev, kernel=kernel, index_memory=index_budget, pieces=pieces, memory_budget=budget
+            )
+            stats = ReadStats()
+            qs = read_vectors(queries, shard.vocab, unknown=unknown_tokens, progress=False, stats=stats)  # type: ignore[arg-type]
+            names: list[str] = []
+            if rank == 0:
+                names = shard_ids(index_dir, verify=verify) if is_sharded(index_dir) else host.ids
+        except (GPUSparseError, OSError, click.BadParameter) as exc:
+            where = f"{exc.filename}: " if isinstance(exc, OSError) and exc.filename else ""
+            error = where + (exc.format_message() if isinstance(exc, click.BadParameter) else str(exc))
+        failed = first_error(error)
+        if failed is not None:
+            if rank == 0:
+                fail(failed[1] if world == 1 else f"process {failed[0]}: {failed[1]}")
+            sys.exit(1)
+        if rank == 0:
+            click.echo(f"read {stats.summary()}", err=True)
+        t0 = time.perf_counter()
+        res = search_sharded(
+            shard, qs, k, offset=offset, n_docs=n_docs, batch_size=batch_size, kernel=kernel,
+            memory_budget=budget, progress=progress and rank == 0,
+        )  # fmt: skip
+        dt = time.perf_counter() - t0
+        if rank == 0:
+            n = write_run(output, qs.ids, names, res.scores, res.ids, tag)
+            qps = len(qs) / dt if dt > 0 else float("inf")
+            click.echo(
+                f"searched {len(qs):,} queries on {world} processes ({dev.type}) in {dt:.3f} s "
+                f"({qps:,.0f} queries/s); wrote {n:,} lines to {output}",
+                err=True,
+            )
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,104 @@
+"""``verify``: check a top-k against an independent exact scorer (:mod:`gpusparse.verify`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from ..formats import read_trec_run, read_vectors
+from ..index import Index
+from ..quantize import quantize_collection, quantize_queries
+from ..search import available_kernels
+from ..verify import documents_from_index_arrays, verify_run
+from ._common import default_device, fail, friendly_errors, parse_size, progress_option, unknown_option
+
+
+@click.command("verify")
+@click.argument("index_dir", type=click.Path(path_type=Path))
+@click.argument("queries", type=click.Path(path_type=Path))
+@click.option("--run", "run_file", type=click.Path(path_type=Path), help="Check this TREC run [default: search now].")
+@click.option(
+    "--docs",
+    multiple=True,
+    type=click.Path(path_type=Path),
+    help="Score the original document vectors instead of the index's arrays (repeatable).",
+)
+@click.option("--at", "ks", default="10 100 1000", show_default=True, help="Cutoffs k for Recall@k.")
+@click.option("--kernel", default="auto", show_default=True, help="Kernel to check when searching now.")
+@click.option("--device", help="Where to search when searching now [default: cuda if available].")
+@click.option("--memory-budget", default="256MiB", show_default=True, help="Bytes of float64 scores per chunk.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@unknown_option
+@progress_option
+@friendly_errors
+def verify_cmd(
+    index_dir: Path,
+    queries: Path,
+    run_file: Path | None,
+    docs: tuple[Path, ...],
+    ks: str,
+    kernel: str,
+    device: str | None,
+    memory_budget: str,
+    as_json: bool,
+    unknown_tokens: str,
+    progress: bool,
+) -> None:
+    """Check a top-k against an independent exact scorer (float64, scipy, CPU).
+
+    Compares our search of INDEX_DIR with QUERIES (or the run given with --run) with exact
+    float64 scores computed by scipy over document chunks, and reports Recall@k of the
+    exact top-k and the largest score difference. Exits with status 1 when not exact.
+    """
+    try:
+        cutoffs = sorted({int(x) for x in ks.replace(",", " ").split()})
+    except ValueError:
+        raise click.BadParameter("expected numbers such as '10 100 1000'", param_hint="--at") from None
+    if not cutoffs or cutoffs[0] < 1:
+        raise click.BadParameter("cutoffs must be positive", param_hint="--at")
+    if kernel != "auto" and kernel not in available_kernels():
+        raise click.BadParameter(f"choose auto or one of {', '.join(available_kernels())}", param_hint="--kernel")
+    budget = parse_size(memory_budget)
+    index = Index.load(index_dir)
+    qs = read_vectors(queries, index.vocab, unknown=unknown_tokens, progress=progress)  # type: ignore[arg-type]
+    if index.quantization is not None:  # exact for the vectors the index actually searches
+        qs = quantize_queries(qs, index.quantization.bits)
+    if run_file is not None:
+        run = read_trec_run(run_file)
+        name = str(run_file)
+    else:
+        dev = default_device(device)
+        res = index.search(qs, max(cutoffs), device=dev, kernel=kernel, progress=progress)
+        run = {
+            qid: [
+                (index.ids[d], float(s))
+                for d, s in zip(res.ids[i].tolist(), res.scores[i].tolist(), strict=True)
+                if d >= 0
+            ]
+            for i, qid in enumerate(qs.ids)
+        }
+        name = f"search of {index_dir} ({dev})"
+    if docs:
+        coll = read_vectors(list(docs), index.vocab, unknown=unknown_tokens, progress=progress)  # type: ignore[arg-type]
+        if index.quantization is not None:
+            coll, _ = quantize_collection(coll, index.quantization.bits, index.quantization.step)
+        matrix, doc_ids = coll.to_scipy(), coll.ids
+    else:
+        arrays = {k: v.numpy() for k, v in index.arrays().items()}
+        matrix = documents_from_index_arrays(
+            arrays["doc_ids"], arrays["scores"], arrays["offsets"], arrays["lengths"], index.n_docs
+        )
+        doc_ids = index.ids
+    report = verify_run(
+        run, qs, matrix, doc_ids, ks=cutoffs, memory_budget=budget, progress=progress, run_name=str(run_file or "")
+    )
+    if as_json:
+        click.echo(json.dumps({"run": name, **report.as_dict()}, indent=2))
+    else:
+        click.echo(f"run: {name}")
+        for line in report.lines():
+            click.echo(line)
+    if not report.exact:
+        fail(f"{name} differs from exact search")
