@@ -34,12 +34,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from gpusparse.tiled import DEFAULT_FIXED, tiled, tiled_search
 
-import gpusparse.search as search_mod
 from gpusparse import Index, SparseCollection, Vocabulary
+from gpusparse.config import override_config
+from gpusparse.engines.tiled.engine import layout_for_search, tiled_search
 from gpusparse.kernels.cupy_launch import source, variant
-from gpusparse.search import query_batch
+from gpusparse.queries import query_batch
 from gpusparse.synthetic import generate
 
 
@@ -117,10 +117,10 @@ def main() -> None:
     del di, dt_, dw
     queries = SparseCollection(qi.cpu().numpy(), qt.cpu().numpy(), qw.cpu().numpy(), vocab=vocab)
     batch = query_batch(queries, index.device)
-    tl = tiled(index, None, "auto", DEFAULT_FIXED)
+    tl = layout_for_search(index)
     if args.ncu:
         sync()
-        tiled_search(index, batch, max(args.ks))
+        tiled_search(index, batch, max(args.ks)).resolved()
         sync()
         return
     card = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
@@ -145,31 +145,31 @@ def measure(args, index, queries, batch, sync, out: dict, label: str) -> None:
         exact = None
         if args.check:
             ref = index.search(queries, k, kernel="scatter" if args.device == "cuda" else "reference")
-            s_, i_ = tiled_search(index, batch, k)
+            s_, i_ = tiled_search(index, batch, k).resolved()
             exact = bool(torch.equal(i_.cpu(), ref.ids) and torch.equal(s_.cpu(), ref.scores))
         for _ in range(3):
-            tiled_search(index, batch, k)
+            tiled_search(index, batch, k).resolved()
         walls = []
         for _ in range(10):
             sync()
             t0 = time.perf_counter()
-            tiled_search(index, batch, k)
+            tiled_search(index, batch, k).resolved()
             sync()
             walls.append((time.perf_counter() - t0) * 1e3)
         trace = args.out / f"trace-{label}-k{k}.json" if args.trace else None
         h2h_by = {}  # the same batch host to host: Index.search (queries in, top-k back on the host)
         for pinned in (False, True):
-            search_mod.PINNED_RESULTS = pinned
             host = []
-            for rep in range(12):
-                sync()
-                t0 = time.perf_counter()
-                index.search(queries, k, batch_size=len(queries))
-                sync()
-                if rep >= 2:
-                    host.append((time.perf_counter() - t0) * 1e3)
+            with override_config(pinned_results=pinned):
+                for rep in range(12):
+                    sync()
+                    t0 = time.perf_counter()
+                    index.search(queries, k, batch_size=len(queries))
+                    sync()
+                    if rep >= 2:
+                        host.append((time.perf_counter() - t0) * 1e3)
             h2h_by[pinned] = statistics.median(host)
-        wall, ops = device_ops(lambda: tiled_search(index, batch, k), sync, trace)  # noqa: B023
+        wall, ops = device_ops(lambda: tiled_search(index, batch, k).resolved(), sync, trace)  # noqa: B023
         busy = sum(o["device_ms"] for o in ops)
         med = statistics.median(walls)
         h2h = h2h_by[True]

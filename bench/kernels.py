@@ -35,9 +35,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from gpusparse import Index, SparseCollection, Vocabulary
-from gpusparse.kernels import docpar_scores, forward_index, scatter_add_scores
-from gpusparse.search import available_kernels, query_batch
+from gpusparse import Index, SparseCollection, Vocabulary, engines
+from gpusparse.kernels import docpar_scores, scatter_add_scores
+from gpusparse.layout.forward import forward_index
+from gpusparse.queries import query_batch
 from gpusparse.synthetic import generate
 
 
@@ -135,7 +136,7 @@ def bench_size(n_docs: int, args: argparse.Namespace, bw: float) -> list[dict]:
     st = index.stats()
     t0 = time.perf_counter()
     fwd = forward_index(index)
-    index.cache["forward"] = fwd
+    index.derived.forward = fwd
     torch.cuda.synchronize()
     t_fwd = time.perf_counter() - t0
     queries = SparseCollection(qi.cpu().numpy(), qt.cpu().numpy(), qw.cpu().numpy(), vocab=vocab)
@@ -189,7 +190,7 @@ def bench_size(n_docs: int, args: argparse.Namespace, bw: float) -> list[dict]:
                         "timing": "cuda events, device only",
                     }
                 )
-            for kern in available_kernels():
+            for kern in engines.names():
                 torch.cuda.reset_peak_memory_stats()
                 search = partial(index.search, q, k, kernel=kern, memory_budget=args.memory_budget)
                 times = time_wall(search, reps=args.reps, warmup=1)
@@ -211,9 +212,7 @@ def bench_size(n_docs: int, args: argparse.Namespace, bw: float) -> list[dict]:
                 )
             print(
                 "  "
-                + "  ".join(
-                    f"{r['system']} {r['ms_per_batch']:.2f}ms" for r in results[-2 - len(available_kernels()) :]
-                )
+                + "  ".join(f"{r['system']} {r['ms_per_batch']:.2f}ms" for r in results[-2 - len(engines.names()) :])
                 + f"  [N={n_docs:,} B={b} k={k}]",
                 flush=True,
             )

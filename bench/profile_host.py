@@ -29,13 +29,13 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--quantize", type=int, default=0)
-    p.add_argument("--fixed", type=int, default=None, help="override tiled.DEFAULT_FIXED (0 or 1)")
+    p.add_argument("--fixed", type=int, default=None, help="override EngineConfig.fixed_point (0 or 1)")
     p.add_argument("--no-profile", action="store_true", help="timings only")
     args = p.parse_args()
     if args.fixed is not None:
-        import gpusparse.tiled as tiled_mod
+        from gpusparse.config import override_config
 
-        tiled_mod.DEFAULT_FIXED = bool(args.fixed)
+        override_config(fixed_point=bool(args.fixed)).__enter__()  # for the whole script
     vocab = Vocabulary.bert()
     (di, dt_, dw), (qi, qt, qw) = generate(args.n_docs, args.batch, seed=0, device="cuda")
     index = Index.from_csr(di, dt_, dw, vocab, device="cuda", quantize=args.quantize or None)

@@ -24,13 +24,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from gpusparse.tiled import fixed_point, initial_capacity, kernel_scale, tiled, tiled_search
 
 from gpusparse import Index, SparseCollection, Vocabulary
+from gpusparse.engines.tiled.engine import tiled_search
+from gpusparse.engines.tiled.fixed_point import fixed_point, kernel_scale
+from gpusparse.engines.tiled.waves import initial_capacity
 from gpusparse.kernels import tile_candidates
 from gpusparse.kernels.cupy_launch import variant
+from gpusparse.layout.tiled import tiled_layout
 from gpusparse.quantize import quantize_queries
-from gpusparse.search import query_batch
+from gpusparse.queries import query_batch
 from gpusparse.synthetic import generate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -82,6 +85,11 @@ def trace(fn, label: str) -> None:
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=40))
 
 
+def resolved_search(*args, **kwargs):
+    """:func:`tiled_search` with its flagged rows searched again (its one host sync)."""
+    return tiled_search(*args, **kwargs).resolved()
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--sizes", type=int, nargs="+", default=[1_000_000])
@@ -122,7 +130,7 @@ def main() -> None:
                 continue
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            tl = tiled(index, tb, dm or None, bool(fx))
+            tl = tiled_layout(index, tb, dm or None, bool(fx))
             torch.cuda.synchronize()
             build_s = time.perf_counter() - t0
             for b in args.batches:
@@ -152,9 +160,18 @@ def main() -> None:
                         launch()
                         torch.cuda.synchronize()
                         c = count.to(torch.float64)
+
                         search = partial(
-                            tiled_search, index, batch, k, tile_bits=tb, dense_min=dm or None, acc=acc, fixed=bool(fx)
+                            resolved_search,
+                            index,
+                            batch,
+                            k,
+                            tile_bits=tb,
+                            dense_min=dm or None,
+                            acc=acc,
+                            fixed=bool(fx),
                         )
+
                         full_ms = wall(search)
                         if args.search_phases:
                             for name, defs in (
@@ -203,7 +220,7 @@ def main() -> None:
                             f"search {full_ms:.2f} ms, candidates mean {c.mean():.0f} max {c.max():.0f}",
                             flush=True,
                         )
-            index.cache.clear()
+            index.derived.reset()
         torch.cuda.empty_cache()
     card = torch.cuda.get_device_name(0).replace("NVIDIA ", "").replace(" ", "-")
     path = args.out / f"{dt.date.today().isoformat()}-{card}-profile-tiled.json"

@@ -18,7 +18,7 @@ Six parts (``--only`` picks some), each written into one result file (the runner
   of ``gpusparse pipeline``, :class:`gpusparse.pipeline.TextPipeline`) on every BEIR folder
   under a data root, each run checked by the independent exact scorer of :mod:`gpusparse.verify`.
 
-"ours" is the kernel ``kernel="auto"`` picks on the device (:func:`gpusparse.search.choose_kernel`);
+"ours" is the kernel ``kernel="auto"`` picks on the device (:func:`gpusparse.engines.choose`);
 "paper" is the paper's pipeline (:class:`~gpusparse_bench.systems.PaperScatter`). The
 ``batch``, ``sparsity`` and ``vocab`` parts are :func:`gpusparse_bench.runner._run_size`
 itself (same timing, reference, floors and exactness check as ``gpusparse bench run``);
@@ -40,6 +40,7 @@ from traceback import format_exc
 
 import torch
 
+from gpusparse import engines
 from gpusparse.beir import read_beir, read_queries
 from gpusparse.collection import SparseCollection
 from gpusparse.encode import SpladeEncoder, check_model_folder, random_bert_base
@@ -47,7 +48,6 @@ from gpusparse.errors import InputError
 from gpusparse.evaluate import evaluate
 from gpusparse.index import Index
 from gpusparse.pipeline import TextPipeline
-from gpusparse.search import choose_kernel
 from gpusparse.synthetic import MSMARCO_DOCS, SyntheticSpec, generate
 from gpusparse.verify import verify_run
 from gpusparse.vocab import Vocabulary
@@ -193,7 +193,7 @@ class _Ctx:
 
 def ours_name(device: torch.device) -> str:
     """The benchmark name of the kernel ``kernel="auto"`` runs on ``device``."""
-    return f"ours-{choose_kernel('auto', device)}"
+    return f"ours-{engines.choose('auto', device).name}"
 
 
 def run_paper(cfg: PaperConfig, *, log: Callable[[str], None] = print) -> Path:
@@ -212,7 +212,7 @@ def run_paper(cfg: PaperConfig, *, log: Callable[[str], None] = print) -> Path:
     env["copy_bandwidth_bytes_per_s"] = copy_rate(device, (1 << 30) if big else (1 << 26), 20)
     env["onchip_copy_bytes_per_s"] = copy_rate(device, (16 << 20) if big else (1 << 20), 20, inner=100 if big else 4)
     env["posting_bytes"] = 8
-    env["ours_kernel"] = choose_kernel("auto", device)
+    env["ours_kernel"] = engines.choose("auto", device).name
     out = ResultFile(result_path(rc, env), env, rc)
     out.data["config"] = _paper_config_dict(cfg)
     out.data["parts"] = {}
@@ -342,7 +342,7 @@ def _part_memory(ctx: _Ctx) -> None:
             index, (torch.zeros(n + 1, dtype=torch.int64, device=dev),) * 3, memory_budget=ctx.cfg.memory_budget
         )
         resident = torch.cuda.memory_allocated(dev) if cuda else None
-        for system in (OursKernel(choose_kernel("auto", dev)), PaperScatter(), PaperScatterChunked()):
+        for system in (OursKernel(engines.choose("auto", dev).name), PaperScatter(), PaperScatterChunked()):
             base = {
                 "part": "memory",
                 "system": system.name,
@@ -508,7 +508,7 @@ def _part_e2e(ctx: _Ctx) -> None:
     st = index.stats()
     w = Workload(index, docs, memory_budget=ctx.cfg.memory_budget)
     systems: list[System] = []
-    for system in (OursKernel(choose_kernel("auto", dev)), PaperScatter()):
+    for system in (OursKernel(engines.choose("auto", dev).name), PaperScatter()):
         try:
             system.prepare(w)
             systems.append(system)
@@ -635,7 +635,7 @@ def _quality_one(ctx: _Ctx, enc: SpladeEncoder, folder: Path) -> dict:
     pipe = TextPipeline(corpus, judged, enc)
     docs, queries = pipe.encode()
     t_enc = time.perf_counter() - t0
-    kernel = choose_kernel("auto", ctx.device)
+    kernel = engines.choose("auto", ctx.device).name
     pipe.build_index(ctx.device)
     pipe.search(cfg.quality_k, kernel=kernel, memory_budget=cfg.memory_budget)
     _sync(ctx.device)

@@ -363,7 +363,7 @@ def _run_size(
     index = Index.from_csr(*docs, vocab, device=device)
     _sync(device)
     t_index = time.perf_counter() - t0
-    index.cache["forward"] = docs  # the doc-parallel kernel's CSR: the generator's output
+    index.derived.forward = docs  # the doc-parallel kernel's CSR: the generator's output
     ist = index.stats()
     queries = SparseCollection(qcsr[0].cpu().numpy(), qcsr[1].cpu().numpy(), qcsr[2].cpu().numpy(), vocab=vocab)
     del qcsr
@@ -532,17 +532,9 @@ def _collect_workers(
 
 
 def derived_bytes(index: Index) -> int:
-    """Device bytes of what searches built from the index and keep in ``index.cache`` (our
-    tiled layout, ...), the benchmark's document CSR (``"forward"``) left out."""
-    total = 0
-    for key, value in index.cache.items():
-        if key == "forward":
-            continue
-        if isinstance(value, torch.Tensor):
-            total += value.numel() * value.element_size()
-        elif hasattr(value, "nbytes"):
-            total += int(value.nbytes)
-    return total
+    """Device bytes of what searches built from the index and keep in ``index.derived`` (our
+    tiled layout, ...), the benchmark's document CSR (the forward copy) left out."""
+    return index.derived.device_bytes(forward=False)
 
 
 def _free(system: System, device: torch.device) -> None:

@@ -8,7 +8,7 @@ scores are float32 sums in arbitrary order); the runner compares them with the e
 reference.
 
 * ``ours-<kernel>``: :meth:`gpusparse.Index.search` with every kernel of
-  :func:`gpusparse.search.available_kernels`, exact by contract;
+  :func:`gpusparse.engines.names`, exact by contract;
 * ``paper-scatter``: the GPUSparse paper's pipeline as published: a float32 ``[B, N]``
   buffer, its fused Triton scatter-add (:func:`gpusparse.kernels.scatter_add_scores`,
   one program per (query, term), ``BLOCK_PL=128``, ``tl.atomic_add``), then ``torch.topk``;
@@ -36,9 +36,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gpusparse import engines
 from gpusparse.collection import SparseCollection
 from gpusparse.index import Index
-from gpusparse.search import QueryBatch, available_kernels, choose_kernel, query_batch
+from gpusparse.queries import QueryBatch, query_batch
 
 
 class SystemUnavailable(Exception):
@@ -165,7 +166,7 @@ class OursKernel(System):
 
     def _prepare(self, w: Workload) -> None:
         try:
-            choose_kernel(self.kernel, w.device)
+            engines.choose(self.kernel, w.device)
         except (ValueError, ImportError) as e:
             raise SystemUnavailable(str(e)) from e
 
@@ -177,10 +178,7 @@ class OursKernel(System):
     def close(self) -> None:
         # Derived structures (tiled layout, ...) are rebuilt on demand; keep the forward CSR.
         if self.w is not None:
-            fwd = self.w.index.cache.get("forward")
-            self.w.index.cache.clear()
-            if fwd is not None:
-                self.w.index.cache["forward"] = fwd
+            self.w.index.derived.reset(keep_forward=True)
         super().close()
 
 
@@ -203,7 +201,7 @@ class OursQuantized(System):
 
     def _prepare(self, w: Workload) -> None:
         try:
-            choose_kernel(self.kernel, w.device)
+            engines.choose(self.kernel, w.device)
         except (ValueError, ImportError) as e:
             raise SystemUnavailable(str(e)) from e
         indptr, terms, weights = w.forward
@@ -471,8 +469,8 @@ class DenseCompiled(DenseMatmul):
 
 
 def gpu_systems(kernels: tuple[str, ...] | None = None) -> list[System]:
-    """Every GPU system of the benchmark, ours first (one per kernel of ``available_kernels()``)."""
-    ours = [OursKernel(k) for k in (kernels or available_kernels())]
+    """Every GPU system of the benchmark, ours first (one per engine of ``engines.names()``)."""
+    ours = [OursKernel(k) for k in (kernels or engines.names())]
     return [
         *ours,
         OursQuantized(),

@@ -13,10 +13,9 @@ from typing import Any, NoReturn, TypeVar
 import click
 import torch
 
-from .. import sizes
+from .. import engines, sizes
 from ..errors import GPUSparseError
 from ..formats import write_trec_run
-from ..search import choose_kernel
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -76,7 +75,7 @@ def default_device(name: str | None) -> str:
 def check_kernel(kernel: str, dev: str) -> None:
     """A ``--kernel`` that cannot run on ``dev`` is a usage error (exit status 2)."""
     try:
-        choose_kernel(kernel, torch.device(dev))
+        engines.choose(kernel, torch.device(dev))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--kernel") from None
 
@@ -102,4 +101,4 @@ unknown_option = click.option(
     show_default=True,
     help="A token missing from the vocabulary is an error, or is dropped and counted.",
 )
-kernel_choice = click.Choice(["auto", "reference", "scatter", "docpar", "tiled"])
+kernel_choice = click.Choice(["auto", *engines.names()])

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import click
 
+from .. import engines
 from ..formats import read_trec_run, read_vectors
 from ..index import Index
 from ..quantize import quantize_collection, quantize_queries
-from ..search import available_kernels
 from ..verify import documents_from_index_arrays, verify_run
 from ._common import default_device, fail, friendly_errors, parse_size, progress_option, unknown_option
 
@@ -58,8 +58,8 @@ def verify_cmd(
         raise click.BadParameter("expected numbers such as '10 100 1000'", param_hint="--at") from None
     if not cutoffs or cutoffs[0] < 1:
         raise click.BadParameter("cutoffs must be positive", param_hint="--at")
-    if kernel != "auto" and kernel not in available_kernels():
-        raise click.BadParameter(f"choose auto or one of {', '.join(available_kernels())}", param_hint="--kernel")
+    if kernel != "auto" and kernel not in engines.names():
+        raise click.BadParameter(f"choose auto or one of {', '.join(engines.names())}", param_hint="--kernel")
     budget = parse_size(memory_budget)
     index = Index.load(index_dir)
     qs = read_vectors(queries, index.vocab, unknown=unknown_tokens, progress=progress)  # type: ignore[arg-type]

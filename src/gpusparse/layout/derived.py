@@ -9,6 +9,7 @@ device); the arrays' other structures are built again where they are needed.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,3 +67,32 @@ class DerivedState:
     def keep_copy(self, device: torch.device, index: Any) -> None:
         """Keep ``index`` as the copy on ``device`` (replacing any other)."""
         self.copy = (normalize_device(device), index)
+
+    def reset(self, *, keep_forward: bool = False) -> None:
+        """Drop what was built on the device (layouts, graphs, the copy on another device), and
+        the forward copy unless ``keep_forward``; the host statistics stay."""
+        forward = self.forward if keep_forward else None
+        self.layouts.clear()
+        self.graphs.clear()
+        self.copy = None
+        self.forward = forward
+
+    def device_bytes(self, *, forward: bool = True) -> int:
+        """Bytes of the tensors built on the index's device (each counted once: a layout holds
+        the forward copy it shares); the forward copy left out unless ``forward``."""
+        skip = {t.data_ptr() for t in self.forward or ()} if not forward else set()
+        seen: set[int] = set()
+        total = 0
+        tensors: list[torch.Tensor] = list(self.forward or ()) if forward else []
+        for layout in self.layouts.values():
+            for f in dataclasses.fields(layout):
+                value = getattr(layout, f.name)
+                parts = value if isinstance(value, tuple) else (value,)
+                tensors += [v for v in parts if isinstance(v, torch.Tensor)]
+        for t in tensors:
+            ptr = t.data_ptr()
+            if ptr in seen or ptr in skip:
+                continue
+            seen.add(ptr)
+            total += t.numel() * t.element_size()
+        return total
