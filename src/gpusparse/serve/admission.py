@@ -1,4 +1,8 @@
-"""Admission control: refuse search requests with HTTP 429 while the server holds as many as it can serve."""
+"""Admission control: refuse search requests with HTTP 429 while the server holds as many as it can serve.
+
+It counts a request from when its body has been read (:mod:`.body`) until it is answered,
+so a slow upload never takes a slot; it refuses before the body is parsed.
+"""
 
 from __future__ import annotations
 
@@ -15,12 +19,12 @@ RECEIVED_KEY = "gpusparse.received"  # the scope key where admission notes when 
 class AdmissionControl:
     """Pure ASGI middleware: refuse ``POST path`` with 429 at once while ``limit`` are in flight.
 
-    It runs before routing and before the body is read (uvicorn drops the unread body of an
-    answered request and keeps the connection), so a refusal costs the server little more
-    than parsing the request line and headers: under overload the event loop
-    stays free to answer, instead of reading, validating and queueing requests it will
-    refuse anyway. ``metrics.in_flight`` counts the requests admitted and not yet answered;
-    the time of admission goes into the scope (``RECEIVED_KEY``) for the latency metric.
+    It runs before routing, after :class:`~.body.BodyReader` has read the body (within its
+    size limit and deadline) and before the body is parsed, so a refusal costs the server
+    little more than receiving the bytes: under overload the event loop stays free to
+    answer, instead of parsing, validating and queueing requests it will refuse anyway.
+    ``metrics.in_flight`` counts the requests admitted and not yet answered; the time of
+    admission goes into the scope (``RECEIVED_KEY``) for the latency metric.
     """
 
     def __init__(self, app: Any, *, path: str, limit: int, metrics: Metrics, message: str) -> None:

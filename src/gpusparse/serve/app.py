@@ -58,7 +58,9 @@ def create_app(
 
     from ..search import check_vocab
     from .admission import AdmissionControl
+    from .body import BodyReader, Drain
     from .routes import add_search_route, add_status_routes
+    from .security import RequestGuard
     from .validate import describe_validation_errors
 
     config = dataclasses.replace(config or ServerConfig(), **settings)
@@ -85,11 +87,16 @@ def create_app(
         version=_version(),
         description="Exact top-k retrieval over learned sparse vectors, batched dynamically.",
         lifespan=lifespan,
+        # The docs pages load scripts and styles from a CDN: not served. /openapi.json is.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.index, app.state.encoder, app.state.batcher, app.state.metrics = index, encoder, batcher, metrics
     app.state.config = config
-    # Requests in flight at most: a full queue plus a batch being served. Counted from arrival,
-    # so the HTTP layer refuses the surplus before spending anything on it.
+    app.state.drain = drain = Drain()  # started by gpusparse.serve.run's server on shutdown
+    # Middleware, outermost last. Requests in flight at most: a full queue plus a batch being
+    # served, counted once the body is read (reading one takes no slot) and refused before
+    # parsing, so the HTTP layer refuses the surplus before spending much on it.
     app.add_middleware(
         AdmissionControl,
         path="/search",
@@ -97,6 +104,15 @@ def create_app(
         metrics=metrics,
         message=QUEUE_FULL.format(queue_size=config.queue_size),
     )
+    app.add_middleware(
+        BodyReader,
+        path="/search",
+        max_bytes=config.max_body_bytes,
+        timeout_s=config.body_timeout_s,
+        drain=drain,
+        metrics=metrics,
+    )
+    app.add_middleware(RequestGuard, allowed_hosts=config.allowed_hosts, auth_token=config.auth_token, metrics=metrics)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..collection import SparseCollection
+from ..errors import InputError
 
 if TYPE_CHECKING:
     from ..encode import SpladeEncoder
@@ -169,7 +170,12 @@ def search_batch(
     encoder: SpladeEncoder | None = None,
     search_kwargs: dict[str, Any] | None = None,
 ) -> None:
-    """Serve ``batch``: encode its texts in one call, search once with the largest ``k``, trim, deliver."""
+    """Serve ``batch``: encode its texts in one call, search once with the largest ``k``, trim, deliver.
+
+    When the search refuses the batch for bad input (:class:`InputError`, e.g. a query
+    whose scores would overflow float32), each request is searched alone, so only the
+    requests at fault get the error, not those that happened to share their batch.
+    """
     queries = [q for r in batch for q in r.queries]
     texts = [q for q in queries if isinstance(q, str)]
     if texts:
@@ -193,7 +199,17 @@ def search_batch(
     values = np.concatenate([w for _, w in rows]) if rows else np.zeros(0, np.float32)
     coll = SparseCollection(indptr, indices, values, vocab=index.vocab, check_ids=False)
     k = max(r.k for r in batch)
-    res = index.search(coll, k, **(search_kwargs or {}))
+    try:
+        res = index.search(coll, k, **(search_kwargs or {}))
+    except InputError:
+        if len(batch) == 1:
+            raise
+        for r in batch:
+            try:
+                search_batch(index, [r], encoder=encoder, search_kwargs=search_kwargs)
+            except Exception as exc:
+                r.deliver(exc)
+        return
     scores, ids = res.scores.numpy(), res.ids.numpy()
     row = 0
     for r in batch:

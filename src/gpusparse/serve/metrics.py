@@ -49,9 +49,12 @@ class Metrics:
 
     def __init__(self, max_batch_size: int) -> None:
         self._lock = threading.Lock()
+        # requests, queries and the histograms may be updated from the worker thread; the
+        # gauges in_flight and reading only from the event loop's thread.
         self.requests: dict[int, int] = collections.Counter()
         self.queries = 0
         self.in_flight = 0
+        self.reading = 0
         bounds = [1 << i for i in range(max(1, max_batch_size).bit_length())]
         if bounds[-1] < max_batch_size:
             bounds.append(max_batch_size)
@@ -83,9 +86,12 @@ class Metrics:
                 "# HELP gpusparse_queue_depth Requests waiting for the worker.",
                 "# TYPE gpusparse_queue_depth gauge",
                 f"gpusparse_queue_depth {queue_depth}",
-                "# HELP gpusparse_requests_in_flight Search requests received and not yet answered.",
+                "# HELP gpusparse_requests_in_flight Search requests read in full and not yet answered.",
                 "# TYPE gpusparse_requests_in_flight gauge",
                 f"gpusparse_requests_in_flight {self.in_flight}",
+                "# HELP gpusparse_requests_reading_body Search requests whose body is still arriving.",
+                "# TYPE gpusparse_requests_reading_body gauge",
+                f"gpusparse_requests_reading_body {self.reading}",
                 "# HELP gpusparse_batch_size Queries per search batch.",
                 "# TYPE gpusparse_batch_size histogram",
                 *self.batch_size.lines("gpusparse_batch_size"),

@@ -1,5 +1,8 @@
 """The endpoints: ``POST /search`` (parse, validate, queue, answer), ``GET /health``, ``GET /metrics``.
 
+``/search`` parses small bodies on the event loop and large ones in a thread; it never
+answers a non-finite score (JSON has none): such a request gets 400.
+
 Imported only when an app is created (it imports fastapi).
 """
 
@@ -10,6 +13,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import ValidationError
@@ -17,6 +21,7 @@ from pydantic import ValidationError
 from ..errors import InputError
 from .admission import RECEIVED_KEY
 from .batcher import DynamicBatcher, PendingRequest, QueueFullError, ShuttingDownError
+from .body import BODY_KEY
 from .config import ServerConfig
 from .metrics import Metrics
 from .schemas import SEARCH_RESPONSES, SearchRequest, SearchResponse
@@ -27,6 +32,17 @@ if TYPE_CHECKING:
     from ..index import Index
 
 JSON_HEADERS = {"content-type": "application/json"}
+INLINE_PARSE_BYTES = 64 << 10  # bodies up to this size are parsed on the event loop (< ~2 ms)
+PARSE_THREADS = 2
+SCORE_OVERFLOW = "a score overflows float32: the query's weights are too large"
+
+
+class Refused(Exception):
+    """A request refused while parsing: HTTP ``status`` and a one-line ``message``."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
 
 
 def add_search_route(
@@ -43,6 +59,23 @@ def add_search_route(
         metrics.observe_request(status, time.perf_counter() - t0, 0)
         return JSONResponse({"detail": message}, status_code=status)
 
+    def parse(raw: bytes) -> tuple[int, list[str | tuple[np.ndarray, np.ndarray]]]:
+        """``k`` and the checked queries of a body; raise :class:`Refused`."""
+        try:
+            body = SearchRequest.model_validate_json(raw)
+        except ValidationError as exc:
+            raise Refused(*describe_validation_errors(exc.errors())) from None
+        if (body.query is None) == (body.queries is None):
+            raise Refused(400, "give exactly one of 'query' and 'queries'")
+        queries = [body.query] if body.query is not None else body.queries
+        try:
+            return body.k, check_queries(queries or [], body.k, index, has_encoder=encoder is not None, limits=config)
+        except InputError as exc:
+            raise Refused(400, exc.reason) from None
+
+    # Parsing a large body takes the event loop for a while (~30 ms a MB): those go to a
+    # thread, two at a time, so the loop keeps answering and memory stays bounded.
+    parse_slots = asyncio.Semaphore(PARSE_THREADS)
     # The body is parsed by hand (pydantic's JSON validator, no FastAPI body machinery) and
     # the answer encoded once with json.dumps: this is the per-request path of the event loop.
     request_schema = SearchRequest.model_json_schema()
@@ -56,17 +89,17 @@ def add_search_route(
     async def search(request: Request) -> Response:
         """Exact top-k documents for each query."""
         t0 = request.scope.get(RECEIVED_KEY) or time.perf_counter()
+        raw = request.scope.get(BODY_KEY)
+        if raw is None:  # not behind BodyReader
+            raw = await request.body()
         try:
-            body = SearchRequest.model_validate_json(await request.body())
-        except ValidationError as exc:
-            return _problem(*describe_validation_errors(exc.errors()), t0)
-        if (body.query is None) == (body.queries is None):
-            return _problem(400, "give exactly one of 'query' and 'queries'", t0)
-        raw = [body.query] if body.query is not None else body.queries
-        try:
-            queries = check_queries(raw or [], body.k, index, has_encoder=encoder is not None, limits=config)
-        except InputError as exc:
-            return _problem(400, exc.reason, t0)
+            if len(raw) <= INLINE_PARSE_BYTES:
+                k, queries = parse(raw)
+            else:
+                async with parse_slots:
+                    k, queries = await asyncio.to_thread(parse, raw)
+        except Refused as exc:
+            return _problem(exc.status, exc.message, t0)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
 
@@ -82,7 +115,7 @@ def add_search_route(
             with contextlib.suppress(RuntimeError):  # the loop is gone: nobody is waiting
                 loop.call_soon_threadsafe(settle)
 
-        pending = PendingRequest(queries, body.k, deliver)
+        pending = PendingRequest(queries, k, deliver)
         try:
             batcher.submit(pending)
         except QueueFullError as exc:
@@ -102,8 +135,14 @@ def add_search_route(
         results = []
         for srow, irow in zip(scores, ids, strict=True):
             keep = irow >= 0
-            results.append({"ids": [names[d] for d in irow[keep].tolist()], "scores": srow[keep].tolist()})
-        content = json.dumps({"k": body.k, "results": results}, separators=(",", ":")).encode()
+            kept = srow[keep]
+            if not np.isfinite(kept).all():  # JSON has no Infinity: refuse rather than answer non-JSON
+                return _problem(400, SCORE_OVERFLOW, t0)
+            results.append({"ids": [names[d] for d in irow[keep].tolist()], "scores": kept.tolist()})
+        try:
+            content = json.dumps({"k": k, "results": results}, separators=(",", ":"), allow_nan=False).encode()
+        except ValueError as exc:  # cannot happen after the check above; never send non-JSON
+            return _problem(500, f"search failed: {exc}", t0)
         metrics.observe_request(200, time.perf_counter() - t0, len(queries))
         return Response(content, headers=JSON_HEADERS)
 

@@ -87,10 +87,15 @@ def canonical_vector(vector: dict[str, float], vocab: Vocabulary) -> tuple[np.nd
     if None in term_ids:
         token = next(t for t, i in zip(vector, term_ids, strict=True) if i is None)
         raise InputError(f"unknown token {token!r}", field="vector")
+    # As the file reader: a weight is a JSON number; true/false and "1.5" are not (numpy
+    # would take them as 1.0 and 1.5).
+    for w in vector.values():
+        if type(w) not in (int, float):
+            raise InputError(f"weight {w!r:.40} is not a number", field="vector")
     try:
         weights = np.fromiter(vector.values(), dtype=np.float64, count=len(vector))
-    except (TypeError, ValueError):
-        raise TypeError("weights must be numbers") from None
+    except OverflowError:  # an integer past float64; the reader says the same
+        raise InputError("a weight overflows float32", field="vector") from None
     _check_weights(weights)
     terms = np.array(term_ids, dtype=np.int32)
     order = np.argsort(terms, kind="stable")
