@@ -914,3 +914,31 @@ def test_fuzzed_bodies_get_a_clean_4xx_or_the_offline_result(client, body, mangl
     k = body.get("k", 10)
     assert type(k) is int  # answered: k was a JSON integer, not true or "3"
     assert answer == {"k": k, "results": expected(index, queries, k)}
+
+
+def test_cli_serve_security_and_limit_flags(monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    import gpusparse.serve
+    from gpusparse.cli import main
+
+    seen = {}
+
+    def capture(app, **kwargs):
+        seen["config"], seen["kwargs"] = app.state.config, kwargs
+
+    monkeypatch.setattr(gpusparse.serve, "serve", capture)
+    monkeypatch.delenv("GPUSPARSE_AUTH_TOKEN", raising=False)
+    index, _ = cranfield()
+    index.save(tmp_path / "index")
+    args = ["serve", str(tmp_path / "index"), "--device", "cpu", "--host", "10.1.2.3", "--allow-host", "search.lan"]
+    args += ["--max-body-bytes", "64KiB", "--body-timeout", "2.5", "--max-connections-per-client", "0"]
+    r = CliRunner().invoke(main, args, env={"GPUSPARSE_AUTH_TOKEN": "from-the-env"})
+    assert r.exit_code == 0, r.output
+    config = seen["config"]
+    assert config.auth_token == "from-the-env" and "from-the-env" not in repr(config)
+    assert config.allowed_hosts == ("localhost", "127.0.0.1", "::1", "10.1.2.3", "search.lan")
+    assert (config.max_body_bytes, config.body_timeout_s, config.max_connections_per_client) == (65536, 2.5, 0)
+    r = CliRunner().invoke(main, ["serve", str(tmp_path / "index"), "--device", "cpu", "--host", "0.0.0.0"])
+    assert r.exit_code == 0, r.output
+    assert seen["config"].allowed_hosts == ("localhost", "127.0.0.1", "::1") and seen["config"].auth_token is None
