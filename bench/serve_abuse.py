@@ -5,11 +5,12 @@ per server (``--server-src``, repeatable: e.g. an old checkout's ``src`` and thi
 
 1. ``baseline``: normal traffic only — open-loop Poisson requests at ``--rate`` per second,
    one query of the sample's queries each (``serve_load.offer``), for ``--baseline`` s;
-2. ``abuse``: the same normal traffic for ``--abuse`` s, beside ``--slow-clients``
+2. ``large``: the same normal traffic for ``--large`` s beside the large-body clients alone;
+3. ``abuse``: the same normal traffic for ``--abuse`` s, beside ``--slow-clients``
    connections that send headers and then trickle their body a byte a second (each
    reconnects when the server closes it), and ``--large-clients`` loops that send a
    ``--large-mb`` MB JSON body again and again;
-3. ``shutdown``: SIGTERM while the slow clients are still connected; the time until the
+4. ``shutdown``: SIGTERM while the slow clients are still connected; the time until the
    server process exits (killed after ``--shutdown-wait`` s).
 
 It records, per phase, the normal requests' p50/p99 latency and statuses, and throughout,
@@ -18,7 +19,7 @@ other loopback source addresses (127.0.0.2, 127.0.0.3): every socket targets 127
 the server's per-address connection cap sees them as other clients, as it would on a network.
 
 Every loop is bounded in count and time; one server's run takes about
-``baseline + abuse + shutdown-wait + start-up`` seconds (under 60 s with the defaults).
+``1 + baseline + large + abuse + shutdown-wait + start-up`` seconds (under 60 s with the defaults).
 
     python -m gpusparse.cli index data/sample/cranfield/corpus.jsonl.gz -o /tmp/cran-idx
     python bench/serve_abuse.py /tmp/cran-idx --server-src /tmp/old/src --server-src src \\
@@ -165,6 +166,20 @@ async def run_phases(args: argparse.Namespace, port: int, pid: int, requests: li
     await serve_load.offer(port, requests, 10, 1.0, 5.0, 4, args.seed + 7)
     normal = await serve_load.offer(port, requests, args.rate, args.baseline, 5.0, args.max_conn, args.seed)
     out["baseline"] = normal | {"ended_s": round(time.perf_counter() - t0, 2)}
+    # Large bodies alone first: with slow clients beside them an old server's admission may
+    # refuse them (429) before reading them, hiding what reading them costs.
+    until = time.perf_counter() + args.large
+    large_counts: dict = {}
+    started = round(time.perf_counter() - t0, 2)
+    results = await asyncio.gather(
+        serve_load.offer(port, requests, args.rate, args.large, 5.0, args.max_conn, args.seed + 2),
+        *[large_client(port, large, until, large_counts) for _ in range(args.large_clients)],
+    )
+    out["large"] = results[0] | {
+        "started_s": started,
+        "ended_s": round(time.perf_counter() - t0, 2),
+        "large_clients": large_counts,
+    }
     until = time.perf_counter() + args.abuse
     slow_counts: dict = {}
     large_counts: dict = {}
@@ -246,7 +261,8 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=40.0, help="normal requests per second")
     p.add_argument("--max-conn", type=int, default=32, help="normal traffic's connections at most")
     p.add_argument("--baseline", type=float, default=5.0, help="seconds of normal traffic alone")
-    p.add_argument("--abuse", type=float, default=15.0, help="seconds of normal traffic beside the abusers")
+    p.add_argument("--large", type=float, default=8.0, help="seconds of normal traffic beside the large bodies")
+    p.add_argument("--abuse", type=float, default=12.0, help="seconds of normal traffic beside all the abusers")
     p.add_argument("--slow-clients", type=int, default=200)
     p.add_argument("--large-clients", type=int, default=4)
     p.add_argument("--large-mb", type=float, default=20.0)
@@ -275,10 +291,9 @@ def main() -> None:
         run = one_server(args, src, requests, large)
         result["runs"].append(run)
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-        summary = {
-            k: run[k]["p50_ms"] if k in ("baseline", "abuse") else run[k] for k in ("commit", "baseline", "abuse")
-        }
-        print(json.dumps(summary | {"p99": run["abuse"]["p99_ms"], "status": run["abuse"]["status"]}), flush=True)
+        for phase in ("baseline", "large", "abuse"):
+            row = {k: run[phase][k] for k in ("p50_ms", "p99_ms", "status")}
+            print(json.dumps({"commit": run["commit"][:8], "phase": phase, **row}), flush=True)
         print(json.dumps({"peak_rss_mb": run["peak_rss_mb"], "shutdown": run["shutdown"]}), flush=True)
     print(f"wrote {args.out}")
 
