@@ -74,8 +74,8 @@ def add_search_route(
             raise Refused(400, exc.reason) from None
 
     # Parsing a large body takes the event loop for a while (~20 ms a MB on our CPU, then the
-    # query checks): those go to a
-    # thread, two at a time, so the loop keeps answering and memory stays bounded.
+    # query checks): those go to a thread, two at a time, so the loop keeps answering and
+    # memory stays bounded.
     parse_slots = asyncio.Semaphore(PARSE_THREADS)
     # The body is parsed by hand (pydantic's JSON validator, no FastAPI body machinery) and
     # the answer encoded once with json.dumps: this is the per-request path of the event loop.
