@@ -18,23 +18,25 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
-import uvicorn  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
 from gpusparse import Index, SparseCollection, Vocabulary, read_vectors  # noqa: E402
 from gpusparse.errors import InputError  # noqa: E402
-from gpusparse.serve import DynamicBatcher, PendingRequest, canonical_vector, create_app  # noqa: E402
+from gpusparse.serve import DynamicBatcher, PendingRequest, canonical_vector, create_app, search_batch  # noqa: E402
+from gpusparse.serve.run import build_server  # noqa: E402
 
 from .shared_data import SPLADE_TINY, needs_shared, tiny_encoder  # noqa: E402
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample" / "cranfield"
+JSON_TYPE = {"content-type": "application/json"}
+LOCAL = "http://localhost"  # TestClient's base URL: a Host the server allows by default
 
 
 @cache
@@ -69,8 +71,8 @@ class LiveServer:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10, backlog=512)
-        self.server = uvicorn.Server(config)
+        # The server `gpusparse serve` runs: per-client connection cap, draining shutdown.
+        self.server = build_server(app, log_level="warning", timeout_graceful_shutdown=10, backlog=512)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def __enter__(self) -> LiveServer:
@@ -201,7 +203,7 @@ def test_overload_gets_429_and_no_response_is_lost():
 
 
 def test_admission_refuses_at_the_front_while_the_worker_is_stuck():
-    """Past a full queue and a full batch, requests get 429 at once, before their body is read."""
+    """Past a full queue and a full batch, requests get 429 at once, before their body is parsed."""
     index, queries = cranfield()
     gate = threading.Event()
     slow = SlowIndex(index, delay=0.0, gate=gate)  # the worker blocks in its first batch
@@ -229,7 +231,7 @@ def test_admission_refuses_at_the_front_while_the_worker_is_stuck():
             refused_early = [f.result()[0].status_code for f in futures if f.done()]
             in_flight = app.state.metrics.in_flight
             # ... and before the body is parsed: a malformed one is refused, not read as JSON.
-            garbage = httpx.post(f"{live.url}/search", content=b"{not json", timeout=10)
+            garbage = httpx.post(f"{live.url}/search", content=b"{not json", headers=JSON_TYPE, timeout=10)
             # A large body (~450 kB, sent whole before the answer is read) is refused too, not stuck.
             big = {"queries": [queries[i % len(queries)] for i in range(256)], "k": 5}
             big_client = httpx.Client(base_url=live.url, timeout=20)
@@ -346,7 +348,7 @@ def test_graceful_shutdown_answers_in_flight_requests():
 @pytest.fixture(scope="module")
 def client():
     index, _ = cranfield()
-    with TestClient(create_app(index, max_wait_ms=1, max_query_terms=8, max_queries_per_request=4)) as c:
+    with TestClient(create_app(index, max_wait_ms=1, max_query_terms=8, max_queries_per_request=4), LOCAL) as c:
         yield c
 
 
@@ -476,7 +478,7 @@ def test_batcher_refuses_when_full_and_when_closing():
 def test_request_timeout_gets_504():
     index, queries = cranfield()
     slow = SlowIndex(index, delay=0.5)
-    with TestClient(create_app(slow, max_batch_size=1, max_wait_ms=0, request_timeout_s=0.1)) as c:
+    with TestClient(create_app(slow, max_batch_size=1, max_wait_ms=0, request_timeout_s=0.1), LOCAL) as c:
         r = c.post("/search", json={"query": queries[0], "k": 3})
     assert r.status_code == 504
     assert "not answered within 0.1 s" in r.json()["detail"]
@@ -497,7 +499,7 @@ def test_text_queries_are_encoded_on_the_server():
     index, _ = cranfield()
     encoder = tiny_encoder()
     texts = ["what similarity laws must be obeyed when constructing aeroelastic models", "boundary layer transition"]
-    with TestClient(create_app(index, encoder=encoder, max_wait_ms=1)) as c:
+    with TestClient(create_app(index, encoder=encoder, max_wait_ms=1), LOCAL) as c:
         answers = [c.post("/search", json={"query": t, "k": 10}) for t in texts]  # one text per batch
         mixed = c.post("/search", json={"queries": [texts[1], {"wing": 1.5}], "k": 4})
     for t, r in zip(texts, answers, strict=True):
@@ -538,3 +540,405 @@ def test_cli_serve_one_line_errors(monkeypatch, tmp_path):
     r = CliRunner().invoke(main, ["serve", str(tmp_path / "index")])
     assert r.exit_code == 1
     assert r.stderr == "gpusparse: error: gpusparse serve needs fastapi and uvicorn: pip install 'gpusparse[serve]'\n"
+
+
+# -- slow, large and lying bodies (issue 24: 2, 3) --------------------------------------------
+
+
+def send_raw(live: LiveServer, data: bytes, timeout: float = 10) -> socket.socket:
+    """A loopback connection to ``live`` that has sent ``data`` (and stays open)."""
+    port = int(live.url.rsplit(":", 1)[1])
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    sock.sendall(data)
+    return sock
+
+
+def read_until_closed(sock: socket.socket, timeout: float = 10) -> bytes:
+    """Everything the server sends until it closes the connection (bounded by ``timeout``)."""
+    sock.settimeout(timeout)
+    chunks = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            chunk = sock.recv(65536)
+        except (ConnectionResetError, TimeoutError):
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def status_of(raw: bytes) -> int:
+    assert raw.startswith(b"HTTP/1.1 "), raw[:80]
+    return int(raw.split(b" ", 2)[1])
+
+
+def detail_of(raw: bytes) -> str:
+    return json.loads(raw.split(b"\r\n\r\n", 1)[1])["detail"]
+
+
+def post_head(length: int | None, host: str = "127.0.0.1") -> bytes:
+    """Request line and headers of a JSON POST /search (chunked when ``length`` is None)."""
+    framing = "transfer-encoding: chunked" if length is None else f"content-length: {length}"
+    return f"POST /search HTTP/1.1\r\nhost: {host}\r\ncontent-type: application/json\r\n{framing}\r\n\r\n".encode()
+
+
+def test_slow_bodies_take_no_slot_and_get_408():
+    """Clients trickling a body hold no queue slot: normal requests still get 200; the slow ones 408 and close."""
+    index, queries = cranfield()
+    app = create_app(index, max_batch_size=1, max_wait_ms=0, queue_size=1, body_timeout_s=1.5)  # 2 slots
+    with LiveServer(app) as live:
+        slow = [send_raw(live, post_head(100) + b'{"query": {"wi') for _ in range(8)]
+        deadline = time.monotonic() + 5
+        while app.state.metrics.reading < 8 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        reading = app.state.metrics.reading
+        with httpx.Client(base_url=live.url, timeout=10) as client:
+            normal = [client.post("/search", json={"query": queries[i], "k": 5}) for i in range(3)]
+        t = time.monotonic()
+        answers = [read_until_closed(s) for s in slow]
+        waited = time.monotonic() - t
+        for s in slow:
+            s.close()
+        metrics = parse_metrics(httpx.get(f"{live.url}/metrics", timeout=10).text)
+    assert reading == 8
+    for i, r in enumerate(normal):
+        assert r.status_code == 200, r.text
+        assert r.json()["results"] == expected(index, [queries[i]], 5)
+    for raw in answers:  # answered, then closed (read_until_closed returned before its timeout)
+        assert status_of(raw) == 408 and "did not arrive within 1.5 s" in detail_of(raw)
+        assert b"connection: close" in raw.lower()
+    assert waited < 5
+    assert metrics['gpusparse_requests_total{status="408"}'] == 8
+    assert metrics["gpusparse_requests_reading_body"] == 0 and metrics["gpusparse_requests_in_flight"] == 0
+
+
+def test_connections_per_client_address_are_capped():
+    index, queries = cranfield()
+    app = create_app(index, max_connections_per_client=3, max_wait_ms=0)
+    with LiveServer(app) as live:
+        held = [send_raw(live, b"GET /health HTTP/1.1\r\nhost: localhost\r\n\r\n") for _ in range(3)]
+        for s in held:  # each answered; the keep-alive connection stays open
+            s.settimeout(10)
+            assert s.recv(65536).startswith(b"HTTP/1.1 200")
+        over = send_raw(live, b"GET /health HTTP/1.1\r\nhost: localhost\r\n\r\n")
+        refused = read_until_closed(over)
+        over.close()
+        held.pop().close()
+        deadline = time.monotonic() + 5
+        while True:  # the server sees the close a moment later
+            r = httpx.post(f"{live.url}/search", json={"query": queries[0], "k": 3}, timeout=10)
+            if r.status_code != 429 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        for s in held:
+            s.close()
+    assert status_of(refused) == 429 and "more than 3 connections from this address" in detail_of(refused)
+    assert r.status_code == 200 and r.json()["results"] == expected(index, [queries[0]], 3)
+
+
+def test_shutdown_does_not_wait_for_stalled_uploads(caplog):
+    """SIGTERM with uploads stalled mid-body: they get 503 at once, the server stops in seconds, no traceback."""
+    index, queries = cranfield()
+    app = create_app(index, body_timeout_s=60, max_wait_ms=0)
+    live = LiveServer(app)
+    with live:
+        stalled = [send_raw(live, post_head(100) + b'{"query"') for _ in range(4)]
+        half_headers = send_raw(live, b"POST /search HTTP/1.1\r\nhost: local")
+        deadline = time.monotonic() + 5
+        while app.state.metrics.reading < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        ok = httpx.post(f"{live.url}/search", json={"query": queries[0], "k": 3}, timeout=10)
+        t = time.monotonic()
+        live.stop()  # what SIGTERM does, then waits for the server thread
+        stop_seconds = time.monotonic() - t
+        answers = [read_until_closed(s, timeout=5) for s in stalled]
+        rest = read_until_closed(half_headers, timeout=5)
+        for s in [*stalled, half_headers]:
+            s.close()
+    assert ok.status_code == 200
+    assert stop_seconds < 5, stop_seconds
+    for raw in answers:
+        assert status_of(raw) == 503 and "shutting down" in detail_of(raw)
+    assert rest == b""  # closed without an answer: it never finished its request
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")], caplog.text
+
+
+def test_body_size_is_limited_by_content_length_and_while_streaming():
+    index, queries = cranfield()
+    app = create_app(index, max_body_bytes=4000, max_wait_ms=0)
+    fits = json.dumps({"query": queries[0], "k": 3}).encode()
+    assert len(fits) < 4000
+    with LiveServer(app) as live:
+        # Declared too large: 413 before a byte of the body is sent, and the connection closed.
+        declared = send_raw(live, post_head(50_000_000))
+        too_large = read_until_closed(declared)
+        declared.close()
+
+        def chunks(n: int):  # no Content-Length: the limit is checked as the body streams in
+            yield b'{"query": {'
+            for i in range(n):
+                yield b'"wing": 1.0, ' if i else b'"wing": 1.0'
+            yield b"}}"
+
+        with httpx.Client(base_url=live.url, timeout=10, headers=JSON_TYPE) as client:
+            streamed = client.post("/search", content=chunks(1000))
+            small_stream = client.post("/search", content=iter([fits[:10], fits[10:]]))
+            exact = client.post("/search", content=fits + b" " * (4000 - len(fits)))
+            over_by_one = client.post("/search", content=fits + b" " * (4001 - len(fits)))
+    assert status_of(too_large) == 413 and "larger than 4,000 bytes" in detail_of(too_large)
+    assert streamed.status_code == 413 and "larger than 4,000 bytes" in streamed.json()["detail"]
+    for r in (small_stream, exact):
+        assert r.status_code == 200, r.text
+        assert r.json()["results"] == expected(index, [queries[0]], 3)
+    assert over_by_one.status_code == 413
+
+
+def test_content_length_lies_are_answered_not_believed():
+    index, queries = cranfield()
+    app = create_app(index, body_timeout_s=1.0, max_wait_ms=0)
+    body = json.dumps({"query": queries[0], "k": 3}).encode()
+    with LiveServer(app) as live:
+        # Promises more than it sends: the body never completes, 408 after the body timeout.
+        short = send_raw(live, post_head(len(body) + 50) + body)
+        short_answer = read_until_closed(short)
+        short.close()
+        # Promises less than it sends: the first bytes are the body (not JSON), the rest is not HTTP.
+        long = send_raw(live, post_head(10) + body)
+        long.shutdown(socket.SHUT_WR)  # the server sees the end of what it was sent
+        long_answer = read_until_closed(long, timeout=5)
+        long.close()
+        health = httpx.get(f"{live.url}/health", timeout=10)
+        again = httpx.post(f"{live.url}/search", json={"query": queries[0], "k": 3}, timeout=10)
+    assert status_of(short_answer) == 408
+    assert status_of(long_answer) == 400 and detail_of(long_answer).startswith("malformed JSON")
+    assert b" 500 " not in long_answer
+    assert health.status_code == 200
+    assert again.status_code == 200 and again.json()["results"] == expected(index, [queries[0]], 3)
+
+
+def test_large_bodies_are_parsed_off_the_loop_and_answered_exactly():
+    """A body over the inline-parse size (64 KiB) goes through the parsing thread: same answer."""
+    index, queries = cranfield()
+    many = [queries[i % len(queries)] for i in range(200)]
+    body = {"queries": many, "k": 4}
+    assert len(json.dumps(body)) > 64 << 10
+    with TestClient(create_app(index, max_wait_ms=1), LOCAL) as c:
+        r = c.post("/search", json=body)
+        bad = c.post("/search", json={"queries": [*many[:199], {"wing": "1.5"}], "k": 4})
+    assert r.status_code == 200 and r.json()["results"] == expected(index, many, 4)
+    assert bad.status_code == 422 and bad.json()["detail"].startswith(
+        "queries.199.wing: Input should be a valid number"
+    )
+
+
+# -- security defaults (issue 24: 10) -------------------------------------------------------
+
+
+def test_bearer_token_is_required_when_configured():
+    index, _ = cranfield()
+    app = create_app(index, auth_token="s3cret-token", max_wait_ms=1)
+    assert "s3cret" not in repr(app.state.config)
+    good = {"authorization": "Bearer s3cret-token"}
+    with TestClient(app, LOCAL) as c:
+        missing = c.post("/search", json={"query": {"wing": 1.0}})
+        wrong = c.post("/search", json={"query": {"wing": 1.0}}, headers={"authorization": "Bearer s3cret-tokeN"})
+        basic = c.post("/search", json={"query": {"wing": 1.0}}, headers={"authorization": "s3cret-token"})
+        health = c.get("/health")
+        metrics = c.get("/metrics")
+        ok = c.post("/search", json={"query": {"wing": 1.0}, "k": 2}, headers=good)
+        ok_health = c.get("/health", headers=good)
+    for r in (missing, wrong, basic, health, metrics):
+        assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", r.text
+        assert r.json()["detail"] == "missing or wrong bearer token"
+    assert ok.status_code == 200 and ok.json()["results"] == expected(index, [{"wing": 1.0}], 2)
+    assert ok_health.status_code == 200
+
+
+def test_host_header_must_be_allowed():
+    index, _ = cranfield()
+    body = {"query": {"wing": 1.0}, "k": 2}
+    with TestClient(create_app(index, max_wait_ms=1), LOCAL) as c:
+        codes = {
+            host: c.post("/search", json=body, headers={"host": host}).status_code
+            for host in ["localhost", "LOCALHOST:8000", "127.0.0.1:80", "[::1]:8000", "evil.example", "evil.example:80"]
+        }
+        rebound = c.get("/health", headers={"host": "attacker.example:8000"})
+    assert codes == {
+        "localhost": 200,
+        "LOCALHOST:8000": 200,
+        "127.0.0.1:80": 200,
+        "[::1]:8000": 200,
+        "evil.example": 400,
+        "evil.example:80": 400,
+    }
+    assert rebound.status_code == 400 and "Host 'attacker.example' is not allowed" in rebound.json()["detail"]
+    with TestClient(create_app(index, max_wait_ms=1, allowed_hosts=("search.internal",)), LOCAL) as c:
+        assert c.get("/health").status_code == 400
+        assert c.get("/health", headers={"host": "search.internal:8000"}).status_code == 200
+    with TestClient(create_app(index, max_wait_ms=1, allowed_hosts=("*",)), "http://anything.example") as c:
+        assert c.post("/search", json=body).status_code == 200
+
+
+def test_post_needs_a_json_content_type_and_no_cdn_docs(client):
+    body = json.dumps({"query": {"wing": 1.0}, "k": 2}).encode()
+    plain = client.post("/search", content=body, headers={"content-type": "text/plain"})
+    form = client.post("/search", content=body, headers={"content-type": "application/x-www-form-urlencoded"})
+    none = client.post("/search", content=body)
+    charset = client.post("/search", content=body, headers={"content-type": "Application/JSON; charset=utf-8"})
+    for r in (plain, form, none):
+        assert r.status_code == 415 and "Content-Type: application/json" in r.json()["detail"]
+    assert charset.status_code == 200
+    # No CORS: a preflight gets no Access-Control-Allow-* header, so browsers refuse cross-site JSON.
+    preflight = client.options(
+        "/search", headers={"origin": "http://evil.example", "access-control-request-method": "POST"}
+    )
+    assert not any(h.startswith("access-control-") for h in preflight.headers)
+    assert client.get("/docs").status_code == 404 and client.get("/redoc").status_code == 404
+    assert client.get("/openapi.json").status_code == 200
+
+
+# -- strict validation, non-finite scores (issue 24: 9, 7) ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"query": {"wing": 1.0}, "k": True}, "k: Input should be a valid integer"),
+        ({"query": {"wing": 1.0}, "k": "3"}, "k: Input should be a valid integer"),
+        ({"query": {"wing": 1.0}, "k": 3.0}, "k: Input should be a valid integer"),
+        ({"query": {"wing": "1.5"}}, "query.wing: Input should be a valid number"),
+        ({"query": {"wing": True}}, "query.wing: Input should be a valid number"),
+        ({"queries": [{"wing": 1.0}, {"flutter": False}]}, "queries.1.flutter: Input should be a valid number"),
+        ({"query": {"wing": None}}, "query.wing: Input should be a valid number"),
+    ],
+)
+def test_booleans_and_strings_are_not_numbers(client, body, message):
+    r = client.post("/search", json=body)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"].startswith(message)
+
+
+@pytest.mark.parametrize("weight", [True, False, "1.5", None, 10**400])
+def test_canonical_vector_takes_only_numbers(weight):
+    """The server's vector path is as strict as the file reader, whatever the HTTP layer let through."""
+    with pytest.raises(InputError, match=r"is not a number|overflows float32"):
+        canonical_vector({"wing": weight}, Vocabulary.bert())
+
+
+def strict_json(text: str):
+    """json.loads refusing NaN and Infinity, which are not JSON."""
+
+    def refuse(name: str):
+        raise ValueError(f"not JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_overflowing_scores_get_400_never_infinity(client):
+    r = client.post("/search", json={"query": {"wing": 3e38, "flutter": 3e38}, "k": 5})
+    assert r.status_code == 400, r.text
+    assert "overflow" in strict_json(r.text)["detail"]
+    for weight in ("1e39", "Infinity", "NaN", "1" + "0" * 400):  # parsed, then refused by the weight checks
+        raw = b'{"query": {"wing": ' + weight.encode() + b"}}"
+        r = client.post("/search", content=raw, headers=JSON_TYPE)
+        assert r.status_code == 400 and strict_json(r.text)["detail"].startswith("weight"), (weight, r.text)
+
+
+def test_a_batch_refused_for_input_is_retried_request_by_request():
+    """When the search refuses a batch (InputError), only the request at fault gets it."""
+    index, queries = cranfield()
+
+    class Picky:
+        vocab, n_docs, ids, device = index.vocab, index.n_docs, index.ids, index.device
+        calls = 0
+
+        def search(self, coll, k, **kwargs):
+            Picky.calls += 1
+            if float(coll.values.max()) > 1e6:
+                raise InputError("query scores can overflow float32", field="vector")
+            return index.search(coll, k, **kwargs)
+
+    got: dict[str, object] = {}
+    good = PendingRequest([canonical_vector(queries[0], index.vocab)], 3, lambda v: got.setdefault("good", v))
+    bad = PendingRequest([canonical_vector({"wing": 1e7}, index.vocab)], 3, lambda v: got.setdefault("bad", v))
+    search_batch(Picky(), [good, bad])
+    scores, ids = got["good"]
+    res = index.search([queries[0]], 3)
+    np.testing.assert_array_equal(ids, res.ids.numpy())
+    np.testing.assert_array_equal(scores, res.scores.numpy())
+    assert isinstance(got["bad"], InputError)
+    assert Picky.calls == 3
+
+
+# -- fuzzing the HTTP body ------------------------------------------------------------------
+
+TOKENS = ["wing", "flutter", "boundary", "layer", "pressure", "zzzqqqx", ""]
+weights = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(min_value=-5, max_value=10**40),
+    st.sampled_from([0, 0.0, 1.5, 3e38, True, False, None, "1.5", "heavy", [], {}]),
+)
+vectors = st.dictionaries(st.sampled_from(TOKENS), weights, max_size=5)
+queries_st = st.one_of(vectors, st.sampled_from(["wing flutter", "", 3, None, [], True]))
+ks = st.one_of(st.integers(min_value=-2, max_value=1500), st.sampled_from([True, False, "3", 2.0, None, [3]]))
+bodies = st.one_of(
+    st.fixed_dictionaries({"query": queries_st}, optional={"k": ks}),
+    st.fixed_dictionaries({"queries": st.lists(queries_st, max_size=5)}, optional={"k": ks}),
+    st.dictionaries(st.sampled_from(["query", "queries", "k", "kk"]), st.one_of(queries_st, ks), max_size=3),
+    st.lists(vectors, max_size=2),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    body=bodies, mangle=st.sampled_from(["none", "none", "truncate", "bytes"]), cut=st.floats(0, 1), junk=st.binary()
+)
+@example(body={"query": {"wing": 3e38, "flutter": 3e38}}, mangle="none", cut=0.0, junk=b"")  # once answered Infinity
+@example(body={"query": {"wing": "1.5"}, "k": True}, mangle="none", cut=0.0, junk=b"")  # once answered as 1.5, k 1
+def test_fuzzed_bodies_get_a_clean_4xx_or_the_offline_result(client, body, mangle, cut, junk):
+    raw = json.dumps(body).encode()  # allow_nan: NaN and Infinity literals are sent too
+    if mangle == "truncate":
+        raw = raw[: int(cut * len(raw))]
+    elif mangle == "bytes":
+        raw = junk[:40]
+    r = client.post("/search", content=raw, headers=JSON_TYPE)
+    assert r.status_code < 500, r.text
+    answer = strict_json(r.text)
+    if r.status_code != 200:
+        assert 400 <= r.status_code < 500 and isinstance(answer["detail"], str) and answer["detail"]
+        return
+    index, _ = cranfield()
+    queries = [body["query"]] if "query" in body else body["queries"]
+    k = body.get("k", 10)
+    assert type(k) is int  # answered: k was a JSON integer, not true or "3"
+    assert answer == {"k": k, "results": expected(index, queries, k)}
+
+
+def test_cli_serve_security_and_limit_flags(monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    import gpusparse.serve
+    from gpusparse.cli import main
+
+    seen = {}
+
+    def capture(app, **kwargs):
+        seen["config"], seen["kwargs"] = app.state.config, kwargs
+
+    monkeypatch.setattr(gpusparse.serve, "serve", capture)
+    monkeypatch.delenv("GPUSPARSE_AUTH_TOKEN", raising=False)
+    index, _ = cranfield()
+    index.save(tmp_path / "index")
+    args = ["serve", str(tmp_path / "index"), "--device", "cpu", "--host", "10.1.2.3", "--allow-host", "search.lan"]
+    args += ["--max-body-bytes", "64KiB", "--body-timeout", "2.5", "--max-connections-per-client", "0"]
+    r = CliRunner().invoke(main, args, env={"GPUSPARSE_AUTH_TOKEN": "from-the-env"})
+    assert r.exit_code == 0, r.output
+    config = seen["config"]
+    assert config.auth_token == "from-the-env" and "from-the-env" not in repr(config)
+    assert config.allowed_hosts == ("localhost", "127.0.0.1", "::1", "10.1.2.3", "search.lan")
+    assert (config.max_body_bytes, config.body_timeout_s, config.max_connections_per_client) == (65536, 2.5, 0)
+    r = CliRunner().invoke(main, ["serve", str(tmp_path / "index"), "--device", "cpu", "--host", "0.0.0.0"])
+    assert r.exit_code == 0, r.output
+    assert seen["config"].allowed_hosts == ("localhost", "127.0.0.1", "::1") and seen["config"].auth_token is None

@@ -10,6 +10,7 @@ import click
 from .. import serve as server
 from ..encode import SpladeEncoder
 from ..index import Index
+from ..serve.config import DEFAULT_ALLOWED_HOSTS
 from ._common import check_kernel, default_device, fail, friendly_errors, kernel_choice, parse_size
 
 
@@ -45,6 +46,33 @@ from ._common import check_kernel, default_device, fail, friendly_errors, kernel
     type=click.IntRange(min=1),
     help="Open connections and requests in progress at most; more get 503 [default: no limit].",
 )
+@click.option(
+    "--auth-token",
+    envvar="GPUSPARSE_AUTH_TOKEN",
+    show_envvar=True,
+    help="Require 'Authorization: Bearer TOKEN' on every request (prefer the variable: argv is visible).",
+)
+@click.option(
+    "--allow-host",
+    "allow_hosts",
+    multiple=True,
+    help="A name clients may send in Host, besides localhost and --host (repeatable; '*' allows any).",
+)
+@click.option("--max-body-bytes", default="4MiB", show_default=True, help="Request body size at most; more get 413.")
+@click.option(
+    "--body-timeout",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds to receive a request body; slower get 408.",
+)
+@click.option(
+    "--max-connections-per-client",
+    default=64,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Open connections per client address; more get 429 (0: no cap; behind a proxy, raise it or 0).",
+)
 @click.option("--memory-budget", default="1GiB", show_default=True, help="Bytes of search temporaries.")
 @click.option("--verify/--no-verify", default=True, show_default=True, help="Check the index files' checksums.")
 @friendly_errors
@@ -62,10 +90,15 @@ def serve_cmd(
     request_timeout: float,
     max_query_terms: int,
     limit_concurrency: int | None,
+    auth_token: str | None,
+    allow_hosts: tuple[str, ...],
+    max_body_bytes: str,
+    body_timeout: float,
+    max_connections_per_client: int,
     memory_budget: str,
     verify: bool,
 ) -> None:
-    """Serve INDEX_DIR over HTTP/JSON: POST /search, GET /health, GET /metrics, /docs.
+    """Serve INDEX_DIR over HTTP/JSON: POST /search, GET /health, GET /metrics, /openapi.json.
 
     Concurrent requests are batched dynamically (up to --max-batch-size queries, or
     --max-wait-ms); a full queue answers 429; Ctrl-C or SIGTERM finishes the requests in
@@ -79,6 +112,12 @@ def serve_cmd(
     budget = parse_size(memory_budget)
     if budget < 1 << 16:
         raise click.BadParameter("must be at least 64KiB", param_hint="--memory-budget")
+    body_limit = parse_size(max_body_bytes)
+    if body_limit < 1:
+        raise click.BadParameter("must be at least 1 byte", param_hint="--max-body-bytes")
+    # The bound address is a name clients use; a wildcard address is not (give --allow-host).
+    bound = () if host in ("0.0.0.0", "::", "") else (host,)
+    allowed_hosts = (*DEFAULT_ALLOWED_HOSTS, *bound, *allow_hosts)
     dev = default_device(device)
     check_kernel(kernel, dev)
     index = Index.load(index_dir, device=dev, verify=verify)
@@ -96,6 +135,11 @@ def serve_cmd(
         queue_size=queue_size,
         request_timeout_s=request_timeout,
         max_query_terms=max_query_terms,
+        max_body_bytes=body_limit,
+        body_timeout_s=body_timeout,
+        max_connections_per_client=max_connections_per_client,
+        auth_token=auth_token or None,
+        allowed_hosts=allowed_hosts,
         search_kwargs={"kernel": kernel, "memory_budget": budget},
     )
     texts = f"text queries encoded by {encoder.name}" if encoder is not None else "{token: weight} queries only"
