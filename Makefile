@@ -45,6 +45,7 @@ quality: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(BIN)/ruff check src tests scripts bench
 	$(BIN)/ruff format --check src tests scripts bench
+	$(BIN)/lint-imports --no-cache
 
 test: lint
 	$(BIN)/python -m pytest -q

@@ -37,12 +37,12 @@ from .collection import SparseCollection
 from .config import engine_config
 from .engines.base import BatchResult, SearchPlan, plan_chunks
 from .errors import InputError
+from .index import Index
 from .kernels import rowsort
 from .layout.postings import PostingLists
 from .queries import prepare_queries
 from .search import SearchResults, check_search_args, run_batches
 from .shards import assign_shards, is_sharded, load_sharded, read_sharded_manifest
-from .storage import load_index
 from .streaming import StreamedIndex
 from .topk import merge_keys, result_keys
 from .transfer import results_to_host, start_to_host
@@ -259,16 +259,14 @@ def first_error(error: str | None, group: dist.ProcessGroup | None = None) -> tu
     return None
 
 
-def load_shard(
-    path: str | Path, rank: int = 0, world_size: int = 1, *, verify: bool = True
-) -> tuple[PostingLists, int, int]:
+def load_shard(path: str | Path, rank: int = 0, world_size: int = 1, *, verify: bool = True) -> tuple[Index, int, int]:
     """The documents process ``rank`` of ``world_size`` searches in a sharded or plain index
     folder (a plain one is a single shard), loaded on the CPU (memory-mapped): ``(index,
     global number of its first document, documents in the whole folder)``."""
     if is_sharded(path):
         m = read_sharded_manifest(path)
-        index, offset = load_sharded(path, assign_shards(len(m["shards"]), world_size, rank), verify=verify)
-        return index, offset, m["n_docs"]
+        lists, offset = load_sharded(path, assign_shards(len(m["shards"]), world_size, rank), verify=verify)
+        return Index.from_postings(lists), offset, m["n_docs"]
     assign_shards(1, world_size, rank)
-    index = load_index(path, device="cpu", mmap=True, verify=verify)
+    index = Index.load(path, verify=verify)
     return index, 0, index.n_docs

@@ -27,7 +27,7 @@ collection's size; 8.8M documents (~1.06e9 postings) take seconds on an H100.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -302,11 +302,6 @@ def generate(
         0.0,
     )
     return docs, queries
-
-
-def spec_dict(spec: SyntheticSpec | None = None) -> dict[str, float]:
-    """The spec's fields, for result files."""
-    return asdict(spec or SyntheticSpec())
 
 
 def synthetic_stats(

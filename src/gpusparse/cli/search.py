@@ -10,11 +10,12 @@ from typing import Any
 import click
 import torch.distributed as dist
 
-from ..distributed import first_error, init_from_env, load_shard, open_for_search, search_sharded
+from ..distributed import first_error, init_from_env, load_shard, search_sharded
 from ..errors import GPUSparseError
 from ..formats import ReadStats, read_vectors
 from ..segments import SegmentedIndex, is_segmented
 from ..shards import is_sharded, shard_ids
+from ..streaming import open_for_search
 from ._common import (
     check_kernel,
     default_device,

@@ -31,7 +31,7 @@ DEVICE_WIDTH_SLACK = 1024
 
 def device_search(
     index: PostingLists,
-    tl: TiledIndex,
+    layout: TiledIndex,
     batch: QueryBatch,
     fp: FixedPoint,
     k: int,
@@ -55,21 +55,21 @@ def device_search(
     first batch of its shape and kept with the index. ``cutoff``: see :func:`tiled_search`
     (not for those batches: a capture may fail on one process only).
     """
-    dev = tl.seg.device
+    dev = layout.seg.device
     lb = fp.floor if fp.floor is not None else match_floor(index, batch, dev)
     terms, weights = batch.padded_terms, batch.padded_weights
     if terms.shape[0] <= engine_config().graph_max_batch:
-        out = _graphed_search(index, tl, terms, weights, fp, lb, k, acc=acc, int_weights=int_weights, n_sm=n_sm)
+        out = _graphed_search(index, layout, terms, weights, fp, lb, k, acc=acc, int_weights=int_weights, n_sm=n_sm)
         if out is not None:
             return out
         cutoff = None
-    return _device_steps(index, tl, terms.contiguous(), weights.contiguous(), fp, lb, k, acc, int_weights, n_sm,
+    return _device_steps(index, layout, terms.contiguous(), weights.contiguous(), fp, lb, k, acc, int_weights, n_sm,
                          cutoff)  # fmt: skip
 
 
 def _device_steps(
     index: PostingLists,
-    tl: TiledIndex,
+    layout: TiledIndex,
     terms: torch.Tensor,
     weights: torch.Tensor,
     fp: FixedPoint,
@@ -81,11 +81,11 @@ def _device_steps(
     cutoff: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`device_search`'s device work, from tensors only (so that it can be captured)."""
-    dev = tl.seg.device
+    dev = layout.seg.device
     b = terms.shape[0]
     terms32 = terms.to(torch.int32)
-    q_scale = kernel_scale(tl, fp)
-    plan = waves.wave_plan(tl.n_tiles, b, k, n_sm)
+    q_scale = kernel_scale(layout, fp)
+    plan = waves.wave_plan(layout.n_tiles, b, k, n_sm)
     cap = waves.initial_capacity(k, plan[0][1] if plan else 1)
     theta = torch.zeros(b, dtype=torch.int64, device=dev)
     count = torch.zeros(b, dtype=torch.int32, device=dev)
@@ -94,8 +94,9 @@ def _device_steps(
     redo = torch.zeros(b, dtype=torch.bool, device=dev)
     for first, n in plan:
         tile_candidates.tiled_candidates(
-            tl.seg, tl.offs, tl.wts, tl.dense_id, tl.dense, terms32, weights, q_scale, fp.delta,
-            n_docs=tl.n_docs, n_terms=tl.n_terms, tile_bits=tl.tile_bits, k=k, tiles=(first, n), select=first == 0,
+            layout.seg, layout.offs, layout.wts, layout.dense_id, layout.dense, terms32, weights, q_scale, fp.delta,
+            n_docs=layout.n_docs, n_terms=layout.n_terms, tile_bits=layout.tile_bits, k=k, tiles=(first, n),
+            select=first == 0,
             acc=acc, int_weights=int_weights, q_shift=fp.shift,
             theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
         )  # fmt: skip
@@ -106,8 +107,8 @@ def _device_steps(
     floor = cutoff(candidate_lows(cand_val, count, fp.delta, fp.scale, width)) if cutoff is not None else None
     keys = rescore.candidate_keys_cuda(
         index.doc_ids, index.scores, index.offsets, index.lengths, terms, weights, cand_doc, cand_val,
-        fp.delta, fp.scale, width=width, count=count, list_pos=tl.list_pos, tile_bits=tl.tile_bits, floor=floor,
-        forward=tl.forward,
+        fp.delta, fp.scale, width=width, count=count, list_pos=layout.list_pos, tile_bits=layout.tile_bits, floor=floor,
+        forward=layout.forward,
     )  # fmt: skip
     top = top_keys(keys, k, count)
     scores, ids = pad_results(decode_keys(top) if width else None, k, b, dev)
@@ -117,7 +118,7 @@ def _device_steps(
 
 def _graphed_search(
     index: PostingLists,
-    tl: TiledIndex,
+    layout: TiledIndex,
     terms: torch.Tensor,
     weights: torch.Tensor,
     fp: FixedPoint,
@@ -137,12 +138,12 @@ def _graphed_search(
     b, t = terms.shape
     width = max(8, 1 << max(t - 1, 0).bit_length())
     graphs = index.derived.graphs
-    key = (id(tl), b, width, k, acc, int_weights, fp.mult is not None, fp.shift is not None)
+    key = (id(layout), b, width, k, acc, int_weights, fp.mult is not None, fp.shift is not None)
     entry = graphs.get(key)
     if entry is False:
         return None
     if entry is None:
-        entry = _capture(index, tl, b, width, fp, k, acc, int_weights, n_sm)
+        entry = _capture(index, layout, b, width, fp, k, acc, int_weights, n_sm)
         graphs[key] = entry if entry is not None else False
         while len(graphs) > engine_config().graph_cache:
             graphs.popitem(last=False)
@@ -164,7 +165,7 @@ def _graphed_search(
 
 def _capture(
     index: PostingLists,
-    tl: TiledIndex,
+    layout: TiledIndex,
     b: int,
     width: int,
     fp: FixedPoint,
@@ -173,7 +174,7 @@ def _capture(
     int_weights: bool,
     n_sm: int,
 ):  # -> (graph, inputs, outputs) | None
-    dev = tl.seg.device
+    dev = layout.seg.device
     inputs = {
         "terms": torch.full((b, width), -1, dtype=torch.int64, device=dev),
         "weights": torch.zeros((b, width), dtype=torch.float32, device=dev),
@@ -185,7 +186,7 @@ def _capture(
     static = FixedPoint(inputs["scale"], inputs["delta"], inputs.get("mult"), inputs.get("shift"))
 
     def steps():
-        return _device_steps(index, tl, inputs["terms"], inputs["weights"], static, inputs["lb"], k, acc,
+        return _device_steps(index, layout, inputs["terms"], inputs["weights"], static, inputs["lb"], k, acc,
                              int_weights, n_sm)  # fmt: skip
 
     try:

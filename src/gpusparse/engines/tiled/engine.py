@@ -112,18 +112,18 @@ def tiled_search(
     :attr:`~gpusparse.config.EngineConfig.graph_max_batch` rows), and not on the general path.
     """
     acc = choose_acc(acc)
-    tl = layout_for_search(index, tile_bits, dense_min, acc, fixed)
+    layout = layout_for_search(index, tile_bits, dense_min, acc, fixed)
     try:
-        fp = fixed_point(index, batch, acc, tl.weight_bits)
+        fp = fixed_point(index, batch, acc, layout.weight_bits)
     except ValueError:  # weights too far from 1 for 64-bit products: float64 arithmetic instead
-        tl = layout_for_search(index, tile_bits, dense_min, acc, False)
+        layout = layout_for_search(index, tile_bits, dense_min, acc, False)
         fp = fixed_point(index, batch, acc)
     dev = index.device
-    int_w = integer_weights(tl, batch, fp, acc)
+    int_w = integer_weights(layout, batch, fp, acc)
     on_gpu = dev.type == "cuda" and cupy_launch.available() and not emulated
     n_sm = torch.cuda.get_device_properties(dev).multi_processor_count if on_gpu else 1
     if on_gpu and not general:
-        scores, ids, redo_rows = device_search(index, tl, batch, fp, k, acc=acc, int_weights=int_w, n_sm=n_sm,
+        scores, ids, redo_rows = device_search(index, layout, batch, fp, k, acc=acc, int_weights=int_w, n_sm=n_sm,
                                                cutoff=cutoff)  # fmt: skip
 
         def again(rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,18 +135,18 @@ def tiled_search(
     launch, compact = (
         (tile_candidates.tiled_candidates, compact_cuda) if on_gpu else (torch_tiled_candidates, compact_torch)
     )
-    docs, vals = candidates(tl, batch, fp, k, launch=launch, n_sm=n_sm, acc=acc, int_weights=int_w, compact=compact)
+    docs, vals = candidates(layout, batch, fp, k, launch=launch, n_sm=n_sm, acc=acc, int_weights=int_w, compact=compact)
     floor = None
     if cutoff is not None and not general and batch.padded_terms.shape[0] > engine_config().graph_max_batch:
         # as device_search: batches that replay a graph take no cutoff
         floor = cutoff(candidate_lows(vals, (docs >= 0).sum(1).to(torch.int32), fp.delta, fp.scale, vals.shape[1]))
-    scores, ids = rank_candidates(index, batch, fp, docs, vals, k, tl, floor=floor)
+    scores, ids = rank_candidates(index, batch, fp, docs, vals, k, layout, floor=floor)
     redo = out_of_range(index, batch, fp, scores, k, floor)
     if redo.size:  # queries whose matches may include scores below one fixed-point unit
         sub = batch_rows(batch, redo, dev)
         # 2**61 units instead of 2**31, on the same layout; fixed-point weights need "u32",
         # and another layout for a few rows would cost a whole build: the float64 path then.
-        if acc != "carry" and tl.weight_bits is None:
+        if acc != "carry" and layout.weight_bits is None:
             s2, i2 = tiled_search(index, sub, k, tile_bits=tile_bits, dense_min=dense_min, acc="carry",
                                   fixed=False, emulated=emulated, general=True).resolved()  # fmt: skip
         else:  # float64 scatter-add: any range

@@ -48,15 +48,15 @@ def choose_acc(acc: str | None) -> str:
     return acc
 
 
-def integer_weights(tl: TiledIndex, batch: QueryBatch, fp: FixedPoint, acc: str) -> bool:
+def integer_weights(layout: TiledIndex, batch: QueryBatch, fp: FixedPoint, acc: str) -> bool:
     """Whether the kernel may multiply integers: 8-bit levels, "u32", and every scaled query
     weight an integer (true for quantized queries: their step times the scale is a power of
     two of at least 1). Checked on the host copies: no device work."""
-    if tl.wts.dtype != torch.uint8 or acc != "u32":
+    if layout.wts.dtype != torch.uint8 or acc != "u32":
         return False
     _, weights, _ = batch.host_arrays()
     scale = fp.scale_host if fp.scale_host is not None else fp.scale.cpu().numpy()
-    w = weights.astype(np.float64) * (scale * tl.step)[:, None]
+    w = weights.astype(np.float64) * (scale * layout.step)[:, None]
     return bool((w == np.round(w)).all())
 
 
@@ -118,10 +118,10 @@ def fixed_point(
     return FixedPoint(*moved[:4], scale_host=scale, floor=moved[4])
 
 
-def kernel_scale(tl: TiledIndex, fp: FixedPoint) -> torch.Tensor:
+def kernel_scale(layout: TiledIndex, fp: FixedPoint) -> torch.Tensor:
     """The kernel's ``q_scale``: the fixed-point scale per stored weight unit (exact: both
     are powers of two), or with fixed-point weights the multiplier of each query weight."""
-    return fp.mult if tl.weight_bits is not None else fp.scale * tl.step
+    return fp.mult if layout.weight_bits is not None else fp.scale * layout.step
 
 
 def emission_threshold(theta: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:

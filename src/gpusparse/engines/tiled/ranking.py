@@ -21,7 +21,7 @@ def rank_candidates(
     docs: torch.Tensor,
     vals: torch.Tensor,
     k: int,
-    tl: TiledIndex | None = None,
+    layout: TiledIndex | None = None,
     *,
     floor: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -29,7 +29,7 @@ def rank_candidates(
     ``floor`` (float32 ``[B]``): candidates whose score is surely below it are left out.
 
     On a GPU one kernel turns the candidates into ranking keys (rescoring the uncertain ones
-    from ``tl.forward``, or by binary searches narrowed by ``tl.list_pos``); the PyTorch
+    from ``layout.forward``, or by binary searches narrowed by ``layout.list_pos``); the PyTorch
     steps below are its reference.
     """
     b = docs.shape[0]
@@ -39,8 +39,9 @@ def rank_candidates(
             index.doc_ids, index.scores, index.offsets, index.lengths,
             batch.padded_terms.contiguous(), batch.padded_weights.contiguous(),
             docs.to(torch.int32), vals.contiguous(), fp.delta, fp.scale,
-            list_pos=tl.list_pos if tl is not None else None, tile_bits=tl.tile_bits if tl is not None else 0,
-            floor=floor, forward=tl.forward if tl is not None else None,
+            list_pos=layout.list_pos if layout is not None else None,
+            tile_bits=layout.tile_bits if layout is not None else 0,
+            floor=floor, forward=layout.forward if layout is not None else None,
         )  # fmt: skip
         return pad_results(decode_keys(top_keys(keys, k)) if docs.shape[1] else None, k, b, dev)
     present = docs >= 0

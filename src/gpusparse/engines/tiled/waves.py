@@ -55,7 +55,7 @@ def initial_capacity(k: int, first_wave: int) -> int:
 
 
 def candidates(
-    tl: TiledIndex,
+    layout: TiledIndex,
     batch: QueryBatch,
     fp: FixedPoint,
     k: int,
@@ -76,13 +76,13 @@ def candidates(
     and ``theta`` is raised to their k-th value, which the next wave's blocks start from.
     Candidates then stay near k per wave instead of near k per tile.
     """
-    dev = tl.seg.device
+    dev = layout.seg.device
     compact = compact or compact_torch
     b = batch.padded_terms.shape[0]
     terms32 = batch.padded_terms.to(torch.int32).contiguous()
     weights = batch.padded_weights.contiguous()
-    q_scale, q_shift = kernel_scale(tl, fp), fp.shift
-    plan = wave_plan(tl.n_tiles, b, k, n_sm)
+    q_scale, q_shift = kernel_scale(layout, fp), fp.shift
+    plan = wave_plan(layout.n_tiles, b, k, n_sm)
     cap = initial_capacity(k, plan[0][1] if plan else 1)
     most, compacted = 0, False
     while True:
@@ -93,8 +93,9 @@ def candidates(
         overflow = False
         for first, n in plan:
             launch(
-                tl.seg, tl.offs, tl.wts, tl.dense_id, tl.dense, terms32, weights, q_scale, fp.delta,
-                n_docs=tl.n_docs, n_terms=tl.n_terms, tile_bits=tl.tile_bits, k=k, tiles=(first, n), select=first == 0,
+                layout.seg, layout.offs, layout.wts, layout.dense_id, layout.dense, terms32, weights, q_scale, fp.delta,
+                n_docs=layout.n_docs, n_terms=layout.n_terms, tile_bits=layout.tile_bits, k=k, tiles=(first, n),
+                select=first == 0,
                 acc=acc, int_weights=int_weights, q_shift=q_shift,
                 theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
             )  # fmt: skip
@@ -102,7 +103,7 @@ def candidates(
             if most > cap:
                 overflow = True
                 break
-            compacted = first + n < tl.n_tiles or b >= FINAL_COMPACTION_MIN_BATCH
+            compacted = first + n < layout.n_tiles or b >= FINAL_COMPACTION_MIN_BATCH
             if compacted:
                 compact(theta, count, cand_doc, cand_val, most, fp, k)
         if not overflow:
