@@ -64,7 +64,16 @@ from .errors import IndexFormatError, InputError
 from .index import MAX_DOCS, Index
 from .quantize import Quantization, quantize_to
 from .search import as_queries
-from .storage import MANIFEST, _fsync_dir, _sha256, _write_synced, read_manifest
+from .storage import (
+    MANIFEST,
+    _fsync_dir,
+    _sha256,
+    _write_synced,
+    check_count,
+    parse_json,
+    plain_name,
+    read_manifest,
+)
 from .topk import merge_results
 from .vocab import Vocabulary
 
@@ -379,7 +388,7 @@ def _read_current(path: Path) -> tuple[str, str]:
     parts = text.split()
     if len(parts) != 2 or not parts[0].startswith("MANIFEST-"):
         raise IndexFormatError(f"{path}/{CURRENT}: unreadable ({text[:60]!r})")
-    return parts[0], parts[1]
+    return plain_name(parts[0], path / CURRENT, "manifest"), parts[1]
 
 
 _State = tuple[int, list[Segment], Vocabulary, Quantization | None]
@@ -419,10 +428,7 @@ def _load_manifest(path: Path, current: tuple[str, str], reuse: dict[str, Index]
         raise IndexFormatError(f"{path}: {name}, named by {CURRENT}, is missing") from None
     if _sha(data) != digest:
         raise IndexFormatError(f"{mpath}: does not match its checksum in {CURRENT} (corrupted)")
-    try:
-        m = json.loads(data)
-    except ValueError as exc:
-        raise IndexFormatError(f"{mpath}: unreadable manifest ({exc})") from None
+    m = parse_json(data, mpath)
     if not isinstance(m, dict) or m.get("format") != FORMAT or not isinstance(m.get("format_version"), int):
         raise IndexFormatError(f"{mpath}: not a GPUSparse segmented-index manifest")
     if m["format_version"] > FORMAT_VERSION:
@@ -433,6 +439,13 @@ def _load_manifest(path: Path, current: tuple[str, str], reuse: dict[str, Index]
     for key in ("generation", "vocab_fingerprint", "segments"):
         if key not in m:
             raise IndexFormatError(f"{mpath}: manifest lacks {key!r}")
+    check_count(m["generation"], mpath, "generation")
+    if not isinstance(m["segments"], list):
+        raise IndexFormatError(f"{mpath}: 'segments' is a {type(m['segments']).__name__}, expected a list")
+    for e in m["segments"]:
+        _check_entry(mpath, e)
+    if m.get("vocab") is not None:
+        plain_name(m["vocab"], mpath, "vocabulary file")
     vocab = None
     segs, base = [], 0
     for e in m["segments"]:
@@ -481,6 +494,23 @@ def _quantization_of(mpath: Path, m: dict[str, Any], segs: list[Segment]) -> Qua
                 "rebuild the index from its documents"
             )
     return q
+
+
+def _check_entry(mpath: Path, e: object) -> None:
+    """A segment entry's shape: names are plain file names (nothing outside the folder is
+    ever read or deleted), counts are integers, checksums strings."""
+    if not isinstance(e, dict):
+        raise IndexFormatError(f"{mpath}: a segment entry is a {type(e).__name__}, expected an object")
+    plain_name(e.get("name"), mpath, "segment")
+    check_count(e.get("n_docs"), mpath, f"segment {e['name']}'s n_docs")
+    if not isinstance(e.get("manifest_sha256"), str):
+        raise IndexFormatError(f"{mpath}: segment {e['name']} has no manifest_sha256 string")
+    d = e.get("deleted")
+    if d is not None:
+        if not isinstance(d, dict) or not isinstance(d.get("sha256"), str):
+            raise IndexFormatError(f"{mpath}: segment {e['name']}'s deletion entry is malformed")
+        plain_name(d.get("file"), mpath, "deletion file")
+        check_count(d.get("count"), mpath, f"segment {e['name']}'s deletion count")
 
 
 def _read_bitmap(path: Path, meta: dict[str, Any], n: int) -> np.ndarray:
@@ -675,9 +705,12 @@ def _collect_garbage(path: Path) -> None:
         if p.name not in bitmaps:
             p.unlink(missing_ok=True)
     if (path / MANIFEST).is_file():  # a converted plain index: its manifest first, then its files
-        plain = json.loads((path / MANIFEST).read_bytes())
+        try:
+            listed = list(read_manifest(path)["files"])  # checked: plain names inside the folder only
+        except IndexFormatError:
+            listed = []  # replaced since the conversion by something we cannot trust: delete none of it
         (path / MANIFEST).unlink()
-        for fname in plain.get("files", {}):
+        for fname in listed:
             (path / fname).unlink(missing_ok=True)
     for p in path.iterdir():
         stale_manifest = p.name.startswith("MANIFEST-") and p.name != name

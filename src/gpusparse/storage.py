@@ -108,7 +108,7 @@ def load_index(cls: type[Index], path: str | Path, *, device: str | torch.device
     """Read an index folder; see :meth:`gpusparse.Index.load`."""
     path = Path(path)
     manifest = _read_manifest(path)
-    files = manifest["files"]
+    files = manifest["files"]  # plain names with sizes and checksums (checked by _read_manifest)
     for fname, meta in files.items():
         f = path / fname
         if not f.is_file():
@@ -174,10 +174,7 @@ def _read_manifest(path: Path) -> dict[str, Any]:
                 "open it with gpusparse.segments.SegmentedIndex.load"
             )
         raise IndexFormatError(f"{path}: not a GPUSparse index (no {MANIFEST})")
-    try:
-        manifest = json.loads(mpath.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise IndexFormatError(f"{mpath}: unreadable manifest ({exc})") from None
+    manifest = parse_json(mpath.read_bytes(), mpath)
     if isinstance(manifest, dict) and manifest.get("format") == "gpusparse-sharded-index":
         raise IndexFormatError(
             f"{path}: a sharded index (gpusparse index --shards); Index.load reads it whole, "
@@ -197,7 +194,65 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     for key in ("n_docs", "n_terms", "n_postings", "n_padded", "vocab_fingerprint", "files"):
         if key not in manifest:
             raise IndexFormatError(f"{mpath}: manifest lacks {key!r}")
+    for key in ("n_docs", "n_terms", "n_postings", "n_padded"):
+        check_count(manifest[key], mpath, key)
+    if manifest.get("n_empty_docs") is not None:
+        check_count(manifest["n_empty_docs"], mpath, "n_empty_docs")
+    if not isinstance(manifest["vocab_fingerprint"], str):
+        raise IndexFormatError(f"{mpath}: 'vocab_fingerprint' is not a string")
+    files = manifest["files"]
+    if not isinstance(files, dict):
+        raise IndexFormatError(
+            f"{mpath}: 'files' is a {type(files).__name__}, expected an object of file name -> "
+            '{"bytes": size, "sha256": checksum}'
+        )
+    for fname, meta in files.items():
+        plain_name(fname, mpath, "'files' entry")
+        if not (isinstance(meta, dict) and check_count(meta.get("bytes"), mpath, f"{fname}'s bytes") >= 0):
+            raise IndexFormatError(f'{mpath}: the entry of {fname} is not {{"bytes": size, "sha256": checksum}}')
+        if not isinstance(meta.get("sha256"), str):
+            raise IndexFormatError(f'{mpath}: the entry of {fname} has no "sha256" string')
+    for fname in ("ids.txt", "vocab.txt"):  # read whether listed or not: they must be checked
+        if fname not in files:
+            raise IndexFormatError(f"{mpath}: the manifest lists no {fname}")
     return manifest
+
+
+def parse_json(data: bytes, where: Path) -> Any:
+    """A manifest's JSON, any parse failure (nesting too deep included) as IndexFormatError."""
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        reason = "nested too deep" if isinstance(exc, RecursionError) else str(exc)
+        raise IndexFormatError(f"{where}: unreadable manifest ({reason})") from None
+
+
+def plain_name(name: object, where: Path, what: str) -> str:
+    """``name`` if it is a plain file name, inside the folder of the manifest ``where``.
+
+    A manifest names files that are read, hashed, linked and deleted; a name with a folder
+    part (``../victim.txt``, ``/etc/passwd``, ``a/b``) could reach outside the index, so it
+    is refused whatever its size and checksum say.
+    """
+    ok = (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and not any(c in name for c in "/\\\0")
+        and not os.path.isabs(name)
+    )
+    if not ok:
+        raise IndexFormatError(
+            f"{where}: {what} {name!r} is not a plain file name inside the index folder "
+            "(a damaged or crafted manifest); refusing to use it"
+        )
+    return name  # type: ignore[return-value]
+
+
+def check_count(value: object, where: Path, what: str) -> int:
+    """``value`` if it is a non-negative integer (not a bool), else IndexFormatError."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise IndexFormatError(f"{where}: {what} is {value!r}, expected a non-negative integer")
+    return value
 
 
 def _describe(f: Path) -> dict[str, Any]:

@@ -1,0 +1,160 @@
+"""Index folders against crafted and damaged manifests (issue 24): names that reach outside
+the folder, malformed structure, and one-line errors instead of tracebacks."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from gpusparse import Index, IndexFormatError, write_jsonl
+from gpusparse import storage as storage_mod
+from gpusparse.cli import main
+from gpusparse.segments import SegmentedIndex
+from gpusparse.shards import load_sharded, save_sharded, slice_documents
+
+from .segment_writer import docs_for
+
+IDS = [f"d{i}" for i in range(12)]
+
+
+def cli(*args: object):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def assert_one_line(res, *fragments: str) -> None:
+    assert isinstance(res.exception, SystemExit) and res.exit_code == 1, repr(res.exception)
+    assert "Traceback" not in res.output
+    last = res.stderr.splitlines()[-1]
+    assert last.startswith("gpusparse: error: ") and all(f in last for f in fragments), res.stderr
+
+
+def write_manifest(folder: Path, m: dict) -> None:
+    """Write a plain or sharded manifest as a crafter would: consistent in every checksum."""
+    (folder / "manifest.json").write_text(json.dumps(m))
+
+
+def read_manifest(folder: Path) -> dict:
+    return json.loads((folder / "manifest.json").read_text())
+
+
+@pytest.fixture
+def plain(tmp_path) -> Path:
+    Index.build(docs_for(IDS)).save(tmp_path / "idx")
+    return tmp_path / "idx"
+
+
+def commit_segmented(path: Path, edit) -> None:
+    """Rewrite the live segmented manifest with ``edit`` and re-point CURRENT at it, checksum
+    and all, as a crafter who knows the format would."""
+    name, _ = (path / "CURRENT").read_text().split()
+    m = json.loads((path / name).read_text())
+    edit(m)
+    data = json.dumps(m).encode()
+    (path / name).write_bytes(data)
+    (path / "CURRENT").write_text(f"{name} {hashlib.sha256(data).hexdigest()}\n")
+
+
+# -- item 5: listed names stay inside the folder -------------------------------------------
+
+
+@pytest.mark.parametrize("absolute", [False, True])
+def test_plain_manifest_naming_a_file_outside_is_refused_and_add_deletes_nothing(plain, absolute):
+    victim = plain.parent / "victim.txt"
+    victim.write_text("precious\n")
+    m = read_manifest(plain)
+    name = str(victim) if absolute else "../victim.txt"
+    m["files"][name] = storage_mod._describe(victim)  # size and checksum match
+    write_manifest(plain, m)
+    with pytest.raises(IndexFormatError, match=r"is not a plain file name inside the index folder"):
+        Index.load(plain)
+    write_jsonl(docs_for(["new"]), plain.parent / "new.jsonl")
+    assert_one_line(cli("add", plain, plain.parent / "new.jsonl"), "victim.txt", "not a plain file name")
+    assert victim.read_text() == "precious\n"
+    assert not (plain / "CURRENT").exists()
+
+
+@pytest.mark.parametrize(
+    ("where", "edit"),
+    [
+        ("segment", lambda m: m["segments"][0].update(name="../../elsewhere")),
+        ("segment", lambda m: m["segments"][0].update(name="/tmp")),
+        ("deletion file", lambda m: m["segments"][0]["deleted"].update(file="../../victim.txt")),
+        ("vocabulary file", lambda m: m.update(vocab="../victim.txt")),
+    ],
+)
+def test_segmented_manifest_naming_a_path_outside_is_refused(tmp_path, where, edit):
+    path = tmp_path / "idx"
+    index = SegmentedIndex.create(path, docs_for(IDS))
+    index.delete(["d1"])
+    commit_segmented(path, edit)
+    with pytest.raises(IndexFormatError, match=rf"{where} .* is not a plain file name"):
+        SegmentedIndex.load(path)
+    assert_one_line(cli("delete", path, "-"), "not a plain file name")
+
+
+def test_current_naming_a_path_outside_is_refused(tmp_path):
+    path = tmp_path / "idx"
+    SegmentedIndex.create(path, docs_for(IDS))
+    (tmp_path / "MANIFEST-evil.json").write_text("{}")
+    (path / "CURRENT").write_text(f"MANIFEST-x/../../MANIFEST-evil.json {hashlib.sha256(b'{}').hexdigest()}\n")
+    with pytest.raises(IndexFormatError, match=r"CURRENT: manifest .* is not a plain file name"):
+        SegmentedIndex.load(path)
+
+
+@pytest.mark.parametrize("name", ["../idx", "/tmp", "a/b"])
+def test_shard_manifest_naming_a_path_outside_is_refused(tmp_path, name):
+    whole = Index.build(docs_for(IDS))
+    save_sharded([slice_documents(whole, 0, 6), slice_documents(whole, 6, 12)], tmp_path / "sh")
+    m = read_manifest(tmp_path / "sh")
+    m["shards"][0]["name"] = name
+    write_manifest(tmp_path / "sh", m)
+    with pytest.raises(IndexFormatError, match=r"shard .* is not a plain file name"):
+        load_sharded(tmp_path / "sh")
+
+
+# -- item 8: malformed manifests give one line, not a traceback ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        (lambda m: m.update(files=list(m["files"])), "'files' is a list"),
+        (lambda m: m.update(files={**m["files"], "ids.txt": 7}), "entry of ids.txt"),
+        (lambda m: m.update(n_docs="12"), "n_docs"),
+        (lambda m: m["files"].pop("vocab.txt"), "lists no vocab.txt"),
+    ],
+)
+def test_malformed_plain_manifest_is_one_line(plain, edit, words):
+    m = read_manifest(plain)
+    edit(m)
+    write_manifest(plain, m)
+    with pytest.raises(IndexFormatError, match=words):
+        Index.load(plain)
+    assert_one_line(cli("info", plain), words)
+
+
+def test_manifest_nested_too_deep_is_one_line(plain, tmp_path):
+    deep = "[" * 200_000 + "]" * 200_000
+    (plain / "manifest.json").write_text(deep)
+    with pytest.raises(IndexFormatError, match="nested too deep"):
+        Index.load(plain)
+    assert_one_line(cli("info", plain), "nested too deep")
+    path = tmp_path / "seg"
+    SegmentedIndex.create(path, docs_for(IDS))
+    name, _ = (path / "CURRENT").read_text().split()
+    (path / name).write_text(deep)
+    (path / "CURRENT").write_text(f"{name} {hashlib.sha256(deep.encode()).hexdigest()}\n")
+    assert_one_line(cli("compact", path), "nested too deep")
+
+
+def test_malformed_segment_entries_are_one_line(tmp_path):
+    path = tmp_path / "idx"
+    SegmentedIndex.create(path, docs_for(IDS))
+    commit_segmented(path, lambda m: m.update(segments={"a": 1}))
+    assert_one_line(cli("compact", path), "'segments' is a dict")
+    commit_segmented(path, lambda m: m.update(segments=[{"name": "x"}]))
+    assert_one_line(cli("compact", path), "n_docs")
