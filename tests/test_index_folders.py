@@ -33,8 +33,9 @@ def assert_one_line(res, *fragments: str) -> None:
 
 
 def write_manifest(folder: Path, m: dict) -> None:
-    """Write a plain or sharded manifest as a crafter would: consistent in every checksum."""
-    (folder / "manifest.json").write_text(json.dumps(m))
+    """Write a plain or sharded manifest as a crafter would: consistent in every checksum,
+    its own included (so each refusal below does not rest on that checksum)."""
+    (folder / "manifest.json").write_text(json.dumps(storage_mod.seal(m)))
 
 
 def read_manifest(folder: Path) -> dict:
@@ -158,3 +159,71 @@ def test_malformed_segment_entries_are_one_line(tmp_path):
     assert_one_line(cli("compact", path), "'segments' is a dict")
     commit_segmented(path, lambda m: m.update(segments=[{"name": "x"}]))
     assert_one_line(cli("compact", path), "n_docs")
+
+
+# -- item 6: the manifests carry their own checksum ----------------------------------------
+
+
+def tamper(folder: Path, edit) -> None:
+    """Edit a manifest by hand, leaving its own checksum as it was."""
+    m = read_manifest(folder)
+    edit(m)
+    (folder / "manifest.json").write_text(json.dumps(m, indent=1))
+
+
+@pytest.mark.parametrize(
+    ("quantize", "edit"),
+    [
+        (8, lambda m: m["quantization"].update(bits=4)),
+        (None, lambda m: m.update(quantization={"bits": 8, "step": 0.0078125})),
+        (None, lambda m: m.update(n_empty_docs=0)),
+        (None, lambda m: m["files"].update(extra={"bytes": 1, "sha256": "0" * 64})),
+    ],
+)
+def test_edited_plain_manifest_is_refused(tmp_path, quantize, edit):
+    Index.build(docs_for(IDS), quantize=quantize).save(tmp_path / "idx")
+    tamper(tmp_path / "idx", edit)
+    with pytest.raises(IndexFormatError, match=r"manifest.json: the manifest does not match its own checksum"):
+        Index.load(tmp_path / "idx")
+    write_jsonl(docs_for(["q"]), tmp_path / "q.jsonl")
+    res = cli("search", tmp_path / "idx", tmp_path / "q.jsonl", "-o", tmp_path / "run", "--device", "cpu")
+    assert_one_line(res, "does not match its own checksum", "rebuild")
+
+
+def test_reindented_manifest_still_loads(plain):
+    (plain / "manifest.json").write_text(json.dumps(read_manifest(plain), indent=7, sort_keys=True))
+    assert Index.load(plain).ids == IDS
+
+
+def test_old_manifests_without_a_checksum_still_load(tmp_path):
+    """Folders written before manifests were sealed (plain and sharded) load as before."""
+    built = Index.build(docs_for(IDS), quantize=8)
+    built.save(tmp_path / "idx")
+    save_sharded([slice_documents(built, 0, 5), slice_documents(built, 5, 12)], tmp_path / "sh")
+    top = read_manifest(tmp_path / "sh")
+    for folder, entry in [(tmp_path / "idx", None), *((tmp_path / "sh" / e["name"], e) for e in top["shards"])]:
+        m = read_manifest(folder)
+        del m[storage_mod.SEAL]
+        (folder / "manifest.json").write_text(json.dumps(m, indent=2))
+        if entry is not None:
+            entry["manifest_sha256"] = hashlib.sha256((folder / "manifest.json").read_bytes()).hexdigest()
+    del top[storage_mod.SEAL]
+    (tmp_path / "sh" / "manifest.json").write_text(json.dumps(top, indent=2))
+    qs = docs_for([f"q{i}" for i in range(5)])
+    want = built.search(qs, 10)
+    for folder in (tmp_path / "idx", tmp_path / "sh"):
+        got = Index.load(folder).search(qs, 10)
+        assert got.ids.tolist() == want.ids.tolist() and got.scores.tolist() == want.scores.tolist()
+    seg = SegmentedIndex.load(tmp_path / "idx")
+    seg.add(docs_for(["new"]))  # an old plain folder still converts on its first write
+    assert SegmentedIndex.load(tmp_path / "idx").ids == [*IDS, "new"]
+
+
+@pytest.mark.parametrize("edit", [lambda m: m.update(n_postings=1), lambda m: m["shards"][1].update(n_postings=-5)])
+def test_edited_shard_manifest_is_refused(tmp_path, edit):
+    whole = Index.build(docs_for(IDS))
+    save_sharded([slice_documents(whole, 0, 6), slice_documents(whole, 6, 12)], tmp_path / "sh")
+    tamper(tmp_path / "sh", edit)
+    with pytest.raises(IndexFormatError, match=r"sh/manifest\.json: the manifest does not match its own checksum"):
+        load_sharded(tmp_path / "sh")
+    assert_one_line(cli("info", tmp_path / "sh"), "does not match its own checksum")

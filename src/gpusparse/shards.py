@@ -4,7 +4,8 @@ A sharded folder (``gpusparse index --shards N``, :func:`save_sharded`) splits t
 into contiguous ranges, one ordinary index folder each::
 
     manifest.json      format "gpusparse-sharded-index": counts, vocabulary fingerprint and,
-                       per shard, its folder, document offset, size and manifest SHA-256
+                       per shard, its folder, document offset, size and manifest SHA-256;
+                       sealed with its own SHA-256 as a plain manifest (storage.seal)
     shard-0000/        an ordinary index folder (Index.save) of documents 0 .. n_0 - 1
     shard-0001/        documents n_0 .. n_0 + n_1 - 1, numbered from 0 inside the shard
     ...
@@ -35,7 +36,18 @@ import torch
 from . import __version__
 from .errors import IndexFormatError, InputError
 from .index import PAD, Index
-from .storage import MANIFEST, _sha256, _write_synced, check_count, new_folder, parse_json, plain_name, replace_folder
+from .storage import (
+    MANIFEST,
+    _sha256,
+    _write_synced,
+    check_count,
+    check_seal,
+    new_folder,
+    parse_json,
+    plain_name,
+    replace_folder,
+    seal,
+)
 
 FORMAT = "gpusparse-sharded-index"
 FORMAT_VERSION = 1
@@ -178,7 +190,7 @@ def save_sharded(shards: Iterable[Index], path: str | Path, *, overwrite: bool =
             "vocab_fingerprint": vocab.fingerprint,
             "shards": entries,
         }
-        _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=2).encode())
+        _write_synced(tmp / MANIFEST, json.dumps(seal(manifest), indent=2).encode())
         replace_folder(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -229,6 +241,7 @@ def read_sharded_manifest(path: str | Path) -> dict[str, Any]:
         offset += e["n_docs"]
     if not m["shards"] or offset != m["n_docs"]:
         raise IndexFormatError(f"{mpath}: the shards hold {offset} documents, the manifest says {m['n_docs']}")
+    check_seal(m, mpath)
     return m
 
 

@@ -2,7 +2,10 @@
 
 An index folder holds plain ``.npy`` arrays (memory-mappable, no pickle), the documents'
 string ids (``ids.txt``, one per line), the vocabulary (``vocab.txt``) and a
-``manifest.json`` with the format version, the counts and every file's size and SHA-256.
+``manifest.json`` with the format version, the counts and every file's size and SHA-256,
+and its own SHA-256 (``manifest_sha256``, over the rest of the manifest: see :func:`seal`),
+so an edited count, quantization or file list is refused like a corrupted array. Folders
+written before manifests carried it still load, unchecked.
 A folder is written under a temporary name and renamed into place, so a crash never
 leaves a half-written index under the real name.
 """
@@ -26,6 +29,7 @@ from .vocab import Vocabulary
 
 if TYPE_CHECKING:
     from .index import Index
+    from .quantize import Quantization
 
 FORMAT = "gpusparse-index"
 FORMAT_VERSION = 1
@@ -71,7 +75,7 @@ def save_index(index: Index, path: str | Path, *, overwrite: bool = False) -> No
         }
         if index.quantization is not None:
             manifest["quantization"] = index.quantization.to_dict()
-        _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=2).encode())
+        _write_synced(tmp / MANIFEST, json.dumps(seal(manifest), indent=2).encode())
         replace_folder(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -147,14 +151,7 @@ def load_index(cls: type[Index], path: str | Path, *, device: str | torch.device
     vocab = Vocabulary.load(path / "vocab.txt")
     if vocab.fingerprint != manifest["vocab_fingerprint"]:
         raise IndexFormatError(f"{path}: vocab.txt does not match the manifest's fingerprint")
-    quantization = None
-    if manifest.get("quantization") is not None:
-        from .quantize import Quantization
-
-        try:
-            quantization = Quantization.from_dict(manifest["quantization"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise IndexFormatError(f"{path}: bad quantization in the manifest ({exc})") from None
+    quantization = _quantization(manifest, path)
     return cls(arrays, ids=ids, vocab=vocab, n_empty_docs=manifest.get("n_empty_docs"), quantization=quantization)
 
 
@@ -215,7 +212,48 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     for fname in ("ids.txt", "vocab.txt"):  # read whether listed or not: they must be checked
         if fname not in files:
             raise IndexFormatError(f"{mpath}: the manifest lists no {fname}")
+    _quantization(manifest, path)
+    check_seal(manifest, mpath)  # last: a readable but edited manifest says what is wrong first
     return manifest
+
+
+def _quantization(manifest: dict[str, Any], path: Path) -> Quantization | None:
+    if manifest.get("quantization") is None:
+        return None
+    from .quantize import Quantization
+
+    try:
+        return Quantization.from_dict(manifest["quantization"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise IndexFormatError(f"{path}: bad quantization in the manifest ({exc})") from None
+
+
+SEAL = "manifest_sha256"
+
+
+def _seal_digest(manifest: dict[str, Any]) -> str:
+    # Canonical JSON (sorted keys, no spaces; floats by repr, which round-trips), so the
+    # digest does not depend on how the file was indented.
+    rest = {k: v for k, v in manifest.items() if k != SEAL}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def seal(manifest: dict[str, Any]) -> dict[str, Any]:
+    """``manifest`` with its own checksum added under ``manifest_sha256``."""
+    return {**manifest, SEAL: _seal_digest(manifest)}
+
+
+def check_seal(manifest: dict[str, Any], mpath: Path) -> None:
+    """Refuse a manifest that does not match its own checksum. One without a checksum was
+    written before manifests carried one and is accepted as it is (as FAISS reads the files
+    of older versions); rewriting the index (gpusparse index --overwrite, or compact) adds it."""
+    if SEAL not in manifest:
+        return
+    if manifest[SEAL] != _seal_digest(manifest):
+        raise IndexFormatError(
+            f"{mpath}: the manifest does not match its own checksum ({SEAL}): it was edited or corrupted; "
+            "rebuild the index (gpusparse index --overwrite) or restore the folder from a backup"
+        )
 
 
 def parse_json(data: bytes, where: Path) -> Any:
