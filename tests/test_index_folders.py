@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
+import signal
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,7 @@ from gpusparse.cli import main
 from gpusparse.segments import SegmentedIndex
 from gpusparse.shards import load_sharded, save_sharded, slice_documents
 
+from .overwrite_writer import overwrite
 from .segment_writer import docs_for
 
 IDS = [f"d{i}" for i in range(12)]
@@ -227,3 +230,59 @@ def test_edited_shard_manifest_is_refused(tmp_path, edit):
     with pytest.raises(IndexFormatError, match=r"sh/manifest\.json: the manifest does not match its own checksum"):
         load_sharded(tmp_path / "sh")
     assert_one_line(cli("info", tmp_path / "sh"), "does not match its own checksum")
+
+
+# -- item 4: --overwrite under crashes, and the leftovers of killed writes ---------------
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["renameat2", "two-renames"])
+def test_overwrite_killed_at_every_step_keeps_the_old_or_the_new_index(tmp_path, exchange):
+    """SIGKILL before each file-changing step of an overwrite, one run per step: the path
+    always loads as the old or the new index, and the next writer leaves no leftovers."""
+    ctx = multiprocessing.get_context("forkserver")  # imports gpusparse once: a child starts in ms
+    ctx.set_forkserver_preload(["tests.overwrite_writer"])
+    path, new_ids = tmp_path / "idx", [f"n{i}" for i in range(7)]
+    seen = {"old": 0, "new": 0, "no folder": 0}
+    for step in range(1, 100):
+        Index.build(docs_for(IDS)).save(path, overwrite=True)  # the next writer cleans up
+        assert [p.name for p in tmp_path.iterdir()] == ["idx"], step
+        proc = ctx.Process(target=overwrite, args=(str(path), new_ids, step, exchange))
+        proc.start()
+        proc.join()
+        seen["no folder"] += not path.exists()
+        got = Index.load(path).ids  # a missing folder loads from .idx.old-* (module docstring)
+        assert got in (IDS, new_ids), step
+        seen["old" if got == IDS else "new"] += 1
+        if proc.exitcode == 0:
+            break
+        assert proc.exitcode == -signal.SIGKILL, (step, proc.exitcode)
+    assert proc.exitcode == 0 and got == new_ids  # ran to the end: every step was a crash point
+    assert seen["old"] >= 10 and seen["new"] >= 2, seen
+    assert seen["no folder"] == (0 if exchange else 1), seen  # two renames: one window, recovered
+    Index.build(docs_for(IDS)).save(path, overwrite=True)
+    assert [p.name for p in tmp_path.iterdir()] == ["idx"]
+
+
+def test_a_live_writer_s_staging_folder_is_left_alone(tmp_path):
+    path = tmp_path / "idx"
+    Index.build(docs_for(IDS)).save(path)
+    live = storage_mod.new_folder(path, True)  # held by this writer
+    (tmp_path / ".idx.tmp-deadbeef").mkdir()  # a killed writer's
+    (tmp_path / ".idx.tmp-deadbeef" / "scores.npy").write_bytes(b"x" * 1000)
+    (tmp_path / ".other.tmp-12345678").mkdir()  # another index's: not this writer's business
+    Index.build(docs_for(IDS[:3])).save(path, overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [live.name, ".other.tmp-12345678", "idx"]
+    storage_mod.discard_folder(live)
+    assert Index.load(path).ids == IDS[:3]
+
+
+def test_no_index_but_an_interrupted_overwrite_s_old_folder(tmp_path):
+    """Between the two renames (no renameat2): readers load the old folder; the next writer
+    puts it back before anything else, so a write without --overwrite still refuses."""
+    path = tmp_path / "idx"
+    Index.build(docs_for(IDS)).save(path)
+    path.rename(tmp_path / ".idx.old-0badf00d")
+    assert Index.load(path).ids == IDS
+    with pytest.raises(FileExistsError, match=r"idx already exists: pass overwrite=True \(gpusparse index"):
+        Index.build(docs_for(["x"])).save(path)
+    assert [p.name for p in tmp_path.iterdir()] == ["idx"] and Index.load(path).ids == IDS

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ from .storage import (
     _write_synced,
     check_count,
     check_seal,
+    discard_folder,
     new_folder,
     parse_json,
     plain_name,
@@ -193,7 +193,7 @@ def save_sharded(shards: Iterable[Index], path: str | Path, *, overwrite: bool =
         _write_synced(tmp / MANIFEST, json.dumps(seal(manifest), indent=2).encode())
         replace_folder(tmp, path)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        discard_folder(tmp)
         raise
     return entries
 

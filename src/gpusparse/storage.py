@@ -6,12 +6,24 @@ string ids (``ids.txt``, one per line), the vocabulary (``vocab.txt``) and a
 and its own SHA-256 (``manifest_sha256``, over the rest of the manifest: see :func:`seal`),
 so an edited count, quantization or file list is refused like a corrupted array. Folders
 written before manifests carried it still load, unchecked.
-A folder is written under a temporary name and renamed into place, so a crash never
-leaves a half-written index under the real name.
+A folder is written under a temporary name (``.NAME.tmp-*``) and moved into place, so a
+crash never leaves a half-written index under the real name. Replacing an existing index
+(``overwrite``) swaps the two folders in one atomic ``renameat2(RENAME_EXCHANGE)`` where
+Linux offers it, so a crash at any point leaves the old or the new index at the path.
+Elsewhere it takes two renames (the old folder to ``.NAME.old-*``, the new one into place):
+a crash between them leaves no folder at the path, and then a reader loads the complete
+``.NAME.old-*`` (the last index written) and the next writer renames it back first.
+
+A writer holds an ``flock`` on its temporary folder while it writes; the next writer to the
+same path removes the leftovers of writers that died (unlocked ``.NAME.tmp-*`` and
+``.NAME.old-*`` folders), so killed writes do not accumulate.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -78,39 +90,144 @@ def save_index(index: Index, path: str | Path, *, overwrite: bool = False) -> No
         _write_synced(tmp / MANIFEST, json.dumps(seal(manifest), indent=2).encode())
         replace_folder(tmp, path)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        discard_folder(tmp)
         raise
 
 
+_HELD: dict[Path, int] = {}  # staging folder -> descriptor holding its flock (released when done)
+
+
 def new_folder(path: Path, overwrite: bool) -> Path:
-    """A fresh temporary folder beside ``path`` for :func:`replace_folder` to move into place;
-    refuses an existing ``path`` unless ``overwrite``, and anything not an index."""
+    """A fresh temporary folder beside ``path`` for :func:`replace_folder` to move into place
+    (or :func:`discard_folder` to drop); refuses an existing ``path`` unless ``overwrite``, and
+    anything not an index. Cleans what killed writers to ``path`` left first."""
+    clean_stale(path)
     if path.exists() and not overwrite:
-        raise FileExistsError(f"{path} already exists (pass overwrite=True / --overwrite to replace it)")
+        raise FileExistsError(f"{path} already exists: pass overwrite=True (gpusparse index --overwrite) to replace it")
     if path.exists() and not (path / MANIFEST).is_file():
         raise FileExistsError(f"{path} exists and is not a GPUSparse index; refusing to replace it")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
+    fd = os.open(tmp, os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # "a writer is alive": see clean_stale
+    _HELD[tmp] = fd
     return tmp
 
 
+def discard_folder(tmp: Path) -> None:
+    """Remove a staging folder of :func:`new_folder` after a failure."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    _release(tmp)
+
+
+def _release(tmp: Path) -> None:
+    fd = _HELD.pop(tmp, None)
+    if fd is not None:
+        os.close(fd)
+
+
 def replace_folder(tmp: Path, path: Path) -> None:
-    """Put the finished folder ``tmp`` at ``path`` (an old one there is replaced whole)."""
-    _fsync_dir(tmp)
+    """Put the finished folder ``tmp`` at ``path`` (an old one there is replaced whole; see
+    the module docstring for what a crash leaves)."""
+    try:
+        _fsync_dir(tmp)
+        if path.exists():
+            if _exchange(tmp, path):  # atomic: ``tmp`` now holds the old index
+                _fsync_dir(path.parent)
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)  # so another writer's clean_stale leaves it while we move
+                    path.rename(old)
+                    tmp.rename(path)
+                    _fsync_dir(path.parent)
+                    shutil.rmtree(old, ignore_errors=True)
+                finally:
+                    os.close(fd)
+        else:
+            tmp.rename(path)
+        _fsync_dir(path.parent)
+    finally:
+        _release(tmp)
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap folders ``a`` and ``b`` atomically (Linux ``renameat2``); False where the system
+    or the file system cannot, for the caller to fall back to two renames."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    res = fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if res == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _leftovers(path: Path) -> list[Path]:
+    """Staging (``.NAME.tmp-*``) and replaced (``.NAME.old-*``) folders beside ``path``."""
+    prefixes = (f".{path.name}.tmp-", f".{path.name}.old-")
+    try:
+        return sorted(p for p in path.parent.iterdir() if p.name.startswith(prefixes))
+    except OSError:
+        return []
+
+
+def _writer_alive(folder: Path) -> bool:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return True  # gone or unreadable: not ours to remove
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def interrupted_overwrite(path: Path) -> Path | None:
+    """The complete index an overwrite killed between its two renames left in ``.NAME.old-*``
+    while nothing is at ``path``; None otherwise."""
     if path.exists():
-        old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
-        path.rename(old)
-        tmp.rename(path)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(path)
-    _fsync_dir(path.parent)
+        return None
+    old = [p for p in _leftovers(path) if ".old-" in p.name and (p / MANIFEST).is_file()]
+    return max(old, key=lambda p: p.stat().st_mtime) if old else None
+
+
+def clean_stale(path: Path) -> None:
+    """Remove what writers to ``path`` that died left beside it, restoring first an old index
+    whose replacement never arrived (see the module docstring)."""
+    restore = interrupted_overwrite(path)
+    if restore is not None and not _writer_alive(restore):
+        restore.rename(path)
+        _fsync_dir(path.parent)
+    for p in _leftovers(path):
+        if p.is_dir() and not _writer_alive(p):
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def load_index(cls: type[Index], path: str | Path, *, device: str | torch.device, mmap: bool, verify: bool) -> Index:
     """Read an index folder; see :meth:`gpusparse.Index.load`."""
     path = Path(path)
+    old = interrupted_overwrite(path)
+    if old is not None:  # the last complete index (module docstring); the next writer restores it
+        from .shards import is_sharded, load_sharded
+
+        if is_sharded(old):
+            return load_sharded(old, device=device, mmap=mmap, verify=verify)[0]
+        path = old
     manifest = _read_manifest(path)
     files = manifest["files"]  # plain names with sizes and checksums (checked by _read_manifest)
     for fname, meta in files.items():
