@@ -4,6 +4,7 @@ the folder, malformed structure, and one-line errors instead of tracebacks."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import multiprocessing
 import signal
@@ -12,10 +13,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from gpusparse import Index, IndexFormatError, write_jsonl
+from gpusparse import Index, IndexFormatError, InputError, write_jsonl
 from gpusparse import storage as storage_mod
 from gpusparse.cli import main
-from gpusparse.segments import SegmentedIndex
+from gpusparse.segments import SegmentedIndex, read_ids
 from gpusparse.shards import load_sharded, save_sharded, slice_documents
 
 from .overwrite_writer import overwrite
@@ -286,3 +287,77 @@ def test_no_index_but_an_interrupted_overwrite_s_old_folder(tmp_path):
     with pytest.raises(FileExistsError, match=r"idx already exists: pass overwrite=True \(gpusparse index"):
         Index.build(docs_for(["x"])).save(path)
     assert [p.name for p in tmp_path.iterdir()] == ["idx"] and Index.load(path).ids == IDS
+
+
+# -- item 8: the id file of gpusparse delete ------------------------------------------------
+
+
+def test_read_ids_names_the_line_of_a_non_utf8_id(tmp_path, monkeypatch):
+    f = tmp_path / "ids.txt"
+    f.write_bytes(b"d1\n  d2 \n\nd\xe93\n")
+    with pytest.raises(InputError, match=r"ids.txt:4: byte 0xe9 at column 2 is not UTF-8") as info:
+        read_ids(f)
+    assert "\n" not in str(info.value) and info.value.line == 4
+    f.write_bytes("d1\n  d2 \n\nd\u00e93\r\n".encode())
+    assert read_ids(f) == ["d1", "d2", "d\u00e93"]
+    with pytest.raises(InputError, match=r"no.txt: cannot read the id file \(No such file"):
+        read_ids(tmp_path / "no.txt")
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"a\n\xffb\n")))
+    with pytest.raises(InputError, match=r"<stdin>:2: byte 0xff at column 1"):
+        read_ids("-")
+
+
+# -- item 11: messages that say what happened and what to do --------------------------------
+
+
+def test_disk_full_names_the_file_and_the_index(tmp_path, monkeypatch):
+    def short_write(file, arr, **kwargs):
+        raise OSError("524576 requested and 524256 written")
+
+    monkeypatch.setattr(storage_mod.np, "save", short_write)
+    with pytest.raises(OSError, match=r"the disk is full: writing doc_ids.npy of the index failed") as info:
+        Index.build(docs_for(IDS)).save(tmp_path / "idx")
+    assert info.value.filename == str(tmp_path / "idx") and ".tmp-" not in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+    write_jsonl(docs_for(IDS), tmp_path / "docs.jsonl")
+    res = cli("index", tmp_path / "docs.jsonl", "-o", tmp_path / "idx2", "--device", "cpu")
+    assert_one_line(res, str(tmp_path / "idx2"), "the disk is full", "free space")
+
+
+def test_an_index_written_meanwhile_is_named_not_the_temporary_folder(tmp_path):
+    path = tmp_path / "idx"
+    tmp = storage_mod.new_folder(path, False)
+    Index.build(docs_for(IDS)).save(path)  # another process, between the check and the rename
+    with pytest.raises(FileExistsError, match=r"idx already exists \(another process .*--overwrite") as info:
+        storage_mod.replace_folder(tmp, path, overwrite=False)
+    assert ".tmp-" not in str(info.value)
+    storage_mod.discard_folder(tmp)
+
+
+def test_output_under_a_file_is_named(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(FileExistsError, match=r"cannot create .*afile/x: .*afile is a file, not a folder"):
+        Index.build(docs_for(IDS)).save(tmp_path / "afile" / "x")
+
+
+def test_overwrite_replaces_a_segmented_index(tmp_path):
+    SegmentedIndex.create(tmp_path / "idx", docs_for(IDS)).delete(["d1"])
+    Index.build(docs_for(IDS[:2])).save(tmp_path / "idx", overwrite=True)
+    assert Index.load(tmp_path / "idx").ids == IDS[:2]
+
+
+def test_deleted_current_is_named(tmp_path):
+    path = tmp_path / "idx"
+    index = SegmentedIndex.create(path, docs_for(IDS))
+    index.delete(["d1"])
+    (path / "CURRENT").unlink()
+    want = r"segmented index .* whose CURRENT file, which names its live manifest, is missing.*MANIFEST-000002\.json"
+    with pytest.raises(IndexFormatError, match=want):
+        SegmentedIndex.load(path)
+    with pytest.raises(IndexFormatError, match=want):
+        Index.load(path)
+    assert_one_line(cli("compact", path), "whose CURRENT file")
+    # The hint in the message, followed, brings the index back.
+    name = "MANIFEST-000002.json"
+    (path / "CURRENT").write_text(f"{name} {hashlib.sha256((path / name).read_bytes()).hexdigest()}\n")
+    assert SegmentedIndex.load(path).ids == IDS[:1] + IDS[2:]

@@ -49,6 +49,7 @@ import io
 import json
 import os
 import shutil
+import sys
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -70,6 +71,7 @@ from .storage import (
     _sha256,
     _write_synced,
     check_count,
+    missing_current,
     parse_json,
     plain_name,
     read_manifest,
@@ -372,6 +374,33 @@ class SegmentedIndex:
         return UpdateReport(gen + 1, deleted=sum(s.n_deleted for s in segs))
 
 
+def read_ids(source: str | Path) -> list[str]:
+    """The document ids listed in ``source`` (``"-"``: standard input), one per line; blank
+    lines are skipped and surrounding white space is stripped, as ``gpusparse delete`` reads
+    its id file.
+
+    Raises:
+        InputError: the file cannot be read, or is not UTF-8 (naming the line and column).
+    """
+    name = "<stdin>" if str(source) == "-" else str(source)
+    try:
+        data = sys.stdin.buffer.read() if str(source) == "-" else Path(source).read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read the id file ({exc.strerror or exc})", path=name) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise InputError(
+            f"byte {data[exc.start]:#04x} at column {column} is not UTF-8: ids are UTF-8 text, one per line "
+            "(convert the file, e.g. with iconv -t UTF-8)",
+            path=name,
+            line=line,
+        ) from None
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
 # -- state on disk ------------------------------------------------------------------------
 
 
@@ -406,7 +435,8 @@ def _load_state(path: Path, reuse: dict[str, Index], opts: dict[str, Any]) -> _S
                 return _load_manifest(path, current, reuse, opts)
             if (path / MANIFEST).is_file():
                 return _load_plain(path, reuse, opts)
-            raise IndexFormatError(f"{path}: not a GPUSparse index (no {CURRENT} or {MANIFEST})")
+            missing = missing_current(path)
+            raise IndexFormatError(missing or f"{path}: not a GPUSparse index (no {CURRENT} or {MANIFEST})")
         except (IndexFormatError, OSError):
             now = _read_current(path) if is_segmented(path) else None
             if attempt + 1 == _LOAD_RETRIES or now == current:

@@ -191,7 +191,7 @@ def save_sharded(shards: Iterable[Index], path: str | Path, *, overwrite: bool =
             "shards": entries,
         }
         _write_synced(tmp / MANIFEST, json.dumps(seal(manifest), indent=2).encode())
-        replace_folder(tmp, path)
+        replace_folder(tmp, path, overwrite=overwrite)
     except BaseException:
         discard_folder(tmp)
         raise

@@ -60,18 +60,22 @@ def save_index(index: Index, path: str | Path, *, overwrite: bool = False) -> No
     """Write ``index`` to folder ``path`` atomically (see the module docstring)."""
     path = Path(path)
     tmp = new_folder(path, overwrite)
+    fname = ""  # the file being written, for a disk-full message
     try:
         files: dict[str, dict[str, Any]] = {}
         for name, tensor in index.arrays().items():
             fname = f"{name}.npy"
             np.save(tmp / fname, tensor.detach().cpu().numpy().astype(_DTYPES[name], copy=False))
             files[fname] = _describe(tmp / fname)
-        with (tmp / "ids.txt").open("w", encoding="utf-8", newline="\n") as f:
+        fname = "ids.txt"
+        with (tmp / fname).open("w", encoding="utf-8", newline="\n") as f:
             for doc_id in index.ids:
                 f.write(doc_id + "\n")
-        files["ids.txt"] = _describe(tmp / "ids.txt")
-        index.vocab.save(tmp / "vocab.txt")
-        files["vocab.txt"] = _describe(tmp / "vocab.txt")
+        files[fname] = _describe(tmp / fname)
+        fname = "vocab.txt"
+        index.vocab.save(tmp / fname)
+        files[fname] = _describe(tmp / fname)
+        fname = MANIFEST
         st = index.stats()
         manifest = {
             "format": FORMAT,
@@ -88,10 +92,25 @@ def save_index(index: Index, path: str | Path, *, overwrite: bool = False) -> No
         if index.quantization is not None:
             manifest["quantization"] = index.quantization.to_dict()
         _write_synced(tmp / MANIFEST, json.dumps(seal(manifest), indent=2).encode())
-        replace_folder(tmp, path)
+        replace_folder(tmp, path, overwrite=overwrite)
+    except OSError as exc:
+        discard_folder(tmp)
+        if isinstance(exc, FileExistsError) or not _is_disk_full(exc):
+            raise
+        raise OSError(
+            errno.ENOSPC,
+            f"the disk is full: writing {fname} of the index failed ({exc.strerror or exc}); nothing was changed "
+            f"at {path}: free space on its disk (or write the index elsewhere) and run again",
+            str(path),
+        ) from None
     except BaseException:
         discard_folder(tmp)
         raise
+
+
+def _is_disk_full(exc: OSError) -> bool:
+    # numpy's tofile reports a short write as "N requested and M written", without an errno.
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT) or "requested and" in str(exc)
 
 
 _HELD: dict[Path, int] = {}  # staging folder -> descriptor holding its flock (released when done)
@@ -104,15 +123,26 @@ def new_folder(path: Path, overwrite: bool) -> Path:
     clean_stale(path)
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path} already exists: pass overwrite=True (gpusparse index --overwrite) to replace it")
-    if path.exists() and not (path / MANIFEST).is_file():
+    if path.exists() and not ((path / MANIFEST).is_file() or (path / "CURRENT").is_file()):
         raise FileExistsError(f"{path} exists and is not a GPUSparse index; refusing to replace it")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise FileExistsError(f"cannot create {path}: {_file_above(path)} is a file, not a folder") from None
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     fd = os.open(tmp, os.O_RDONLY)
     fcntl.flock(fd, fcntl.LOCK_EX)  # "a writer is alive": see clean_stale
     _HELD[tmp] = fd
     return tmp
+
+
+def _file_above(path: Path) -> Path:
+    """The first ancestor of ``path`` that exists and is not a folder (for a message)."""
+    for p in reversed(path.parents):
+        if p.exists() and not p.is_dir():
+            return p
+    return path.parent
 
 
 def discard_folder(tmp: Path) -> None:
@@ -127,12 +157,13 @@ def _release(tmp: Path) -> None:
         os.close(fd)
 
 
-def replace_folder(tmp: Path, path: Path) -> None:
-    """Put the finished folder ``tmp`` at ``path`` (an old one there is replaced whole; see
-    the module docstring for what a crash leaves)."""
+def replace_folder(tmp: Path, path: Path, *, overwrite: bool) -> None:
+    """Put the finished folder ``tmp`` at ``path``: with ``overwrite`` an index there is
+    replaced whole (see the module docstring for what a crash leaves); without, one that
+    appeared since :func:`new_folder` looked is refused, not replaced."""
     try:
         _fsync_dir(tmp)
-        if path.exists():
+        if overwrite and path.exists():
             if _exchange(tmp, path):  # atomic: ``tmp`` now holds the old index
                 _fsync_dir(path.parent)
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -148,7 +179,16 @@ def replace_folder(tmp: Path, path: Path) -> None:
                 finally:
                     os.close(fd)
         else:
-            tmp.rename(path)
+            try:
+                tmp.rename(path)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+                    raise
+                # Created by another process since new_folder looked: name the user's path, not ours.
+                raise FileExistsError(
+                    f"{path} already exists (another process wrote it meanwhile): pass overwrite=True "
+                    "(gpusparse index --overwrite) to replace it"
+                ) from None
         _fsync_dir(path.parent)
     finally:
         _release(tmp)
@@ -287,7 +327,7 @@ def _read_manifest(path: Path) -> dict[str, Any]:
                 f"{path}: a segmented index (updated by gpusparse add/delete/compact); "
                 "open it with gpusparse.segments.SegmentedIndex.load"
             )
-        raise IndexFormatError(f"{path}: not a GPUSparse index (no {MANIFEST})")
+        raise IndexFormatError(missing_current(path) or f"{path}: not a GPUSparse index (no {MANIFEST})")
     manifest = parse_json(mpath.read_bytes(), mpath)
     if isinstance(manifest, dict) and manifest.get("format") == "gpusparse-sharded-index":
         raise IndexFormatError(
@@ -371,6 +411,24 @@ def check_seal(manifest: dict[str, Any], mpath: Path) -> None:
             f"{mpath}: the manifest does not match its own checksum ({SEAL}): it was edited or corrupted; "
             "rebuild the index (gpusparse index --overwrite) or restore the folder from a backup"
         )
+
+
+def missing_current(path: Path) -> str | None:
+    """The message for a segmented folder (gpusparse.segments) whose ``CURRENT`` file is gone,
+    or None when ``path`` does not look like one."""
+    manifests = sorted(p.name for p in path.glob("MANIFEST-*.json"))
+    if not manifests and not (path / "segments").is_dir():
+        return None
+    hint = (
+        f'; if {manifests[-1]} is the last commit: echo "{manifests[-1]} $(sha256sum < {path / manifests[-1]} '
+        f"| cut -d' ' -f1)\" > {path / 'CURRENT'}"
+        if manifests
+        else ""
+    )
+    return (
+        f"{path}: a segmented index (updated by gpusparse add/delete/compact) whose CURRENT file, which names "
+        f"its live manifest, is missing: restore it from a backup{hint}"
+    )
 
 
 def parse_json(data: bytes, where: Path) -> Any:
