@@ -361,3 +361,17 @@ def test_deleted_current_is_named(tmp_path):
     name = "MANIFEST-000002.json"
     (path / "CURRENT").write_text(f"{name} {hashlib.sha256((path / name).read_bytes()).hexdigest()}\n")
     assert SegmentedIndex.load(path).ids == IDS[:1] + IDS[2:]
+
+
+def test_segments_share_one_vocabulary_file(tmp_path):
+    """An added segment's vocab.txt is a hard link to an existing segment's, not a new copy."""
+    path = tmp_path / "idx"
+    index = SegmentedIndex.create(path, docs_for(IDS))
+    index.add(docs_for(["a"]))
+    index.add(docs_for(["b"]))
+    index.delete(["d0"])
+    index.compact()  # the old segments go; the link survives them
+    index.add(docs_for(["c"]))
+    vocabs = [path / "segments" / s.name / "vocab.txt" for s in index.segments]
+    assert len(vocabs) == 2 and vocabs[0].samefile(vocabs[1])
+    assert SegmentedIndex.load(path).ids == [*IDS[1:], "a", "b", "c"]

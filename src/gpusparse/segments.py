@@ -649,7 +649,30 @@ def _write_segment(path: Path, index: Index, gen: int) -> dict[str, Any]:
     name = f"seg-{gen:06d}-{uuid.uuid4().hex[:8]}"
     sdir = path / SEGMENTS / name
     index.save(sdir)  # atomic: temporary folder, then rename
+    _share_vocabulary(path, sdir)
     return {"name": name, "n_docs": index.n_docs, "manifest_sha256": _sha256(sdir / MANIFEST), "deleted": None}
+
+
+def _share_vocabulary(path: Path, sdir: Path) -> None:
+    """Hard-link the new segment's ``vocab.txt`` to an identical one of another segment, so
+    segments share one copy on disk (a BERT vocabulary is ~230 kB per segment otherwise).
+    The segment is not committed yet, so a crash here leaves only garbage; where links are
+    not possible the segment keeps its own copy."""
+    mine = sdir / "vocab.txt"
+    digest = _sha256(mine)
+    for other in (path / SEGMENTS).iterdir():
+        f = other / "vocab.txt"
+        if other == sdir or other.name.startswith(".") or not f.is_file() or f.stat().st_size != mine.stat().st_size:
+            continue
+        if _sha256(f) != digest:
+            continue
+        tmp = sdir / f".vocab.txt.tmp-{uuid.uuid4().hex[:8]}"
+        try:
+            os.link(f, tmp)
+            os.replace(tmp, mine)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+        return
 
 
 def _commit(
