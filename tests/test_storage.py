@@ -275,7 +275,7 @@ def test_load_array_with_wrong_dtype(built):
     np.save(path / "lengths.npy", np.zeros(len(Vocabulary.bert()), np.int64))
     m = json.loads((path / "manifest.json").read_text())
     m["files"]["lengths.npy"] = storage_mod._describe(path / "lengths.npy")
-    (path / "manifest.json").write_text(json.dumps(m))
+    (path / "manifest.json").write_text(json.dumps(storage_mod.seal(m)))  # consistent: its own checksum too
     assert "lengths.npy" in load_error(path)
 
 

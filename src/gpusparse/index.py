@@ -8,7 +8,7 @@ the builders, persistence (:mod:`gpusparse.storage`, :mod:`gpusparse.shards`) an
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -19,11 +19,8 @@ from .quantize import quantize_collection, quantize_csr
 from .queries import as_queries
 from .search import SearchResults, search
 from .shards import is_sharded, load_sharded
-from .storage import load_index, save_index
+from .storage import load_index, readable_folder, save_index
 from .vocab import Vocabulary
-
-if TYPE_CHECKING:
-    from pathlib import Path
 
 
 class Index(PostingLists):
@@ -129,6 +126,7 @@ class Index(PostingLists):
         Raises:
             IndexFormatError: missing, truncated, corrupted, or written by a newer version.
         """
+        path = readable_folder(Path(path))  # an overwrite killed midway left the old index beside it
         if is_sharded(path):
             return cls.from_postings(load_sharded(path, device=device, mmap=mmap, verify=verify)[0])
         return cls.from_postings(load_index(path, device=device, mmap=mmap, verify=verify))

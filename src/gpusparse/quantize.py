@@ -127,6 +127,38 @@ def quantize_collection(
     return out, report
 
 
+def quantize_to(
+    collection: SparseCollection, quantization: Quantization, *, clip: bool = False
+) -> tuple[SparseCollection, QuantizeReport]:
+    """``collection`` quantized with an existing index's ``quantization`` (same bits, same step),
+    as documents added to that index must be, so that they score as in a fresh build.
+
+    A weight whose level would exceed ``2**bits - 1`` (above ``(2**bits - 1) · step`` by half
+    a step or more) cannot be stored at that scale: it is refused with :class:`InputError`
+    naming the document, unless ``clip``, which stores it as the largest level (what a fresh
+    build with that step does). Weights below half a step are dropped, as in any build.
+    """
+    from .errors import InputError
+
+    top = (1 << quantization.bits) - 1
+    values = collection.values
+    if not clip and values.size:
+        at = int(np.argmax(values))
+        w = float(values[at])
+        if round(w / quantization.step) > top:  # Python's round is half to even, as levels()
+            row = int(np.searchsorted(collection.indptr, at, side="right")) - 1
+            term = collection.vocab.token(int(collection.indices[at]))
+            limit = top * quantization.step
+            raise InputError(
+                f"document {collection.ids[row]!r} has weight {w:g} for term {term!r}, above {limit:g}, the largest "
+                f"the index's {quantization.bits}-bit impacts store (step {quantization.step:g}); clip the weights "
+                f"to {limit:g} (SegmentedIndex.add(..., clip=True) does), or rebuild the index from all documents "
+                f"with gpusparse index --quantize {quantization.bits} (a new step)",
+                field="vector",
+            )
+    return quantize_collection(collection, quantization.bits, quantization.step)
+
+
 def quantize_queries(queries: SparseCollection, bits: int) -> SparseCollection:
     """Each query quantized with its own power-of-two step, so its result never depends on
     the other queries of a batch. Terms rounding to zero are dropped."""

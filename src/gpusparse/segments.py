@@ -33,6 +33,12 @@ state they committed.
 A plain index folder (format 1) opens as a one-segment snapshot; the first write converts it
 in place (its files are hard-linked into a segment; the folder stays a plain index until the
 commit).
+
+**Quantized indexes.** A quantized index (:mod:`gpusparse.quantize`) stays quantized with the
+same bits and step through every write, so its results equal a fresh quantized build with
+that step: added documents are quantized with it (a weight above the largest level is refused
+unless ``clip``), and compaction keeps it. The manifest records the quantization, and a
+snapshot whose segments disagree is refused.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ import io
 import json
 import os
 import shutil
+import sys
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -57,8 +64,19 @@ from .collection import SparseCollection
 from .errors import IndexFormatError, InputError
 from .index import Index
 from .layout.postings import MAX_DOCS
+from .quantize import Quantization, quantize_to
 from .queries import as_queries
-from .storage import MANIFEST, _fsync_dir, _sha256, _write_synced, read_manifest
+from .storage import (
+    MANIFEST,
+    _fsync_dir,
+    _sha256,
+    _write_synced,
+    check_count,
+    missing_current,
+    parse_json,
+    plain_name,
+    read_manifest,
+)
 from .topk import merge_results
 from .vocab import Vocabulary
 
@@ -113,11 +131,21 @@ class SegmentedIndex:
     :meth:`delete`, :meth:`compact`; query with :meth:`search` / :meth:`retrieve`.
     """
 
-    def __init__(self, path: Path, generation: int, segments: list[Segment], vocab: Vocabulary, **opts: Any) -> None:
+    def __init__(
+        self,
+        path: Path,
+        generation: int,
+        segments: list[Segment],
+        vocab: Vocabulary,
+        quantization: Quantization | None = None,
+        **opts: Any,
+    ) -> None:
         self.path = path
         self.generation = generation
         self.segments = segments
         self.vocab = vocab
+        # Every segment's (and every added document's) quantization; None for float weights.
+        self.quantization = quantization
         self._opts = opts  # device, mmap, verify: how segments are loaded
         self._all_ids: list[str] | None = None
 
@@ -125,20 +153,39 @@ class SegmentedIndex:
 
     @classmethod
     def create(
-        cls, path: str | Path, documents: SparseCollection | Vocabulary, *, device: str | torch.device = "cpu"
+        cls,
+        path: str | Path,
+        documents: SparseCollection | Vocabulary,
+        *,
+        device: str | torch.device = "cpu",
+        quantize: int | Quantization | None = None,
     ) -> SegmentedIndex:
-        """A new index folder at ``path`` holding ``documents`` (or empty, over a vocabulary)."""
+        """A new index folder at ``path`` holding ``documents`` (or empty, over a vocabulary).
+
+        ``quantize``: store quantized impacts, as :meth:`Index.build`; bits (the step then
+        comes from ``documents``' largest weight, so they must not be empty) or a
+        :class:`~gpusparse.quantize.Quantization` giving bits and step (weights above its
+        largest level are clipped, as a fresh build with that step clips them).
+        """
         path = Path(path)
         if path.exists() and any(path.iterdir()):
             raise FileExistsError(f"{path} already exists and is not empty")
         vocab = documents if isinstance(documents, Vocabulary) else documents.vocab
+        quantization = quantize if isinstance(quantize, Quantization) or quantize is None else None
+        if isinstance(quantize, int):
+            if not isinstance(documents, SparseCollection) or not len(documents) or not documents.nnz:
+                raise ValueError("an empty quantized index needs its step: pass quantize=Quantization(bits, step)")
+            from .quantize import quantize_collection
+
+            _, report = quantize_collection(documents, quantize)
+            quantization = report.quantization
         (path / SEGMENTS).mkdir(parents=True, exist_ok=True)
         (path / DELETIONS).mkdir(exist_ok=True)
         with _locked(path):
             entries = []
             if isinstance(documents, SparseCollection) and len(documents):
-                entries.append(_write_segment(path, Index.build(documents), 1))
-            _commit(path, 1, entries, vocab)
+                entries.append(_write_segment(path, _build(documents, quantization, clip=True), 1))
+            _commit(path, 1, entries, vocab, quantization)
         return cls.load(path, device=device)
 
     @classmethod
@@ -156,7 +203,9 @@ class SegmentedIndex:
 
     def refresh(self) -> SegmentedIndex:
         """Move this snapshot to the latest committed state (unchanged segments are reused)."""
-        self.generation, self.segments, self.vocab = _load_state(self.path, self._by_name(), self._opts)
+        self.generation, self.segments, self.vocab, self.quantization = _load_state(
+            self.path, self._by_name(), self._opts
+        )
         self._all_ids = None
         return self
 
@@ -250,20 +299,30 @@ class SegmentedIndex:
     def _latest(self) -> tuple[int, list[Segment]]:
         """The latest committed state, for a writer holding the lock (a plain index is
         given its segment folder first)."""
-        gen, segs, _ = _load_state(self.path, self._by_name(), self._opts)
+        gen, segs, _, quantization = _load_state(self.path, self._by_name(), self._opts)
         if gen == 0:
             _convert_plain(self.path, segs[0])
-        return gen, segs
+        return gen, segs, quantization
 
-    def add(self, documents: SparseCollection, *, upsert: bool = False) -> UpdateReport:
+    def add(self, documents: SparseCollection, *, upsert: bool = False, clip: bool = False) -> UpdateReport:
         """Add ``documents`` as a new segment, in one commit.
 
         An id already live is refused (:class:`InputError`) unless ``upsert``, which deletes
         the old document in the same commit (the new one ranks as inserted now).
+
+        On a quantized index the documents are quantized with the index's bits and step, as
+        a fresh build with that step would store them. A weight above the largest level
+        (``(2**bits - 1) · step``) is refused (:class:`InputError`, nothing written) unless
+        ``clip``, which stores it as that largest level; a new step needs a rebuild.
         """
         documents = _in_vocab(documents, self.vocab)
+        # Quantized (and refused) before the lock and the conversion of a plain folder, so a
+        # refusal writes nothing; redone below only if the folder was replaced meanwhile.
+        segment = _build(documents, self.quantization, clip=clip) if len(documents) else None
         with _locked(self.path):
-            gen, segs = self._latest()
+            gen, segs, quantization = self._latest()
+            if segment is not None and quantization != self.quantization:
+                segment = _build(documents, quantization, clip=clip)
             live = _live_positions(segs)
             clash = [i for i in documents.ids if i in live]
             if clash and not upsert:
@@ -276,9 +335,9 @@ class SegmentedIndex:
             changed = _mark_deleted(segs, [live[i] for i in clash])
             entries = [_entry_of(s) for s in segs]
             _write_bitmaps(self.path, segs, changed, entries, gen + 1)
-            if len(documents):
-                entries.append(_write_segment(self.path, Index.build(documents), gen + 1))
-            _commit(self.path, gen + 1, entries, self.vocab)
+            if segment is not None:
+                entries.append(_write_segment(self.path, segment, gen + 1))
+            _commit(self.path, gen + 1, entries, self.vocab, quantization)
             self.refresh()
             _collect_garbage(self.path)
         return UpdateReport(gen + 1, added=len(documents), deleted=len(clash))
@@ -287,31 +346,60 @@ class SegmentedIndex:
         """Mark the live documents with these string ids deleted; unknown ids are counted."""
         wanted = list(dict.fromkeys(ids))
         with _locked(self.path):
-            gen, segs = self._latest()
+            gen, segs, quantization = self._latest()
             live = _live_positions(segs)
             found = [live[i] for i in wanted if i in live]
             changed = _mark_deleted(segs, found)
             entries = [_entry_of(s) for s in segs]
             _write_bitmaps(self.path, segs, changed, entries, gen + 1)
-            _commit(self.path, gen + 1, entries, self.vocab)
+            _commit(self.path, gen + 1, entries, self.vocab, quantization)
             self.refresh()
             _collect_garbage(self.path)
         return UpdateReport(gen + 1, deleted=len(found), unknown=len(wanted) - len(found))
 
     def compact(self) -> UpdateReport:
-        """Merge all segments into one, without the deleted documents (same search results)."""
+        """Merge all segments into one, without the deleted documents (same search results;
+        a quantized index keeps its bits and step)."""
         with _locked(self.path):
-            gen, segs = self._latest()
+            gen, segs, quantization = self._latest()
             parts = [_live_documents(s) for s in segs]
             parts = [p for p in parts if len(p)]
             entries = []
             if parts:
                 merged = SparseCollection.concat(parts) if len(parts) > 1 else parts[0]
-                entries.append(_write_segment(self.path, Index.build(merged), gen + 1))
-            _commit(self.path, gen + 1, entries, self.vocab)
+                # The weights are already levels times the step: quantizing again keeps them as they are.
+                entries.append(_write_segment(self.path, _build(merged, quantization, clip=True), gen + 1))
+            _commit(self.path, gen + 1, entries, self.vocab, quantization)
             self.refresh()
             _collect_garbage(self.path)
         return UpdateReport(gen + 1, deleted=sum(s.n_deleted for s in segs))
+
+
+def read_ids(source: str | Path) -> list[str]:
+    """The document ids listed in ``source`` (``"-"``: standard input), one per line; blank
+    lines are skipped and surrounding white space is stripped, as ``gpusparse delete`` reads
+    its id file.
+
+    Raises:
+        InputError: the file cannot be read, or is not UTF-8 (naming the line and column).
+    """
+    name = "<stdin>" if str(source) == "-" else str(source)
+    try:
+        data = sys.stdin.buffer.read() if str(source) == "-" else Path(source).read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read the id file ({exc.strerror or exc})", path=name) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise InputError(
+            f"byte {data[exc.start]:#04x} at column {column} is not UTF-8: ids are UTF-8 text, one per line "
+            "(convert the file, e.g. with iconv -t UTF-8)",
+            path=name,
+            line=line,
+        ) from None
+    return [line.strip() for line in text.splitlines() if line.strip()]
 
 
 # -- state on disk ------------------------------------------------------------------------
@@ -330,12 +418,15 @@ def _read_current(path: Path) -> tuple[str, str]:
     parts = text.split()
     if len(parts) != 2 or not parts[0].startswith("MANIFEST-"):
         raise IndexFormatError(f"{path}/{CURRENT}: unreadable ({text[:60]!r})")
-    return parts[0], parts[1]
+    return plain_name(parts[0], path / CURRENT, "manifest"), parts[1]
 
 
-def _load_state(path: Path, reuse: dict[str, Index], opts: dict[str, Any]) -> tuple[int, list[Segment], Vocabulary]:
-    """``(generation, segments, vocabulary)`` of the committed state, retried if a writer's
-    clean-up removes files while we read them."""
+_State = tuple[int, list[Segment], Vocabulary, Quantization | None]
+
+
+def _load_state(path: Path, reuse: dict[str, Index], opts: dict[str, Any]) -> _State:
+    """``(generation, segments, vocabulary, quantization)`` of the committed state, retried if
+    a writer's clean-up removes files while we read them."""
     if not path.is_dir():
         raise IndexFormatError(f"{path}: no such index folder")
     for attempt in range(_LOAD_RETRIES):
@@ -345,7 +436,8 @@ def _load_state(path: Path, reuse: dict[str, Index], opts: dict[str, Any]) -> tu
                 return _load_manifest(path, current, reuse, opts)
             if (path / MANIFEST).is_file():
                 return _load_plain(path, reuse, opts)
-            raise IndexFormatError(f"{path}: not a GPUSparse index (no {CURRENT} or {MANIFEST})")
+            missing = missing_current(path)
+            raise IndexFormatError(missing or f"{path}: not a GPUSparse index (no {CURRENT} or {MANIFEST})")
         except (IndexFormatError, OSError):
             now = _read_current(path) if is_segmented(path) else None
             if attempt + 1 == _LOAD_RETRIES or now == current:
@@ -353,14 +445,12 @@ def _load_state(path: Path, reuse: dict[str, Index], opts: dict[str, Any]) -> tu
     raise AssertionError("unreachable")
 
 
-def _load_plain(path: Path, reuse: dict[str, Index], opts: dict[str, Any]) -> tuple[int, list[Segment], Vocabulary]:
+def _load_plain(path: Path, reuse: dict[str, Index], opts: dict[str, Any]) -> _State:
     index = reuse.get("") or Index.load(path, **opts)
-    return 0, [Segment("", index, 0, np.zeros(index.n_docs, dtype=bool))], index.vocab
+    return 0, [Segment("", index, 0, np.zeros(index.n_docs, dtype=bool))], index.vocab, index.quantization
 
 
-def _load_manifest(
-    path: Path, current: tuple[str, str], reuse: dict[str, Index], opts: dict[str, Any]
-) -> tuple[int, list[Segment], Vocabulary]:
+def _load_manifest(path: Path, current: tuple[str, str], reuse: dict[str, Index], opts: dict[str, Any]) -> _State:
     name, digest = current
     mpath = path / name
     try:
@@ -369,10 +459,7 @@ def _load_manifest(
         raise IndexFormatError(f"{path}: {name}, named by {CURRENT}, is missing") from None
     if _sha(data) != digest:
         raise IndexFormatError(f"{mpath}: does not match its checksum in {CURRENT} (corrupted)")
-    try:
-        m = json.loads(data)
-    except ValueError as exc:
-        raise IndexFormatError(f"{mpath}: unreadable manifest ({exc})") from None
+    m = parse_json(data, mpath)
     if not isinstance(m, dict) or m.get("format") != FORMAT or not isinstance(m.get("format_version"), int):
         raise IndexFormatError(f"{mpath}: not a GPUSparse segmented-index manifest")
     if m["format_version"] > FORMAT_VERSION:
@@ -383,6 +470,13 @@ def _load_manifest(
     for key in ("generation", "vocab_fingerprint", "segments"):
         if key not in m:
             raise IndexFormatError(f"{mpath}: manifest lacks {key!r}")
+    check_count(m["generation"], mpath, "generation")
+    if not isinstance(m["segments"], list):
+        raise IndexFormatError(f"{mpath}: 'segments' is a {type(m['segments']).__name__}, expected a list")
+    for e in m["segments"]:
+        _check_entry(mpath, e)
+    if m.get("vocab") is not None:
+        plain_name(m["vocab"], mpath, "vocabulary file")
     vocab = None
     segs, base = [], 0
     for e in m["segments"]:
@@ -410,7 +504,44 @@ def _load_manifest(
         vocab = Vocabulary.load(path / m["vocab"]) if m.get("vocab") else Vocabulary.bert()
     if vocab.fingerprint != m["vocab_fingerprint"]:
         raise IndexFormatError(f"{mpath}: the segments' vocabulary does not match the manifest's")
-    return int(m["generation"]), segs, vocab
+    return int(m["generation"]), segs, vocab, _quantization_of(mpath, m, segs)
+
+
+def _quantization_of(mpath: Path, m: dict[str, Any], segs: list[Segment]) -> Quantization | None:
+    """The manifest's quantization, which every segment must share: segments quantized
+    differently (or some not at all) would rank with different scales, a wrong answer."""
+    if "quantization" in m:
+        try:
+            q = None if m["quantization"] is None else Quantization.from_dict(m["quantization"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise IndexFormatError(f"{mpath}: bad quantization in the manifest ({exc})") from None
+    else:  # written before the manifest recorded it: the segments' own
+        q = segs[0].index.quantization if segs else None
+    for s in segs:
+        if s.index.quantization != q:
+            raise IndexFormatError(
+                f"{mpath}: segment {s.name} is quantized as {s.index.quantization}, the index as {q}: its results "
+                "would mix scales (an add or compact by an older gpusparse lost the quantization); "
+                "rebuild the index from its documents"
+            )
+    return q
+
+
+def _check_entry(mpath: Path, e: object) -> None:
+    """A segment entry's shape: names are plain file names (nothing outside the folder is
+    ever read or deleted), counts are integers, checksums strings."""
+    if not isinstance(e, dict):
+        raise IndexFormatError(f"{mpath}: a segment entry is a {type(e).__name__}, expected an object")
+    plain_name(e.get("name"), mpath, "segment")
+    check_count(e.get("n_docs"), mpath, f"segment {e['name']}'s n_docs")
+    if not isinstance(e.get("manifest_sha256"), str):
+        raise IndexFormatError(f"{mpath}: segment {e['name']} has no manifest_sha256 string")
+    d = e.get("deleted")
+    if d is not None:
+        if not isinstance(d, dict) or not isinstance(d.get("sha256"), str):
+            raise IndexFormatError(f"{mpath}: segment {e['name']}'s deletion entry is malformed")
+        plain_name(d.get("file"), mpath, "deletion file")
+        check_count(d.get("count"), mpath, f"segment {e['name']}'s deletion count")
 
 
 def _read_bitmap(path: Path, meta: dict[str, Any], n: int) -> np.ndarray:
@@ -506,14 +637,48 @@ def _write_bitmaps(path: Path, segs: list[Segment], changed: set[int], entries: 
         _fsync_dir(path / DELETIONS)
 
 
+def _build(documents: SparseCollection, quantization: Quantization | None, *, clip: bool) -> Index:
+    """A segment's index: ``documents`` quantized with the index's bits and step, if any."""
+    if quantization is None:
+        return Index.build(documents)
+    index = Index.build(quantize_to(documents, quantization, clip=clip)[0])
+    index.quantization = quantization
+    return index
+
+
 def _write_segment(path: Path, index: Index, gen: int) -> dict[str, Any]:
     name = f"seg-{gen:06d}-{uuid.uuid4().hex[:8]}"
     sdir = path / SEGMENTS / name
     index.save(sdir)  # atomic: temporary folder, then rename
+    _share_vocabulary(path, sdir)
     return {"name": name, "n_docs": index.n_docs, "manifest_sha256": _sha256(sdir / MANIFEST), "deleted": None}
 
 
-def _commit(path: Path, gen: int, entries: list[dict[str, Any]], vocab: Vocabulary) -> None:
+def _share_vocabulary(path: Path, sdir: Path) -> None:
+    """Hard-link the new segment's ``vocab.txt`` to an identical one of another segment, so
+    segments share one copy on disk (a BERT vocabulary is ~230 kB per segment otherwise).
+    The segment is not committed yet, so a crash here leaves only garbage; where links are
+    not possible the segment keeps its own copy."""
+    mine = sdir / "vocab.txt"
+    digest = _sha256(mine)
+    for other in (path / SEGMENTS).iterdir():
+        f = other / "vocab.txt"
+        if other == sdir or other.name.startswith(".") or not f.is_file() or f.stat().st_size != mine.stat().st_size:
+            continue
+        if _sha256(f) != digest:
+            continue
+        tmp = sdir / f".vocab.txt.tmp-{uuid.uuid4().hex[:8]}"
+        try:
+            os.link(f, tmp)
+            os.replace(tmp, mine)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+        return
+
+
+def _commit(
+    path: Path, gen: int, entries: list[dict[str, Any]], vocab: Vocabulary, quantization: Quantization | None
+) -> None:
     """Write manifest ``gen`` and switch ``CURRENT`` to it: the commit point."""
     manifest: dict[str, Any] = {
         "format": FORMAT,
@@ -523,6 +688,7 @@ def _commit(path: Path, gen: int, entries: list[dict[str, Any]], vocab: Vocabula
         "n_docs": sum(e["n_docs"] - (e["deleted"] or {}).get("count", 0) for e in entries),
         "vocab_fingerprint": vocab.fingerprint,
         "segments": entries,
+        "quantization": None if quantization is None else quantization.to_dict(),
     }
     if not entries:  # an empty index still needs its vocabulary
         vname = f"vocab-{gen:06d}-{uuid.uuid4().hex[:8]}.txt"
@@ -593,9 +759,12 @@ def _collect_garbage(path: Path) -> None:
         if p.name not in bitmaps:
             p.unlink(missing_ok=True)
     if (path / MANIFEST).is_file():  # a converted plain index: its manifest first, then its files
-        plain = json.loads((path / MANIFEST).read_bytes())
+        try:
+            listed = list(read_manifest(path)["files"])  # checked: plain names inside the folder only
+        except IndexFormatError:
+            listed = []  # replaced since the conversion by something we cannot trust: delete none of it
         (path / MANIFEST).unlink()
-        for fname in plain.get("files", {}):
+        for fname in listed:
             (path / fname).unlink(missing_ok=True)
     for p in path.iterdir():
         stale_manifest = p.name.startswith("MANIFEST-") and p.name != name

@@ -4,7 +4,8 @@ A sharded folder (``gpusparse index --shards N``, :func:`save_sharded`) splits t
 into contiguous ranges, one ordinary index folder each::
 
     manifest.json      format "gpusparse-sharded-index": counts, vocabulary fingerprint and,
-                       per shard, its folder, document offset, size and manifest SHA-256
+                       per shard, its folder, document offset, size and manifest SHA-256;
+                       sealed with its own SHA-256 as a plain manifest (storage.seal)
     shard-0000/        an ordinary index folder (Index.save) of documents 0 .. n_0 - 1
     shard-0001/        documents n_0 .. n_0 + n_1 - 1, numbered from 0 inside the shard
     ...
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,21 @@ import torch
 from ._version import __version__
 from .errors import IndexFormatError, InputError
 from .layout.postings import PAD, PostingLists, bisect_lists
-from .storage import MANIFEST, _sha256, _write_synced, load_index, new_folder, replace_folder, save_index
+from .storage import (
+    MANIFEST,
+    _sha256,
+    _write_synced,
+    check_count,
+    check_seal,
+    discard_folder,
+    load_index,
+    new_folder,
+    parse_json,
+    plain_name,
+    replace_folder,
+    save_index,
+    seal,
+)
 
 FORMAT = "gpusparse-sharded-index"
 FORMAT_VERSION = 1
@@ -178,10 +192,10 @@ def save_sharded(shards: Iterable[PostingLists], path: str | Path, *, overwrite:
             "vocab_fingerprint": vocab.fingerprint,
             "shards": entries,
         }
-        _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=2).encode())
-        replace_folder(tmp, path)
+        _write_synced(tmp / MANIFEST, json.dumps(seal(manifest), indent=2).encode())
+        replace_folder(tmp, path, overwrite=overwrite)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        discard_folder(tmp)
         raise
     return entries
 
@@ -193,8 +207,8 @@ def is_sharded(path: str | Path) -> bool:
         return False
     try:
         data = json.loads(m.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError, OSError):
-        return False
+    except (ValueError, UnicodeDecodeError, RecursionError, OSError):
+        return False  # the plain loader reports what is wrong with it
     return isinstance(data, dict) and data.get("format") == FORMAT
 
 
@@ -203,11 +217,9 @@ def read_sharded_manifest(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     mpath = path / MANIFEST
     try:
-        m = json.loads(mpath.read_text(encoding="utf-8"))
+        m = parse_json(mpath.read_bytes(), mpath)
     except FileNotFoundError:
         raise IndexFormatError(f"{path}: no such index folder") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise IndexFormatError(f"{mpath}: unreadable manifest ({exc})") from None
     if not isinstance(m, dict) or m.get("format") != FORMAT or not isinstance(m.get("format_version"), int):
         raise IndexFormatError(f"{mpath}: not a GPUSparse sharded-index manifest")
     if m["format_version"] > FORMAT_VERSION:
@@ -218,13 +230,20 @@ def read_sharded_manifest(path: str | Path) -> dict[str, Any]:
     for key in ("n_docs", "n_terms", "vocab_fingerprint", "shards"):
         if key not in m:
             raise IndexFormatError(f"{mpath}: manifest lacks {key!r}")
+    if not isinstance(m["shards"], list):
+        raise IndexFormatError(f"{mpath}: 'shards' is a {type(m['shards']).__name__}, expected a list")
     offset = 0
     for e in m["shards"]:
         if not isinstance(e, dict) or e.get("offset") != offset or not isinstance(e.get("n_docs"), int):
             raise IndexFormatError(f"{mpath}: shard offsets are not consecutive")
+        plain_name(e.get("name"), mpath, "shard")  # a folder inside this one, never a path
+        check_count(e["n_docs"], mpath, f"shard {e['name']}'s n_docs")
+        if not isinstance(e.get("manifest_sha256"), str):
+            raise IndexFormatError(f"{mpath}: shard {e['name']} has no manifest_sha256 string")
         offset += e["n_docs"]
     if not m["shards"] or offset != m["n_docs"]:
         raise IndexFormatError(f"{mpath}: the shards hold {offset} documents, the manifest says {m['n_docs']}")
+    check_seal(m, mpath)
     return m
 
 
@@ -286,7 +305,7 @@ def shard_ids(path: str | Path, *, verify: bool = True) -> list[str]:
             want = json.loads((path / e["name"] / MANIFEST).read_text(encoding="utf-8"))["files"]["ids.txt"]["sha256"]
             ok = not verify or _sha256(f) == want
             part = f.read_text(encoding="utf-8").split("\n")[:-1]
-        except (OSError, KeyError, TypeError, ValueError) as exc:
+        except (OSError, KeyError, TypeError, ValueError, RecursionError) as exc:
             raise IndexFormatError(f"{path}: cannot read the ids of shard {e['name']} ({exc})") from None
         if not ok:
             raise IndexFormatError(f"{f}: does not match its checksum (corrupted)")

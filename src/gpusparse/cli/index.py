@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ import click
 from ..formats import ReadStats, read_vectors
 from ..index import Index
 from ..quantize import Quantization, quantize_collection
-from ..segments import SegmentedIndex, is_segmented
+from ..segments import SegmentedIndex, is_segmented, read_ids
 from ..shards import document_ranges, is_sharded, read_sharded_manifest, save_sharded
 from ..storage import read_manifest
 from ..vocab import Vocabulary
@@ -255,8 +254,7 @@ def delete_cmd(index_dir: Path, ids_file: Path) -> None:
     Ids not in the index are counted, not an error. The documents stay on disk, marked
     deleted, until `gpusparse compact`.
     """
-    text = sys.stdin.read() if str(ids_file) == "-" else ids_file.read_text(encoding="utf-8")
-    ids = [line.strip() for line in text.splitlines() if line.strip()]
+    ids = read_ids(ids_file)
     index = SegmentedIndex.load(index_dir)
     rep = index.delete(ids)
     unknown = f" ({rep.unknown:,} ids not found)" if rep.unknown else ""
