@@ -233,6 +233,44 @@ def test_underscore_id_and_integer_id_are_accepted(tmp_path):
     assert c.row(1) == {"dog": 2.0}
 
 
+@pytest.mark.parametrize(
+    "bad_id", ["", "a b", "a\tb", "a\x00", "a\u200b", "\ud800", "a\u2028", "\x85", "a\ue000", "\U000e0001"]
+)
+def test_collection_constructor_refuses_ids_a_run_cannot_hold(bad_id):
+    with pytest.raises(InputError) as info:
+        SparseCollection([0, 0, 0], [], [], ids=["ok", bad_id])
+    check_error(info.value, None, 2, "id")
+    assert info.value.record
+
+
+def test_from_dicts_checks_weights_as_the_reader_does():
+    for bad, words in [(True, "not a number"), ("1.0", "not a number"), (None, "not a number"), (10**400, "overflows")]:
+        with pytest.raises(InputError, match=words) as info:
+            SparseCollection.from_dicts([{"cat": 1.0}, {"dog": bad}])
+        check_error(info.value, None, 2, "vector")
+    c = SparseCollection.from_dicts([{"cat": np.float32(1.5), "dog": np.int64(2), "the": 1}])
+    assert c.row(0) == {"cat": 1.5, "dog": 2.0, "the": 1.0}
+
+
+def test_parse_vector_names_the_place_it_is_given():
+    from gpusparse.collection import parse_vector
+
+    vocab = Vocabulary.bert()
+    parsed = parse_vector({"cat": 1, "zzzz_nope": -1.0, "dog": 0.5}, vocab, unknown="skip")
+    assert parsed.terms.tolist() == [vocab.get("cat"), vocab.get("dog")]
+    assert parsed.weights.tolist() == [1.0, 0.5] and parsed.skipped == 1
+    pairs = (("cat", 1.0), ("cat", 2.0))  # what decode_json_line makes of {"cat": 1, "cat": 2}
+    assert parse_vector(pairs, vocab).terms.tolist() == [vocab.get("cat")] * 2
+    for vector, words in [
+        ([["cat", 1.0]], "got list"),
+        ({"cat": float("inf")}, "not finite"),
+        ({"cat": -1}, "negative"),
+    ]:
+        with pytest.raises(InputError, match=words) as info:
+            parse_vector(vector, vocab, path="q.jsonl", line=7)  # type: ignore[arg-type]
+        check_error(info.value, "q.jsonl", 7, "vector")
+
+
 # -- ReadStats ------------------------------------------------------------------------------
 
 
