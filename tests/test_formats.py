@@ -161,11 +161,16 @@ def test_all_empty_and_no_vectors(tmp_path):
         back = read_vectors(tmp_path / name, progress=False)
         assert len(back) == 2 and back.nnz == 0
         np.testing.assert_array_equal(back.indptr, [0, 0, 0])
+    # No vector at all is refused (issue 24): it made a 0-document index, exit status 0.
     none = SparseCollection([0], [], [])
     write_seismic_bin(none, tmp_path / "none.bin")
-    assert read_vectors(tmp_path / "none.bin", progress=False).ids == []
     (tmp_path / "blank.jsonl").write_text("\n  \n")
-    assert len(read_vectors(tmp_path / "blank.jsonl", progress=False)) == 0
+    (tmp_path / "zero.jsonl").write_bytes(b"")
+    write_lines(tmp_path / "blank.jsonl.gz", [" ", ""])
+    for name in ("none.bin", "blank.jsonl", "zero.jsonl", "blank.jsonl.gz"):
+        with pytest.raises(InputError, match="empty collection") as info:
+            read_vectors(tmp_path / name, progress=False)
+        check_error(info.value, tmp_path / name, None)
 
 
 def test_folder_read_in_name_order(tmp_path):
@@ -231,6 +236,66 @@ def test_underscore_id_and_integer_id_are_accepted(tmp_path):
     c = read_vectors(path, progress=False)
     assert c.ids == ["x1", "17"]
     assert c.row(1) == {"dog": 2.0}
+
+
+def test_repeated_tokens_in_one_vector_are_summed(tmp_path):
+    # json.loads keeps the last of repeated keys; the README says duplicates are summed.
+    lines = [
+        '{"id": "a", "vector": {"cat": 1.0, "dog": 0.5, "cat": 2.5}}',
+        '{"id": "b", "vector": {"cat": 0.25, "cat": 0.25, "cat": 0.5, "cat": 1}}',
+        '{"id": "c", "vector": {"dog": 1, "zzznotatokenzzz": 2, "zzznotatokenzzz": 3}}',
+        '{"id": "d", "vector": {"cat": 0.0, "cat": 0.0}}',
+    ]
+    stats = ReadStats()
+    c = read_vectors(write_lines(tmp_path / "dup.jsonl", lines), unknown="skip", progress=False, stats=stats)
+    assert c.row(0) == {"cat": 3.5, "dog": 0.5}
+    assert c.row(1) == {"cat": 2.0}
+    assert c.row(2) == {"dog": 1.0}
+    assert c.row(3) == {}
+    assert stats.unknown_tokens_skipped == 2 and stats.zero_weights_dropped == 2
+
+
+def test_repeated_non_record_keys_keep_the_last_value(tmp_path):
+    # "contents" is not read: json.loads' rule (last wins) is kept for keys the readers ignore
+    line = '{"id": "a", "contents": "x", "vector": {"cat": 1}, "contents": "y"}'
+    c = read_vectors(write_lines(tmp_path / "v.jsonl", [line]), progress=False)
+    assert c.ids == ["a"] and c.row(0) == {"cat": 1.0}
+
+
+def test_negative_integer_and_large_integer_ids_stay_accepted(tmp_path):
+    lines = [rec(-5, {"cat": 1}), rec(10**30, {"dog": 1}), rec("x\u00e9\U0001f600", {"the": 1})]
+    c = read_vectors(write_lines(tmp_path / "v.jsonl", lines), progress=False)
+    assert c.ids == ["-5", str(10**30), "x\u00e9\U0001f600"]
+
+
+def test_weights_up_to_float32_max_are_accepted_exactly(tmp_path):
+    # Item 7: 3e38 is a float32; a query of two of them may overflow a SCORE (checked at
+    # search time), but the values themselves are valid and kept exactly.
+    path = write_lines(tmp_path / "q.jsonl", [rec("q", {"wing": 3e38, "flutter": 3.4028234663852886e38})])
+    c = read_vectors(path, progress=False)
+    assert c.row(0) == {"wing": float(np.float32(3e38)), "flutter": float(np.finfo(np.float32).max)}
+
+
+def test_weights_below_float32_range_count_as_dropped_zeros(tmp_path):
+    path = write_lines(tmp_path / "v.jsonl", [rec("a", {"cat": 1e-50, "dog": 1.0})])
+    stats = ReadStats()
+    c = read_vectors(path, progress=False, stats=stats)
+    assert c.row(0) == {"dog": 1.0} and stats.zero_weights_dropped == 1
+
+
+def test_utf8_byte_order_mark_on_the_first_line_is_allowed(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + (GOOD[0] + "\n" + GOOD[1] + "\n").encode())
+    assert read_vectors(path, progress=False).ids == ["g1", "g2"]
+
+
+def test_surrogate_encoded_as_utf8_bytes_is_not_utf8(tmp_path):
+    # json.loads(bytes) decodes with "surrogatepass": b"\xed\xa0\x80" became a lone surrogate id
+    path = tmp_path / "v.jsonl"
+    path.write_bytes(GOOD[0].encode() + b"\n" + b'{"id": "a\xed\xa0\x80", "vector": {}}\n')
+    with pytest.raises(InputError, match="not UTF-8") as info:
+        read_vectors(path, progress=False)
+    check_error(info.value, path, 2)
 
 
 @pytest.mark.parametrize(
@@ -350,6 +415,36 @@ BAD_JSONL = {
     "weight-bool": (rec("x", {"cat": True}), "vector", "not a number"),
     # an integer too large for a double raises OverflowError in array('d').extend
     "weight-huge-int": ('{"id": "x", "vector": {"cat": 1' + "0" * 400 + "}}", "vector", "weight"),
+    # issue 24, item 7: weights beyond float32, whatever their spelling
+    "weight-minus-1e39": (rec("x", {"cat": -1e39}), "vector", "negative"),
+    "weight-int-1e39": ('{"id": "x", "vector": {"cat": 1' + "0" * 39 + "}}", "vector", "overflows float32"),
+    "weight-just-above-float32-max": (rec("x", {"cat": 3.4028236e38}), "vector", "overflows float32"),
+    # item 8: these escaped as RecursionError / ValueError tracebacks
+    "nested-100k-deep": ('{"id": "x", "vector": ' + "[" * 100_000 + "]" * 100_000 + "}", None, "nested too deeply"),
+    "weight-5000-digits": ('{"id": "x", "vector": {"cat": 1' + "0" * 5000 + "}}", None, "digits"),
+    "id-5000-digits": ('{"id": 1' + "0" * 5000 + ', "vector": {"cat": 1}}', None, "digits"),
+    # item 8: a lone surrogate failed only when the index was saved; items 9: ids a TREC run cannot hold
+    "id-lone-surrogate": ('{"id": "a\\ud800", "vector": {"cat": 1}}', "id", "surrogate"),
+    "id-nul": (rec("a\x00b", {"cat": 1.0}), "id", "control character U+0000"),
+    "id-delete": (rec("ab\x7f", {"cat": 1.0}), "id", "control character U+007F"),
+    "id-escape": (rec("\x1b[31mred", {"cat": 1.0}), "id", "control character U+001B"),
+    "id-zero-width-space": (rec("a\u200bb", {"cat": 1.0}), "id", "invisible format character U+200B"),
+    "id-byte-order-mark": (rec("\ufeffa", {"cat": 1.0}), "id", "U+FEFF"),
+    "id-newline": (rec("a\nb", {"cat": 1.0}), "id", "whitespace"),
+    "id-next-line": (rec("a\x85b", {"cat": 1.0}), "id", "whitespace"),
+    "id-no-break-space": (rec("a\xa0b", {"cat": 1.0}), "id", "whitespace"),
+    "id-line-separator": (rec("a\u2028b", {"cat": 1.0}), "id", "whitespace"),
+    "id-info-separator": (rec("a\x1fb", {"cat": 1.0}), "id", "whitespace"),  # str.split() splits on it
+    "underscore-id-nul": (json.dumps({"_id": "\x00", "vector": {"cat": 1.0}}), "id", "control character"),
+    # item 9: a repeated key that names the record's id or vector: which one is meant?
+    "repeated-id-key": ('{"id": "x", "vector": {"cat": 1}, "id": "y"}', "id", "repeated"),
+    "repeated-vector-key": ('{"id": "x", "vector": {"cat": 1}, "vector": {"dog": 1}}', "vector", "repeated"),
+    # duplicate tokens are summed, in float32: 3e38 + 3e38 overflows
+    "repeated-token-sum-overflows": (
+        '{"id": "x", "vector": {"cat": 3e38, "dog": 1, "cat": 3e38}}',
+        "vector",
+        "overflows",
+    ),
 }
 
 
@@ -617,6 +712,34 @@ def test_unknown_extension(tmp_path, name):
         read_vectors(path, progress=False)
     check_error(info.value, path, None)
     assert "unknown file type" in str(info.value)
+
+
+def test_index_folder_given_as_vectors_is_named(tmp_path):
+    # An index folder given as QUERIES read its manifest.json as JSONL: "manifest.json:1: malformed JSON"
+    from gpusparse import Index
+
+    Index.build(SparseCollection.from_dicts([{"cat": 1.0}]), device="cpu").save(tmp_path / "idx")
+    with pytest.raises(InputError, match="index folder, not vectors") as info:
+        read_vectors(tmp_path / "idx", progress=False)
+    check_error(info.value, tmp_path / "idx", None)
+
+
+@pytest.mark.parametrize("names", [("corpus.jsonl", "queries.jsonl"), ("corpus.jsonl.gz", "queries.jsonl.gz")])
+def test_beir_or_encoded_folder_given_as_vectors_is_named(tmp_path, names):
+    for name in names:
+        write_lines(tmp_path / name, [rec("a", {"cat": 1.0})])
+    (tmp_path / "encoding.json").write_text("{}")
+    with pytest.raises(InputError, match="both a corpus and queries") as info:
+        read_vectors(tmp_path, progress=False)
+    check_error(info.value, tmp_path, None)
+    assert read_vectors(tmp_path / names[1], progress=False).ids == ["a"]  # its files still read
+
+
+def test_folder_with_a_foreign_manifest_is_read_as_vectors(tmp_path):
+    # only a GPUSparse manifest makes a folder an index: another manifest.json is just a .json file
+    write_lines(tmp_path / "manifest.json", [rec("m", {"cat": 1.0})])
+    write_lines(tmp_path / "part.jsonl", [rec("p", {"dog": 1.0})])
+    assert read_vectors(tmp_path, progress=False).ids == ["m", "p"]
 
 
 def test_no_paths():
