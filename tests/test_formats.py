@@ -575,6 +575,16 @@ def test_gz_suffix_on_plain_text(tmp_path):
 # -- bad Seismic .bin -----------------------------------------------------------------------
 
 
+def test_zero_byte_gzip_is_not_gzip_data(tmp_path):
+    # GzipFile reads 0 bytes as empty data: this made a 0-document index, exit status 0
+    path = tmp_path / "v.jsonl.gz"
+    path.write_bytes(b"")
+    for read in (lambda p: read_vectors(p, progress=False), read_qrels, read_trec_run):
+        with pytest.raises(InputError, match="0 bytes") as info:
+            read(path)
+        check_error(info.value, path, None)
+
+
 def _good_bin_records() -> list[tuple[list[int], list[float]]]:
     return [([1, 5], [0.5, 1.0]), ([], []), ([2, 3, 4], [1.0, 2.0, 3.0])]
 
@@ -788,6 +798,54 @@ def test_trec_run_tag_must_be_one_word(tmp_path):
         write_trec_run(tmp_path / "r", ["q"], ["d"], np.ones((1, 1)), np.zeros((1, 1), np.int64), tag="a b")
 
 
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+def test_write_trec_run_refuses_non_finite_scores(tmp_path, bad):
+    # Item 7: a query {"wing": 3e38, "flutter": 3e38} scored inf, and "inf" went into the run
+    scores = np.array([[2.0, 1.0], [bad, 1.0]], np.float32)
+    ranked = np.array([[0, 1], [1, 0]])
+    with pytest.raises(InputError, match="not finite") as info:
+        write_trec_run(tmp_path / "run.trec", ["q1", "q2"], ["d0", "d1"], scores, ranked)
+    assert "'q2'" in str(info.value) and "'d1'" in str(info.value) and "\n" not in str(info.value)
+    assert not (tmp_path / "run.trec").exists()  # refused before anything was written
+    scores[1, 0], ranked[1, 0] = np.inf, -1  # an empty slot's score is never written
+    scores[1, 1], ranked[1, 1] = 0.0, -1
+    assert write_trec_run(tmp_path / "run.trec", ["q1", "q2"], ["d0", "d1"], scores, ranked) == 2
+
+
+@pytest.mark.parametrize("bad", ["a b", "a\x00", "a\u200b", "", "\ud800"])
+@pytest.mark.parametrize("kind", ["query", "document"])
+def test_write_trec_run_refuses_ids_a_run_cannot_hold(tmp_path, bad, kind):
+    qids, doc_ids = (["q1", bad], ["d0", "d1"]) if kind == "query" else (["q1", "q2"], ["d0", bad])
+    with pytest.raises(InputError, match=f"{kind} id") as info:
+        write_trec_run(tmp_path / "run.trec", qids, doc_ids, np.ones((2, 2)), np.array([[0, 1], [1, 0]]))
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "run.trec").exists()
+
+
+def test_write_trec_run_ignores_bad_ids_it_does_not_write(tmp_path):
+    # only the documents in the run are checked: d1 is never ranked
+    n = write_trec_run(tmp_path / "run.trec", ["q1"], ["d0", "d 1"], np.ones((1, 2)), np.array([[0, -1]]))
+    assert n == 1
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        ("q1 Q0 d1 1 inf t", "not finite"),
+        ("q1 Q0 d1 1 nan t", "not finite"),
+        ("q1 Q0 d1 1 -Infinity t", "not finite"),
+        ("q1 Q0 d\x001 1 2.0 t", "control character"),
+        ("q\u200b1 Q0 d1 1 2.0 t", "invisible format character"),
+    ],
+)
+def test_read_trec_run_refuses_what_write_trec_run_refuses(tmp_path, line, words):
+    path = tmp_path / "run.trec"
+    path.write_text(f"q1 Q0 d0 1 3.0 t\n\n{line}\n", encoding="utf-8")
+    with pytest.raises(InputError, match=words) as info:
+        read_trec_run(path)
+    check_error(info.value, path, 3)
+
+
 @pytest.mark.parametrize(
     ("line", "words"),
     [("q1 Q0 d1 1 2.5", "6 columns"), ("q1 Q0 d1 one 2.5 t", "bad rank"), ("q1 Q0 d1 1 x t", "score")],
@@ -842,6 +900,21 @@ def test_read_qrels_bad_line(tmp_path, line, words):
         read_qrels(path)
     check_error(info.value, path, 3)
     assert words in str(info.value)
+
+
+@pytest.mark.parametrize("line", ["1\t\x00\t1", "1 0 d\x7f 1", "\ufeff1\t2\t1"])
+def test_read_qrels_refuses_ids_with_control_characters(tmp_path, line):
+    path = tmp_path / "qrels.tsv"
+    path.write_text(f"query-id\tcorpus-id\tscore\n1\t5\t1\n{line}\n", encoding="utf-8")
+    with pytest.raises(InputError, match="character") as info:
+        read_qrels(path)
+    check_error(info.value, path, 3)
+
+
+def test_read_qrels_skips_a_byte_order_mark(tmp_path):
+    path = tmp_path / "qrels.tsv"
+    path.write_bytes(b"\xef\xbb\xbfquery-id\tcorpus-id\tscore\n1\t5\t1\n")
+    assert read_qrels(path) == {"1": {"5": 1}}
 
 
 def test_read_real_cranfield_qrels():

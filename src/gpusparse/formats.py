@@ -19,6 +19,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import math
 import os
 import sys
 import zlib
@@ -32,7 +33,7 @@ from typing import IO, Any, Literal
 import numpy as np
 from tqdm.auto import tqdm
 
-from .collection import SparseCollection, _short, check_id, json_type_name
+from .collection import SparseCollection, _short, check_id, id_problem, json_type_name
 from .errors import InputError
 from .vocab import Vocabulary
 
@@ -549,11 +550,16 @@ def write_trec_run(
 
     ``ranked`` holds internal document numbers ``[n_queries, k]`` (``-1`` = no result,
     skipped), ``scores`` their scores. Ranks start at 1. Returns the number of lines.
+
+    Refuses, before writing anything: a score that is not finite (``inf`` from a float32
+    overflow would rank wrongly and break readers), and a query id, document id or tag
+    that a whitespace-separated line cannot hold (see :func:`~gpusparse.collection.id_problem`).
     """
-    if tag.split() != [tag]:
+    if id_problem(tag) is not None:
         raise ValueError(f"run tag {tag!r} must be one word")
     scores = np.asarray(scores, dtype=np.float32)
     ranked = np.asarray(ranked)
+    _check_run(qids, doc_ids, scores, ranked)
     n = 0
     opener = gzip.open if str(path).endswith(".gz") else open
     with opener(path, "wt", encoding="utf-8") as f:
@@ -566,6 +572,30 @@ def write_trec_run(
             f.writelines(lines)
             n += len(lines)
     return n
+
+
+def _check_run(qids: Sequence[str], doc_ids: Sequence[str], scores: np.ndarray, ranked: np.ndarray) -> None:
+    """What :func:`write_trec_run` refuses; whole-array checks, not per line."""
+    bad = ~np.isfinite(scores[: len(qids)]) & (ranked[: len(qids)] >= 0)
+    if bad.any():
+        qi, r = (int(x) for x in np.argwhere(bad)[0])
+        raise InputError(
+            f"query {qids[qi]!r}: score {scores[qi, r]} for document {doc_ids[int(ranked[qi, r])]!r} is not finite "
+            "(the query's weights are too large for float32 scores); no run written",
+            field="scores",
+        )
+    used = np.unique(ranked[: len(qids)][ranked[: len(qids)] >= 0])
+    for kind, ids in (("query", list(qids)), ("document", [doc_ids[i] for i in used.tolist()])):
+        bad_id = _first_bad_id(ids)
+        if bad_id is not None:
+            raise InputError(f"{kind} id {bad_id!r} {id_problem(bad_id)}: a TREC run cannot hold it", field="id")
+
+
+def _first_bad_id(ids: list[str]) -> str | None:
+    """The first id :func:`id_problem` refuses, or ``None``; a few C calls when all are fine."""
+    if all(ids) and (joined := "".join(ids)).isprintable() and " " not in joined:
+        return None
+    return next((i for i in ids if id_problem(i) is not None), None)
 
 
 def read_trec_run(path: str | Path) -> dict[str, list[tuple[str, float]]]:
@@ -582,6 +612,9 @@ def read_trec_run(path: str | Path) -> dict[str, list[tuple[str, float]]]:
             score = float(parts[4])
         except ValueError:
             raise InputError(f"bad rank {parts[3]!r} or score {parts[4]!r}", path=path, line=lineno) from None
+        if not math.isfinite(score):  # write_trec_run refuses these too; they sort arbitrarily
+            raise InputError(f"score {parts[4]!r} is not finite", path=path, line=lineno)
+        _check_columns_ids(parts[0], parts[2], path, lineno)
         run.setdefault(parts[0], []).append((parts[2], score))
     return run
 
@@ -603,6 +636,7 @@ def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
             qid, doc, grade = parts
         else:
             raise InputError(f"expected 3 (BEIR) or 4 (TREC) columns, got {len(parts)}", path=path, line=lineno)
+        _check_columns_ids(qid, doc, path, lineno)
         try:
             g = int(grade) if grade.lstrip("-").isdigit() else int(float(grade))
         except (ValueError, OverflowError):
@@ -611,10 +645,21 @@ def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
     return qrels
 
 
+def _check_columns_ids(qid: str, doc: str, path: Path, lineno: int) -> None:
+    """Ids read from columns hold no whitespace; refuse the control and invisible
+    characters that :func:`write_trec_run` refuses, so reading and writing agree."""
+    if not (qid.isprintable() and doc.isprintable()):
+        bad = qid if not qid.isprintable() else doc
+        raise InputError(f"id {bad!r} {id_problem(bad)}", path=path, line=lineno)
+
+
 def _columns(path: Path) -> Iterator[tuple[int, list[str]]]:
     opener = gzip.open if path.name.endswith(".gz") else open
     try:
-        with opener(path, "rt", encoding="utf-8") as f:
+        if path.name.endswith(".gz") and path.stat().st_size == 0:
+            raise InputError("empty file (0 bytes), not gzip data", path=path)
+        # utf-8-sig: a byte-order mark (editors on Windows) is not part of the first qid
+        with opener(path, "rt", encoding="utf-8-sig") as f:
             for lineno, line in enumerate(f, 1):
                 parts = line.split()
                 if parts:
