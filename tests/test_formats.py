@@ -948,3 +948,62 @@ def test_shipped_sample_reads_cleanly():
         judged = read_qrels(qrels)
         assert set(judged) <= set(qs.ids)
         assert {d for v in judged.values() for d in v} <= set(docs.ids)
+
+
+# -- BEIR texts: the same id and JSON rules ---------------------------------------------------
+
+
+def _beir_folder(tmp_path: Path, corpus: list[str], queries: list[str]) -> Path:
+    folder = tmp_path / "beir"
+    (folder / "qrels").mkdir(parents=True)
+    write_lines(folder / "corpus.jsonl", corpus)
+    write_lines(folder / "queries.jsonl", queries)
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    return folder
+
+
+BEIR_DOC = json.dumps({"_id": "d1", "title": "t", "text": "x"})
+BEIR_QUERY = json.dumps({"_id": "q1", "text": "y"})
+
+BAD_BEIR = {
+    "nul-id": (json.dumps({"_id": "d\x00", "text": "x"}), "_id", "control character"),
+    "surrogate-id": ('{"_id": "\\udfff", "text": "x"}', "_id", "surrogate"),
+    "nested-100k-deep": ('{"_id": "d", "text": ' + "[" * 100_000 + "]" * 100_000 + "}", None, "nested too deeply"),
+    "5000-digits": ('{"_id": 1' + "0" * 5000 + ', "text": "x"}', None, "digits"),
+    "repeated-text-key": ('{"_id": "d", "text": "x", "text": "y"}', "text", "repeated"),
+}
+
+
+@pytest.mark.parametrize("which", ["corpus", "queries"])
+@pytest.mark.parametrize("case", list(BAD_BEIR))
+def test_bad_beir_line(tmp_path, case, which):
+    from gpusparse.beir import read_beir
+
+    bad, field, words = BAD_BEIR[case]
+    corpus = [BEIR_DOC, bad] if which == "corpus" else [BEIR_DOC]
+    queries = [BEIR_QUERY, bad] if which == "queries" else [BEIR_QUERY]
+    folder = _beir_folder(tmp_path, corpus, queries)
+    with pytest.raises(InputError, match=words) as info:
+        read_beir(folder)
+    check_error(info.value, folder / f"{which}.jsonl", 2, field)
+
+
+@pytest.mark.parametrize("which", ["corpus", "queries"])
+@pytest.mark.parametrize("content", [b"", b"\n \n"])
+def test_empty_beir_file(tmp_path, which, content):
+    from gpusparse.beir import read_beir
+
+    folder = _beir_folder(tmp_path, [BEIR_DOC], [BEIR_QUERY])
+    (folder / f"{which}.jsonl").write_bytes(content)
+    with pytest.raises(InputError, match="no records") as info:
+        read_beir(folder)
+    check_error(info.value, folder / f"{which}.jsonl", None)
+
+
+def test_zero_byte_gzipped_beir_file(tmp_path):
+    from gpusparse.beir import read_corpus
+
+    (tmp_path / "corpus.jsonl.gz").write_bytes(b"")
+    with pytest.raises(InputError, match="0 bytes") as info:
+        read_corpus(tmp_path / "corpus.jsonl.gz")
+    check_error(info.value, tmp_path / "corpus.jsonl.gz", None)
