@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from gpusparse import (
     InputError,
@@ -1007,3 +1010,199 @@ def test_zero_byte_gzipped_beir_file(tmp_path):
     with pytest.raises(InputError, match="0 bytes") as info:
         read_corpus(tmp_path / "corpus.jsonl.gz")
     check_error(info.value, tmp_path / "corpus.jsonl.gz", None)
+
+
+# -- fuzz: the reader either refuses a line cleanly or reads what a plain parse reads ----------
+
+_F32_MAX = float(np.finfo(np.float32).max)
+FUZZ_TOKENS = ["cat", "dog", "the", "7", "zzznotatokenzzz"]  # "zzz...": unknown in BERT's vocabulary
+_GOOD_WEIGHT = st.one_of(st.floats(0, 10).map(json.dumps), st.integers(0, 100).map(str))
+_WEIGHT = st.one_of(
+    *[_GOOD_WEIGHT] * 12,  # most weights valid, so that most vectors are
+    st.floats(allow_nan=True, allow_infinity=True).map(json.dumps),  # json writes NaN, Infinity
+    st.integers(-(10**40), 10**40).map(str),
+    st.sampled_from(
+        [
+            *["0", "-0.0", "1e-50", "1e-46", "3.4028234663852886e38", "3.4028236e38", "3e38", "1e39", "-1e39"],
+            *["1e400", "2E0", "true", "false", "null", '"1.0"', "[1.0]", "{}", '{"a": 1}', "1" + "0" * 5000],
+        ]
+    ),
+)
+_GOOD_ID = st.one_of(st.sampled_from(["a", "b", "c"]), st.from_regex(r"[A-Za-z0-9_\-]{1,4}", fullmatch=True))
+_ID = st.one_of(
+    _GOOD_ID.map(json.dumps),  # "a", "b", "c" repeat across lines: duplicate ids
+    _GOOD_ID.map(json.dumps),
+    st.text(max_size=4).map(json.dumps),  # any code point, escaped: controls, spaces, format characters
+    st.integers(-(10**30), 10**30).map(str),
+    st.sampled_from(["1.5", "true", "null", "[]", "{}", '"\\u0000"', '"\\ud800"', '"a\\u200bb"', "1" + "0" * 5000]),
+)
+_PAIRS = st.lists(st.tuples(st.sampled_from(FUZZ_TOKENS[:4] * 5 + FUZZ_TOKENS[4:]), _WEIGHT), max_size=6)
+_VECTOR = st.one_of(
+    *[_PAIRS.map(lambda pairs: "{" + ", ".join(f"{json.dumps(t)}: {w}" for t, w in pairs) + "}")] * 4,
+    st.sampled_from(["[]", "null", '"cat"', "1", "[" * 100_000 + "]" * 100_000]),
+)
+_KEY_VALUES = {"id": _ID, "_id": _ID, "vector": _VECTOR, "contents": st.just('"text"')}
+_KEYS = st.one_of(
+    *[st.just(["id", "vector"])] * 3,
+    st.just(["_id", "contents", "vector"]),
+    st.lists(st.sampled_from(list(_KEY_VALUES)), max_size=5),  # keys repeated or missing
+)
+
+
+# Valid values included, at their edges: float32's largest, below its range, zeros, repeats.
+_VALID_WEIGHT = st.one_of(
+    _GOOD_WEIGHT, st.sampled_from(["0", "-0.0", "1e-50", "1e-46", "3e38", "3.4028234663852886e38", "1E1"])
+)
+_VALID_VECTOR = st.lists(st.tuples(st.sampled_from(FUZZ_TOKENS[:4]), _VALID_WEIGHT), min_size=1, max_size=6).map(
+    lambda pairs: "{" + ", ".join(f"{json.dumps(t)}: {w}" for t, w in pairs) + "}"
+)
+
+
+@st.composite
+def _jsonl_line(draw: st.DrawFn) -> str:
+    if draw(st.booleans()):  # a valid record, so that reading (not only refusing) is compared
+        return f'{{"id": {json.dumps(draw(_GOOD_ID))}, "vector": {draw(_VALID_VECTOR)}}}'
+    keys = draw(_KEYS)
+    line = "{" + ", ".join(f"{json.dumps(k)}: {draw(_KEY_VALUES[k])}" for k in keys) + "}"
+    mutation = draw(st.sampled_from(["none"] * 12 + ["delete", "insert", "text", "blank"]))
+    if mutation == "delete" and line:
+        i = draw(st.integers(0, len(line) - 1))
+        line = line[:i] + line[i + 1 :]
+    elif mutation == "insert":
+        i = draw(st.integers(0, len(line)))
+        line = line[:i] + draw(st.text(min_size=1, max_size=2)) + line[i:]
+    elif mutation == "text":
+        line = draw(st.text(max_size=20))
+    elif mutation == "blank":
+        line = draw(st.sampled_from(["", " ", "\t", "\ufeff"]))
+    return line
+
+
+class _Obj(list):
+    """A JSON object as the reference decodes it: all its pairs, repeated keys included."""
+
+
+def _reference_vector(vec: object, vocab: Vocabulary, unknown: str) -> dict[int, list[float]] | None:
+    """Term id -> its weights (in order), or None where the vector must be refused."""
+    if not isinstance(vec, _Obj):
+        return None
+    row: dict[int, list[float]] = {}
+    for tok, w in vec:
+        tid = vocab.get(tok)
+        if tid is None:
+            if unknown == "error":
+                return None
+            continue  # dropped unchecked
+        if type(w) not in (int, float):
+            return None
+        try:
+            x = float(w)
+        except OverflowError:
+            return None
+        if not (0 <= x <= _F32_MAX):  # also refuses NaN
+            return None
+        row.setdefault(tid, []).append(x)
+    return row
+
+
+def _reference_read(data: bytes, vocab: Vocabulary, unknown: str) -> tuple[list[str], list[dict]] | None:
+    """json.loads per line, duplicates kept; None where the file must be refused."""
+    ids: list[str] = []
+    rows: list[dict[int, list[float]]] = []
+    for raw_line in data.split(b"\n"):
+        if not raw_line.strip():
+            continue
+        try:
+            obj = json.loads(raw_line.decode("utf-8").removeprefix("\ufeff"), object_pairs_hook=_Obj)
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+            return None
+        if not isinstance(obj, _Obj):
+            return None
+        keys = [k for k, _ in obj]
+        if any(keys.count(k) > 1 for k in ("id", "_id", "vector")):
+            return None
+        record = dict(obj)
+        doc_id = record.get("id", record.get("_id"))
+        doc_id = str(doc_id) if type(doc_id) is int else doc_id
+        if type(doc_id) is not str or not doc_id or doc_id in ids:
+            return None
+        if not all(c.isprintable() and not c.isspace() for c in doc_id):
+            return None
+        row = _reference_vector(record.get("vector"), vocab, unknown)
+        if row is None:
+            return None
+        ids.append(doc_id)
+        rows.append(row)
+    return (ids, rows) if ids else None
+
+
+def _float32_sums(weights: list[float]) -> set[float]:
+    """Every float32 sum of ``weights`` in some order (the canonicalisation's order is not fixed)."""
+    out = set()
+    with np.errstate(over="ignore"):
+        for order in set(itertools.permutations(weights)):
+            total = np.float32(order[0])
+            for w in order[1:]:
+                total = np.float32(total + np.float32(w))
+            out.add(float(total))
+    return out
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(lines=st.lists(_jsonl_line(), min_size=1, max_size=2), unknown=st.sampled_from(["error", "skip"]))
+def test_fuzz_jsonl_lines(tmp_path_factory, lines, unknown):
+    vocab = Vocabulary.bert()
+    data = "\n".join(lines).encode("utf-8")
+    path = tmp_path_factory.getbasetemp() / "fuzz.jsonl"
+    path.write_bytes(data)
+    expected = _reference_read(data, vocab, unknown)
+    try:
+        got = read_vectors(path, vocab, unknown=unknown, progress=False)
+    except InputError as exc:
+        event("refused")
+        msg = str(exc)
+        assert "\n" not in msg and exc.path == str(path) and msg.startswith(str(path)), msg
+        assert exc.line is not None or "empty collection" in msg, msg
+        if expected is not None:  # only a float32 sum of repeated tokens may overflow where the values do not
+            assert "overflows float32" in msg, msg
+            assert any(np.inf in _float32_sums(ws) for row in expected[1] for ws in row.values()), msg
+        return
+    assert expected is not None, f"read {got!r}; a plain parse refuses {data[:200]!r}"
+    event("read" if got.nnz else "read, no terms")
+    ids, rows = expected
+    assert got.ids == ids
+    for i, row in enumerate(rows):
+        a, b = int(got.indptr[i]), int(got.indptr[i + 1])
+        got_row = dict(zip(got.indices[a:b].tolist(), got.values[a:b].tolist(), strict=True))
+        assert set(got_row) <= set(row)
+        for term, weights in row.items():
+            sums = _float32_sums(weights)
+            assert got_row.get(term, 0.0) in sums, (term, weights, got_row.get(term))
+            assert np.isfinite(got_row.get(term, 0.0))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(vector=_VECTOR, unknown=st.sampled_from(["error", "skip"]))
+def test_fuzz_parse_vector_is_as_strict_as_the_reader(vector, unknown):
+    """parse_vector (for the server) accepts exactly the vectors the reference accepts, with the same terms."""
+    from gpusparse.collection import parse_vector
+    from gpusparse.formats import decode_json_line
+
+    vocab = Vocabulary.bert()
+    try:
+        reference = _reference_vector(json.loads(vector, object_pairs_hook=_Obj), vocab, unknown)
+    except (ValueError, RecursionError):
+        with pytest.raises(InputError):
+            decode_json_line(vector)
+        return
+    try:
+        parsed = parse_vector(decode_json_line(vector), vocab, unknown=unknown)  # type: ignore[arg-type]
+    except InputError as exc:
+        assert reference is None, exc
+        assert "\n" not in str(exc) and exc.field == "vector"
+        return
+    assert reference is not None
+    got: dict[int, list[float]] = {}
+    for term, weight in zip(parsed.terms.tolist(), parsed.weights.tolist(), strict=True):
+        got.setdefault(term, []).append(weight)
+    assert got == reference
