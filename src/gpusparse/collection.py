@@ -294,7 +294,7 @@ class ParsedVector(NamedTuple):
 
 
 def parse_vector(
-    vector: Mapping[str, object] | Sequence[tuple[str, object]],
+    vector: Mapping[str, object] | tuple[tuple[str, object], ...],
     vocab: Vocabulary,
     *,
     unknown: str = "error",
@@ -305,9 +305,9 @@ def parse_vector(
 ) -> ParsedVector:
     """Check one decoded ``{token: weight}`` vector exactly as the file readers do.
 
-    ``vector`` is a mapping, or the ``(token, weight)`` pairs of a JSON object as
-    :func:`gpusparse.formats.decode_json_line` returns them (duplicate keys kept: they name
-    one term twice and are summed like any duplicate term). Checks, in this order: it is
+    ``vector`` is a mapping, or the tuple of ``(token, weight)`` pairs that
+    :func:`gpusparse.formats.decode_json_line` returns for an object with a repeated key
+    (kept: they name one term twice and are summed like any duplicate term). Checks, in this order: it is
     an object; every token is in ``vocab`` (``unknown="skip"`` drops those that are not,
     unchecked); every weight is a number (int or float, not a boolean or a string); the
     weights pass :func:`check_weights`. Errors are :class:`InputError` naming ``path``,
