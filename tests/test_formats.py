@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import struct
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from gpusparse import (
     InputError,
@@ -161,11 +164,16 @@ def test_all_empty_and_no_vectors(tmp_path):
         back = read_vectors(tmp_path / name, progress=False)
         assert len(back) == 2 and back.nnz == 0
         np.testing.assert_array_equal(back.indptr, [0, 0, 0])
+    # No vector at all is refused (issue 24): it made a 0-document index, exit status 0.
     none = SparseCollection([0], [], [])
     write_seismic_bin(none, tmp_path / "none.bin")
-    assert read_vectors(tmp_path / "none.bin", progress=False).ids == []
     (tmp_path / "blank.jsonl").write_text("\n  \n")
-    assert len(read_vectors(tmp_path / "blank.jsonl", progress=False)) == 0
+    (tmp_path / "zero.jsonl").write_bytes(b"")
+    write_lines(tmp_path / "blank.jsonl.gz", [" ", ""])
+    for name in ("none.bin", "blank.jsonl", "zero.jsonl", "blank.jsonl.gz"):
+        with pytest.raises(InputError, match="empty collection") as info:
+            read_vectors(tmp_path / name, progress=False)
+        check_error(info.value, tmp_path / name, None)
 
 
 def test_folder_read_in_name_order(tmp_path):
@@ -231,6 +239,104 @@ def test_underscore_id_and_integer_id_are_accepted(tmp_path):
     c = read_vectors(path, progress=False)
     assert c.ids == ["x1", "17"]
     assert c.row(1) == {"dog": 2.0}
+
+
+def test_repeated_tokens_in_one_vector_are_summed(tmp_path):
+    # json.loads keeps the last of repeated keys; the README says duplicates are summed.
+    lines = [
+        '{"id": "a", "vector": {"cat": 1.0, "dog": 0.5, "cat": 2.5}}',
+        '{"id": "b", "vector": {"cat": 0.25, "cat": 0.25, "cat": 0.5, "cat": 1}}',
+        '{"id": "c", "vector": {"dog": 1, "zzznotatokenzzz": 2, "zzznotatokenzzz": 3}}',
+        '{"id": "d", "vector": {"cat": 0.0, "cat": 0.0}}',
+    ]
+    stats = ReadStats()
+    c = read_vectors(write_lines(tmp_path / "dup.jsonl", lines), unknown="skip", progress=False, stats=stats)
+    assert c.row(0) == {"cat": 3.5, "dog": 0.5}
+    assert c.row(1) == {"cat": 2.0}
+    assert c.row(2) == {"dog": 1.0}
+    assert c.row(3) == {}
+    assert stats.unknown_tokens_skipped == 2 and stats.zero_weights_dropped == 2
+
+
+def test_repeated_non_record_keys_keep_the_last_value(tmp_path):
+    # "contents" is not read: json.loads' rule (last wins) is kept for keys the readers ignore
+    line = '{"id": "a", "contents": "x", "vector": {"cat": 1}, "contents": "y"}'
+    c = read_vectors(write_lines(tmp_path / "v.jsonl", [line]), progress=False)
+    assert c.ids == ["a"] and c.row(0) == {"cat": 1.0}
+
+
+def test_negative_integer_and_large_integer_ids_stay_accepted(tmp_path):
+    lines = [rec(-5, {"cat": 1}), rec(10**30, {"dog": 1}), rec("x\u00e9\U0001f600", {"the": 1})]
+    c = read_vectors(write_lines(tmp_path / "v.jsonl", lines), progress=False)
+    assert c.ids == ["-5", str(10**30), "x\u00e9\U0001f600"]
+
+
+def test_weights_up_to_float32_max_are_accepted_exactly(tmp_path):
+    # Item 7: 3e38 is a float32; a query of two of them may overflow a SCORE (checked at
+    # search time), but the values themselves are valid and kept exactly.
+    path = write_lines(tmp_path / "q.jsonl", [rec("q", {"wing": 3e38, "flutter": 3.4028234663852886e38})])
+    c = read_vectors(path, progress=False)
+    assert c.row(0) == {"wing": float(np.float32(3e38)), "flutter": float(np.finfo(np.float32).max)}
+
+
+def test_weights_below_float32_range_count_as_dropped_zeros(tmp_path):
+    path = write_lines(tmp_path / "v.jsonl", [rec("a", {"cat": 1e-50, "dog": 1.0})])
+    stats = ReadStats()
+    c = read_vectors(path, progress=False, stats=stats)
+    assert c.row(0) == {"dog": 1.0} and stats.zero_weights_dropped == 1
+
+
+def test_utf8_byte_order_mark_on_the_first_line_is_allowed(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + (GOOD[0] + "\n" + GOOD[1] + "\n").encode())
+    assert read_vectors(path, progress=False).ids == ["g1", "g2"]
+
+
+def test_surrogate_encoded_as_utf8_bytes_is_not_utf8(tmp_path):
+    # json.loads(bytes) decodes with "surrogatepass": b"\xed\xa0\x80" became a lone surrogate id
+    path = tmp_path / "v.jsonl"
+    path.write_bytes(GOOD[0].encode() + b"\n" + b'{"id": "a\xed\xa0\x80", "vector": {}}\n')
+    with pytest.raises(InputError, match="not UTF-8") as info:
+        read_vectors(path, progress=False)
+    check_error(info.value, path, 2)
+
+
+@pytest.mark.parametrize(
+    "bad_id", ["", "a b", "a\tb", "a\x00", "a\u200b", "\ud800", "a\u2028", "\x85", "a\ue000", "\U000e0001"]
+)
+def test_collection_constructor_refuses_ids_a_run_cannot_hold(bad_id):
+    with pytest.raises(InputError) as info:
+        SparseCollection([0, 0, 0], [], [], ids=["ok", bad_id])
+    check_error(info.value, None, 2, "id")
+    assert info.value.record
+
+
+def test_from_dicts_checks_weights_as_the_reader_does():
+    for bad, words in [(True, "not a number"), ("1.0", "not a number"), (None, "not a number"), (10**400, "overflows")]:
+        with pytest.raises(InputError, match=words) as info:
+            SparseCollection.from_dicts([{"cat": 1.0}, {"dog": bad}])
+        check_error(info.value, None, 2, "vector")
+    c = SparseCollection.from_dicts([{"cat": np.float32(1.5), "dog": np.int64(2), "the": 1}])
+    assert c.row(0) == {"cat": 1.5, "dog": 2.0, "the": 1.0}
+
+
+def test_parse_vector_names_the_place_it_is_given():
+    from gpusparse.collection import parse_vector
+
+    vocab = Vocabulary.bert()
+    parsed = parse_vector({"cat": 1, "zzzz_nope": -1.0, "dog": 0.5}, vocab, unknown="skip")
+    assert parsed.terms.tolist() == [vocab.get("cat"), vocab.get("dog")]
+    assert parsed.weights.tolist() == [1.0, 0.5] and parsed.skipped == 1
+    pairs = (("cat", 1.0), ("cat", 2.0))  # what decode_json_line makes of {"cat": 1, "cat": 2}
+    assert parse_vector(pairs, vocab).terms.tolist() == [vocab.get("cat")] * 2
+    for vector, words in [
+        ([["cat", 1.0]], "got list"),
+        ({"cat": float("inf")}, "not finite"),
+        ({"cat": -1}, "negative"),
+    ]:
+        with pytest.raises(InputError, match=words) as info:
+            parse_vector(vector, vocab, path="q.jsonl", line=7)  # type: ignore[arg-type]
+        check_error(info.value, "q.jsonl", 7, "vector")
 
 
 # -- ReadStats ------------------------------------------------------------------------------
@@ -312,6 +418,36 @@ BAD_JSONL = {
     "weight-bool": (rec("x", {"cat": True}), "vector", "not a number"),
     # an integer too large for a double raises OverflowError in array('d').extend
     "weight-huge-int": ('{"id": "x", "vector": {"cat": 1' + "0" * 400 + "}}", "vector", "weight"),
+    # issue 24, item 7: weights beyond float32, whatever their spelling
+    "weight-minus-1e39": (rec("x", {"cat": -1e39}), "vector", "negative"),
+    "weight-int-1e39": ('{"id": "x", "vector": {"cat": 1' + "0" * 39 + "}}", "vector", "overflows float32"),
+    "weight-just-above-float32-max": (rec("x", {"cat": 3.4028236e38}), "vector", "overflows float32"),
+    # item 8: these escaped as RecursionError / ValueError tracebacks
+    "nested-100k-deep": ('{"id": "x", "vector": ' + "[" * 100_000 + "]" * 100_000 + "}", None, "nested too deeply"),
+    "weight-5000-digits": ('{"id": "x", "vector": {"cat": 1' + "0" * 5000 + "}}", None, "digits"),
+    "id-5000-digits": ('{"id": 1' + "0" * 5000 + ', "vector": {"cat": 1}}', None, "digits"),
+    # item 8: a lone surrogate failed only when the index was saved; items 9: ids a TREC run cannot hold
+    "id-lone-surrogate": ('{"id": "a\\ud800", "vector": {"cat": 1}}', "id", "surrogate"),
+    "id-nul": (rec("a\x00b", {"cat": 1.0}), "id", "control character U+0000"),
+    "id-delete": (rec("ab\x7f", {"cat": 1.0}), "id", "control character U+007F"),
+    "id-escape": (rec("\x1b[31mred", {"cat": 1.0}), "id", "control character U+001B"),
+    "id-zero-width-space": (rec("a\u200bb", {"cat": 1.0}), "id", "invisible format character U+200B"),
+    "id-byte-order-mark": (rec("\ufeffa", {"cat": 1.0}), "id", "U+FEFF"),
+    "id-newline": (rec("a\nb", {"cat": 1.0}), "id", "whitespace"),
+    "id-next-line": (rec("a\x85b", {"cat": 1.0}), "id", "whitespace"),
+    "id-no-break-space": (rec("a\xa0b", {"cat": 1.0}), "id", "whitespace"),
+    "id-line-separator": (rec("a\u2028b", {"cat": 1.0}), "id", "whitespace"),
+    "id-info-separator": (rec("a\x1fb", {"cat": 1.0}), "id", "whitespace"),  # str.split() splits on it
+    "underscore-id-nul": (json.dumps({"_id": "\x00", "vector": {"cat": 1.0}}), "id", "control character"),
+    # item 9: a repeated key that names the record's id or vector: which one is meant?
+    "repeated-id-key": ('{"id": "x", "vector": {"cat": 1}, "id": "y"}', "id", "repeated"),
+    "repeated-vector-key": ('{"id": "x", "vector": {"cat": 1}, "vector": {"dog": 1}}', "vector", "repeated"),
+    # duplicate tokens are summed, in float32: 3e38 + 3e38 overflows
+    "repeated-token-sum-overflows": (
+        '{"id": "x", "vector": {"cat": 3e38, "dog": 1, "cat": 3e38}}',
+        "vector",
+        "overflows",
+    ),
 }
 
 
@@ -440,6 +576,16 @@ def test_gz_suffix_on_plain_text(tmp_path):
 
 
 # -- bad Seismic .bin -----------------------------------------------------------------------
+
+
+def test_zero_byte_gzip_is_not_gzip_data(tmp_path):
+    # GzipFile reads 0 bytes as empty data: this made a 0-document index, exit status 0
+    path = tmp_path / "v.jsonl.gz"
+    path.write_bytes(b"")
+    for read in (lambda p: read_vectors(p, progress=False), read_qrels, read_trec_run):
+        with pytest.raises(InputError, match="0 bytes") as info:
+            read(path)
+        check_error(info.value, path, None)
 
 
 def _good_bin_records() -> list[tuple[list[int], list[float]]]:
@@ -581,6 +727,34 @@ def test_unknown_extension(tmp_path, name):
     assert "unknown file type" in str(info.value)
 
 
+def test_index_folder_given_as_vectors_is_named(tmp_path):
+    # An index folder given as QUERIES read its manifest.json as JSONL: "manifest.json:1: malformed JSON"
+    from gpusparse import Index
+
+    Index.build(SparseCollection.from_dicts([{"cat": 1.0}]), device="cpu").save(tmp_path / "idx")
+    with pytest.raises(InputError, match="index folder, not vectors") as info:
+        read_vectors(tmp_path / "idx", progress=False)
+    check_error(info.value, tmp_path / "idx", None)
+
+
+@pytest.mark.parametrize("names", [("corpus.jsonl", "queries.jsonl"), ("corpus.jsonl.gz", "queries.jsonl.gz")])
+def test_beir_or_encoded_folder_given_as_vectors_is_named(tmp_path, names):
+    for name in names:
+        write_lines(tmp_path / name, [rec("a", {"cat": 1.0})])
+    (tmp_path / "encoding.json").write_text("{}")
+    with pytest.raises(InputError, match="both a corpus and queries") as info:
+        read_vectors(tmp_path, progress=False)
+    check_error(info.value, tmp_path, None)
+    assert read_vectors(tmp_path / names[1], progress=False).ids == ["a"]  # its files still read
+
+
+def test_folder_with_a_foreign_manifest_is_read_as_vectors(tmp_path):
+    # only a GPUSparse manifest makes a folder an index: another manifest.json is just a .json file
+    write_lines(tmp_path / "manifest.json", [rec("m", {"cat": 1.0})])
+    write_lines(tmp_path / "part.jsonl", [rec("p", {"dog": 1.0})])
+    assert read_vectors(tmp_path, progress=False).ids == ["m", "p"]
+
+
 def test_no_paths():
     with pytest.raises(InputError) as info:
         read_vectors([], progress=False)
@@ -625,6 +799,54 @@ def test_write_and_read_trec_run(tmp_path, suffix, seed):
 def test_trec_run_tag_must_be_one_word(tmp_path):
     with pytest.raises(ValueError):
         write_trec_run(tmp_path / "r", ["q"], ["d"], np.ones((1, 1)), np.zeros((1, 1), np.int64), tag="a b")
+
+
+@pytest.mark.parametrize("bad", [np.inf, -np.inf, np.nan])
+def test_write_trec_run_refuses_non_finite_scores(tmp_path, bad):
+    # Item 7: a query {"wing": 3e38, "flutter": 3e38} scored inf, and "inf" went into the run
+    scores = np.array([[2.0, 1.0], [bad, 1.0]], np.float32)
+    ranked = np.array([[0, 1], [1, 0]])
+    with pytest.raises(InputError, match="not finite") as info:
+        write_trec_run(tmp_path / "run.trec", ["q1", "q2"], ["d0", "d1"], scores, ranked)
+    assert "'q2'" in str(info.value) and "'d1'" in str(info.value) and "\n" not in str(info.value)
+    assert not (tmp_path / "run.trec").exists()  # refused before anything was written
+    scores[1, 0], ranked[1, 0] = np.inf, -1  # an empty slot's score is never written
+    scores[1, 1], ranked[1, 1] = 0.0, -1
+    assert write_trec_run(tmp_path / "run.trec", ["q1", "q2"], ["d0", "d1"], scores, ranked) == 2
+
+
+@pytest.mark.parametrize("bad", ["a b", "a\x00", "a\u200b", "", "\ud800"])
+@pytest.mark.parametrize("kind", ["query", "document"])
+def test_write_trec_run_refuses_ids_a_run_cannot_hold(tmp_path, bad, kind):
+    qids, doc_ids = (["q1", bad], ["d0", "d1"]) if kind == "query" else (["q1", "q2"], ["d0", bad])
+    with pytest.raises(InputError, match=f"{kind} id") as info:
+        write_trec_run(tmp_path / "run.trec", qids, doc_ids, np.ones((2, 2)), np.array([[0, 1], [1, 0]]))
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "run.trec").exists()
+
+
+def test_write_trec_run_ignores_bad_ids_it_does_not_write(tmp_path):
+    # only the documents in the run are checked: d1 is never ranked
+    n = write_trec_run(tmp_path / "run.trec", ["q1"], ["d0", "d 1"], np.ones((1, 2)), np.array([[0, -1]]))
+    assert n == 1
+
+
+@pytest.mark.parametrize(
+    ("line", "words"),
+    [
+        ("q1 Q0 d1 1 inf t", "not finite"),
+        ("q1 Q0 d1 1 nan t", "not finite"),
+        ("q1 Q0 d1 1 -Infinity t", "not finite"),
+        ("q1 Q0 d\x001 1 2.0 t", "control character"),
+        ("q\u200b1 Q0 d1 1 2.0 t", "invisible format character"),
+    ],
+)
+def test_read_trec_run_refuses_what_write_trec_run_refuses(tmp_path, line, words):
+    path = tmp_path / "run.trec"
+    path.write_text(f"q1 Q0 d0 1 3.0 t\n\n{line}\n", encoding="utf-8")
+    with pytest.raises(InputError, match=words) as info:
+        read_trec_run(path)
+    check_error(info.value, path, 3)
 
 
 @pytest.mark.parametrize(
@@ -683,6 +905,21 @@ def test_read_qrels_bad_line(tmp_path, line, words):
     assert words in str(info.value)
 
 
+@pytest.mark.parametrize("line", ["1\t\x00\t1", "1 0 d\x7f 1", "\ufeff1\t2\t1"])
+def test_read_qrels_refuses_ids_with_control_characters(tmp_path, line):
+    path = tmp_path / "qrels.tsv"
+    path.write_text(f"query-id\tcorpus-id\tscore\n1\t5\t1\n{line}\n", encoding="utf-8")
+    with pytest.raises(InputError, match="character") as info:
+        read_qrels(path)
+    check_error(info.value, path, 3)
+
+
+def test_read_qrels_skips_a_byte_order_mark(tmp_path):
+    path = tmp_path / "qrels.tsv"
+    path.write_bytes(b"\xef\xbb\xbfquery-id\tcorpus-id\tscore\n1\t5\t1\n")
+    assert read_qrels(path) == {"1": {"5": 1}}
+
+
 def test_read_real_cranfield_qrels():
     path = SHARED / "data" / "cranfield" / "qrels" / "test.tsv"
     if not path.is_file():
@@ -714,3 +951,258 @@ def test_shipped_sample_reads_cleanly():
         judged = read_qrels(qrels)
         assert set(judged) <= set(qs.ids)
         assert {d for v in judged.values() for d in v} <= set(docs.ids)
+
+
+# -- BEIR texts: the same id and JSON rules ---------------------------------------------------
+
+
+def _beir_folder(tmp_path: Path, corpus: list[str], queries: list[str]) -> Path:
+    folder = tmp_path / "beir"
+    (folder / "qrels").mkdir(parents=True)
+    write_lines(folder / "corpus.jsonl", corpus)
+    write_lines(folder / "queries.jsonl", queries)
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    return folder
+
+
+BEIR_DOC = json.dumps({"_id": "d1", "title": "t", "text": "x"})
+BEIR_QUERY = json.dumps({"_id": "q1", "text": "y"})
+
+BAD_BEIR = {
+    "nul-id": (json.dumps({"_id": "d\x00", "text": "x"}), "_id", "control character"),
+    "surrogate-id": ('{"_id": "\\udfff", "text": "x"}', "_id", "surrogate"),
+    "nested-100k-deep": ('{"_id": "d", "text": ' + "[" * 100_000 + "]" * 100_000 + "}", None, "nested too deeply"),
+    "5000-digits": ('{"_id": 1' + "0" * 5000 + ', "text": "x"}', None, "digits"),
+    "repeated-text-key": ('{"_id": "d", "text": "x", "text": "y"}', "text", "repeated"),
+}
+
+
+@pytest.mark.parametrize("which", ["corpus", "queries"])
+@pytest.mark.parametrize("case", list(BAD_BEIR))
+def test_bad_beir_line(tmp_path, case, which):
+    from gpusparse.beir import read_beir
+
+    bad, field, words = BAD_BEIR[case]
+    corpus = [BEIR_DOC, bad] if which == "corpus" else [BEIR_DOC]
+    queries = [BEIR_QUERY, bad] if which == "queries" else [BEIR_QUERY]
+    folder = _beir_folder(tmp_path, corpus, queries)
+    with pytest.raises(InputError, match=words) as info:
+        read_beir(folder)
+    check_error(info.value, folder / f"{which}.jsonl", 2, field)
+
+
+@pytest.mark.parametrize("which", ["corpus", "queries"])
+@pytest.mark.parametrize("content", [b"", b"\n \n"])
+def test_empty_beir_file(tmp_path, which, content):
+    from gpusparse.beir import read_beir
+
+    folder = _beir_folder(tmp_path, [BEIR_DOC], [BEIR_QUERY])
+    (folder / f"{which}.jsonl").write_bytes(content)
+    with pytest.raises(InputError, match="no records") as info:
+        read_beir(folder)
+    check_error(info.value, folder / f"{which}.jsonl", None)
+
+
+def test_zero_byte_gzipped_beir_file(tmp_path):
+    from gpusparse.beir import read_corpus
+
+    (tmp_path / "corpus.jsonl.gz").write_bytes(b"")
+    with pytest.raises(InputError, match="0 bytes") as info:
+        read_corpus(tmp_path / "corpus.jsonl.gz")
+    check_error(info.value, tmp_path / "corpus.jsonl.gz", None)
+
+
+# -- fuzz: the reader either refuses a line cleanly or reads what a plain parse reads ----------
+
+_F32_MAX = float(np.finfo(np.float32).max)
+FUZZ_TOKENS = ["cat", "dog", "the", "7", "zzznotatokenzzz"]  # "zzz...": unknown in BERT's vocabulary
+_GOOD_WEIGHT = st.one_of(st.floats(0, 10).map(json.dumps), st.integers(0, 100).map(str))
+_WEIGHT = st.one_of(
+    *[_GOOD_WEIGHT] * 12,  # most weights valid, so that most vectors are
+    st.floats(allow_nan=True, allow_infinity=True).map(json.dumps),  # json writes NaN, Infinity
+    st.integers(-(10**40), 10**40).map(str),
+    st.sampled_from(
+        [
+            *["0", "-0.0", "1e-50", "1e-46", "3.4028234663852886e38", "3.4028236e38", "3e38", "1e39", "-1e39"],
+            *["1e400", "2E0", "true", "false", "null", '"1.0"', "[1.0]", "{}", '{"a": 1}', "1" + "0" * 5000],
+        ]
+    ),
+)
+_GOOD_ID = st.one_of(st.sampled_from(["a", "b", "c"]), st.from_regex(r"[A-Za-z0-9_\-]{1,4}", fullmatch=True))
+_ID = st.one_of(
+    _GOOD_ID.map(json.dumps),  # "a", "b", "c" repeat across lines: duplicate ids
+    _GOOD_ID.map(json.dumps),
+    st.text(max_size=4).map(json.dumps),  # any code point, escaped: controls, spaces, format characters
+    st.integers(-(10**30), 10**30).map(str),
+    st.sampled_from(["1.5", "true", "null", "[]", "{}", '"\\u0000"', '"\\ud800"', '"a\\u200bb"', "1" + "0" * 5000]),
+)
+_PAIRS = st.lists(st.tuples(st.sampled_from(FUZZ_TOKENS[:4] * 5 + FUZZ_TOKENS[4:]), _WEIGHT), max_size=6)
+_VECTOR = st.one_of(
+    *[_PAIRS.map(lambda pairs: "{" + ", ".join(f"{json.dumps(t)}: {w}" for t, w in pairs) + "}")] * 4,
+    st.sampled_from(["[]", "null", '"cat"', "1", "[" * 100_000 + "]" * 100_000]),
+)
+_KEY_VALUES = {"id": _ID, "_id": _ID, "vector": _VECTOR, "contents": st.just('"text"')}
+_KEYS = st.one_of(
+    *[st.just(["id", "vector"])] * 3,
+    st.just(["_id", "contents", "vector"]),
+    st.lists(st.sampled_from(list(_KEY_VALUES)), max_size=5),  # keys repeated or missing
+)
+
+
+# Valid values included, at their edges: float32's largest, below its range, zeros, repeats.
+_VALID_WEIGHT = st.one_of(
+    _GOOD_WEIGHT, st.sampled_from(["0", "-0.0", "1e-50", "1e-46", "3e38", "3.4028234663852886e38", "1E1"])
+)
+_VALID_VECTOR = st.lists(st.tuples(st.sampled_from(FUZZ_TOKENS[:4]), _VALID_WEIGHT), min_size=1, max_size=6).map(
+    lambda pairs: "{" + ", ".join(f"{json.dumps(t)}: {w}" for t, w in pairs) + "}"
+)
+
+
+@st.composite
+def _jsonl_line(draw: st.DrawFn) -> str:
+    if draw(st.booleans()):  # a valid record, so that reading (not only refusing) is compared
+        return f'{{"id": {json.dumps(draw(_GOOD_ID))}, "vector": {draw(_VALID_VECTOR)}}}'
+    keys = draw(_KEYS)
+    line = "{" + ", ".join(f"{json.dumps(k)}: {draw(_KEY_VALUES[k])}" for k in keys) + "}"
+    mutation = draw(st.sampled_from(["none"] * 12 + ["delete", "insert", "text", "blank"]))
+    if mutation == "delete" and line:
+        i = draw(st.integers(0, len(line) - 1))
+        line = line[:i] + line[i + 1 :]
+    elif mutation == "insert":
+        i = draw(st.integers(0, len(line)))
+        line = line[:i] + draw(st.text(min_size=1, max_size=2)) + line[i:]
+    elif mutation == "text":
+        line = draw(st.text(max_size=20))
+    elif mutation == "blank":
+        line = draw(st.sampled_from(["", " ", "\t", "\ufeff"]))
+    return line
+
+
+class _Obj(list):
+    """A JSON object as the reference decodes it: all its pairs, repeated keys included."""
+
+
+def _reference_vector(vec: object, vocab: Vocabulary, unknown: str) -> dict[int, list[float]] | None:
+    """Term id -> its weights (in order), or None where the vector must be refused."""
+    if not isinstance(vec, _Obj):
+        return None
+    row: dict[int, list[float]] = {}
+    for tok, w in vec:
+        tid = vocab.get(tok)
+        if tid is None:
+            if unknown == "error":
+                return None
+            continue  # dropped unchecked
+        if type(w) not in (int, float):
+            return None
+        try:
+            x = float(w)
+        except OverflowError:
+            return None
+        if not (0 <= x <= _F32_MAX):  # also refuses NaN
+            return None
+        row.setdefault(tid, []).append(x)
+    return row
+
+
+def _reference_read(data: bytes, vocab: Vocabulary, unknown: str) -> tuple[list[str], list[dict]] | None:
+    """json.loads per line, duplicates kept; None where the file must be refused."""
+    ids: list[str] = []
+    rows: list[dict[int, list[float]]] = []
+    for raw_line in data.split(b"\n"):
+        if not raw_line.strip():
+            continue
+        try:
+            obj = json.loads(raw_line.decode("utf-8").removeprefix("\ufeff"), object_pairs_hook=_Obj)
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+            return None
+        if not isinstance(obj, _Obj):
+            return None
+        keys = [k for k, _ in obj]
+        if any(keys.count(k) > 1 for k in ("id", "_id", "vector")):
+            return None
+        record = dict(obj)
+        doc_id = record.get("id", record.get("_id"))
+        doc_id = str(doc_id) if type(doc_id) is int else doc_id
+        if type(doc_id) is not str or not doc_id or doc_id in ids:
+            return None
+        if not all(c.isprintable() and not c.isspace() for c in doc_id):
+            return None
+        row = _reference_vector(record.get("vector"), vocab, unknown)
+        if row is None:
+            return None
+        ids.append(doc_id)
+        rows.append(row)
+    return (ids, rows) if ids else None
+
+
+def _float32_sums(weights: list[float]) -> set[float]:
+    """Every float32 sum of ``weights`` in some order (the canonicalisation's order is not fixed)."""
+    out = set()
+    with np.errstate(over="ignore"):
+        for order in set(itertools.permutations(weights)):
+            total = np.float32(order[0])
+            for w in order[1:]:
+                total = np.float32(total + np.float32(w))
+            out.add(float(total))
+    return out
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(lines=st.lists(_jsonl_line(), min_size=1, max_size=2), unknown=st.sampled_from(["error", "skip"]))
+def test_fuzz_jsonl_lines(tmp_path_factory, lines, unknown):
+    vocab = Vocabulary.bert()
+    data = "\n".join(lines).encode("utf-8")
+    path = tmp_path_factory.getbasetemp() / "fuzz.jsonl"
+    path.write_bytes(data)
+    expected = _reference_read(data, vocab, unknown)
+    try:
+        got = read_vectors(path, vocab, unknown=unknown, progress=False)
+    except InputError as exc:
+        event("refused")
+        msg = str(exc)
+        assert "\n" not in msg and exc.path == str(path) and msg.startswith(str(path)), msg
+        assert exc.line is not None or "empty collection" in msg, msg
+        if expected is not None:  # only a float32 sum of repeated tokens may overflow where the values do not
+            assert "overflows float32" in msg, msg
+            assert any(np.inf in _float32_sums(ws) for row in expected[1] for ws in row.values()), msg
+        return
+    assert expected is not None, f"read {got!r}; a plain parse refuses {data[:200]!r}"
+    event("read" if got.nnz else "read, no terms")
+    ids, rows = expected
+    assert got.ids == ids
+    for i, row in enumerate(rows):
+        a, b = int(got.indptr[i]), int(got.indptr[i + 1])
+        got_row = dict(zip(got.indices[a:b].tolist(), got.values[a:b].tolist(), strict=True))
+        assert set(got_row) <= set(row)
+        for term, weights in row.items():
+            sums = _float32_sums(weights)
+            assert got_row.get(term, 0.0) in sums, (term, weights, got_row.get(term))
+            assert np.isfinite(got_row.get(term, 0.0))
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(vector=_VECTOR, unknown=st.sampled_from(["error", "skip"]))
+def test_fuzz_parse_vector_is_as_strict_as_the_reader(vector, unknown):
+    """parse_vector (for the server) accepts exactly the vectors the reference accepts, with the same terms."""
+    from gpusparse.collection import parse_vector
+    from gpusparse.formats import decode_json_line
+
+    vocab = Vocabulary.bert()
+    try:
+        reference = _reference_vector(json.loads(vector, object_pairs_hook=_Obj), vocab, unknown)
+    except (ValueError, RecursionError):
+        with pytest.raises(InputError):
+            decode_json_line(vector)
+        return
+    try:
+        parsed = parse_vector(decode_json_line(vector), vocab, unknown=unknown)  # type: ignore[arg-type]
+    except InputError as exc:
+        assert reference is None, exc
+        assert "\n" not in str(exc) and exc.field == "vector"
+        return
+    assert reference is not None
+    got: dict[int, list[float]] = {}
+    for term, weight in zip(parsed.terms.tolist(), parsed.weights.tolist(), strict=True):
+        got.setdefault(term, []).append(weight)
+    assert got == reference

@@ -20,14 +20,14 @@ Nothing here drops them; :func:`identical_id_pairs` only counts them for reports
 from __future__ import annotations
 
 import gzip
-import json
 import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .collection import check_id, json_type_name
 from .errors import InputError
-from .formats import read_qrels
+from .formats import decode_json_line, read_qrels, record_dict
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,8 @@ def read_beir(folder: str | Path, split: str = "test", *, require_qrels: bool = 
     """Read a BEIR folder: corpus, queries and ``qrels/<split>.tsv``.
 
     Raises :class:`InputError` naming the file (and line and field) for a missing folder
-    or file, malformed JSON, a missing or duplicate ``_id``, or a non-string text. Empty
+    or file, an empty corpus or queries file, malformed JSON, a missing, duplicate or
+    unprintable ``_id`` (see :func:`~gpusparse.collection.id_problem`), or a non-string text. Empty
     texts are allowed (see :attr:`Texts.n_empty`); callers report them.
     """
     folder = Path(folder)
@@ -152,7 +153,7 @@ def read_corpus(path: str | Path) -> Texts:
         title = obj.get("title", "")
         for name, value in (("text", text), ("title", title)):
             if value is not None and not isinstance(value, str):
-                raise InputError(f"expected a string, got {type(value).__name__}", path=path, line=lineno, field=name)
+                raise InputError(f"expected a string, got {json_type_name(value)}", path=path, line=lineno, field=name)
         ids.append(doc_id)
         texts.append(document_text(title, text))
     return Texts(ids, texts, path)
@@ -172,7 +173,7 @@ def read_queries(path: str | Path) -> Texts:
         if text is None:
             text = ""
         if not isinstance(text, str):
-            raise InputError(f"expected a string, got {type(text).__name__}", path=path, line=lineno, field="text")
+            raise InputError(f"expected a string, got {json_type_name(text)}", path=path, line=lineno, field="text")
         ids.append(qid)
         texts.append(text)
     return Texts(ids, texts, path)
@@ -193,14 +194,8 @@ def identical_id_pairs(qrels: Mapping[str, Mapping[str, int]]) -> int:
 
 
 def _id(obj: dict, path: Path, lineno: int, seen: dict[str, int]) -> str:
-    raw = obj.get("_id", obj.get("id"))
-    if raw is None:
-        raise InputError("missing", path=path, line=lineno, field="_id")
-    if isinstance(raw, bool) or not isinstance(raw, str | int):
-        raise InputError(f"expected a string or integer, got {type(raw).__name__}", path=path, line=lineno, field="_id")
-    s = str(raw)
-    if s.split() != [s]:
-        raise InputError(f"id {s!r} is empty or contains whitespace", path=path, line=lineno, field="_id")
+    # The same rules as vector files: these ids end up in the same TREC runs.
+    s = check_id(obj.get("_id", obj.get("id")), path=path, line=lineno, field="_id")
     first = seen.setdefault(s, lineno)
     if first != lineno:
         raise InputError(f"duplicate id {s!r} (first at line {first})", path=path, line=lineno, field="_id")
@@ -209,19 +204,20 @@ def _id(obj: dict, path: Path, lineno: int, seen: dict[str, int]) -> str:
 
 def _records(path: Path) -> Iterator[tuple[int, dict]]:
     opener = gzip.open if path.name.endswith(".gz") else open
+    n = 0
     try:
+        if path.name.endswith(".gz") and path.stat().st_size == 0:
+            raise InputError("empty file (0 bytes), not gzip data", path=path)
         with opener(path, "rt", encoding="utf-8") as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
                     continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise InputError(
-                        f"malformed JSON: {exc.msg} at column {exc.colno}", path=path, line=lineno
-                    ) from None
+                obj = decode_json_line(line, path=path, line=lineno)
+                if type(obj) is tuple:  # a repeated key
+                    obj = record_dict(obj, ("_id", "id", "title", "text"), path=path, line=lineno)
                 if not isinstance(obj, dict):
-                    raise InputError(f"expected a JSON object, got {type(obj).__name__}", path=path, line=lineno)
+                    raise InputError(f"expected a JSON object, got {json_type_name(obj)}", path=path, line=lineno)
+                n += 1
                 yield lineno, obj
     except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
         raise InputError(f"truncated or corrupt gzip data ({exc})", path=path) from None
@@ -229,3 +225,5 @@ def _records(path: Path) -> Iterator[tuple[int, dict]]:
         raise InputError(f"cannot read: {exc.strerror or exc}", path=path) from None
     except UnicodeDecodeError:
         raise InputError("not UTF-8 text", path=path) from None
+    if n == 0:
+        raise InputError("no records: the file is empty or holds only blank lines", path=path)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from os import PathLike
+from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
@@ -33,8 +36,9 @@ class SparseCollection:
     The constructor puts the arrays in canonical form: duplicate terms inside one vector
     are **summed**, terms are sorted inside each vector, and explicit zero weights are
     dropped (they contribute nothing to any score). Weights must be finite and ≥ 0 —
-    learned sparse models produce ``log(1 + relu(x))`` — and ids must be unique,
-    non-empty and free of whitespace (a TREC run could not hold them otherwise).
+    learned sparse models produce ``log(1 + relu(x))`` — and ids must be unique and pass
+    :func:`id_problem`: non-empty, printable, no whitespace (a TREC run could not hold
+    them otherwise).
 
     Args:
         indptr: int64 ``[n + 1]`` row pointers.
@@ -42,7 +46,7 @@ class SparseCollection:
         values: float32 ``[nnz]`` weights.
         ids: string ids, one per row; default ``"0"``, ``"1"``, ...
         vocab: the vocabulary term ids refer to; default BERT's WordPiece vocabulary.
-        check_ids: check ids for uniqueness and whitespace (readers do it as they read).
+        check_ids: check ids for uniqueness and :func:`id_problem` (readers do it as they read).
         copy: copy the arrays before canonicalising them; ``False`` hands them over.
     """
 
@@ -139,27 +143,26 @@ class SparseCollection:
         """From ``{"token": weight}`` mappings, e.g. ``[{"capital": 2.79, "france": 2.36}]``.
 
         ``unknown="error"`` refuses tokens missing from the vocabulary; ``"skip"`` drops them.
+        Each vector is checked by :func:`parse_vector`, as the file readers check theirs:
+        weights must be numbers (not booleans or strings), finite, ≥ 0 and within float32.
         """
         if unknown not in ("error", "skip"):
             raise ValueError(f"unknown must be 'error' or 'skip', not {unknown!r}")
         vocab = Vocabulary.bert() if vocab is None else vocab
         indptr = [0]
-        indices: list[int] = []
-        values: list[float] = []
+        indices: list[np.ndarray] = []
+        values: list[np.ndarray] = []
+        nnz = 0
         for row, vec in enumerate(vectors):
-            for tok, w in vec.items():
-                tid = vocab.get(tok)
-                if tid is None:
-                    if unknown == "skip":
-                        continue
-                    raise InputError(f"unknown token {tok!r}", line=row + 1, field="vector", record=True)
-                indices.append(tid)
-                values.append(w)
-            indptr.append(len(indices))
+            parsed = parse_vector(vec, vocab, unknown=unknown, line=row + 1, record=True)  # type: ignore[arg-type]
+            indices.append(parsed.terms)
+            values.append(parsed.weights)
+            nnz += parsed.terms.size
+            indptr.append(nnz)
         return cls(
             np.asarray(indptr, dtype=np.int64),
-            np.asarray(indices, dtype=np.int32),
-            np.asarray(values, dtype=np.float64),
+            np.concatenate(indices) if indices else np.zeros(0, np.int32),
+            np.concatenate(values) if values else np.zeros(0, np.float64),
             ids=ids,
             vocab=vocab,
         )
@@ -241,20 +244,182 @@ class SparseCollection:
         return f"SparseCollection(n={len(self)}, nnz={self.nnz}, vocab={self.vocab!r})"
 
 
-def _check_weights(values: np.ndarray) -> None:
+_F32_MAX = float(np.finfo(np.float32).max)
+# The Python types a weight may have: JSON numbers (int, float) and numpy scalars. Not
+# bool (a JSON true would pass as 1.0) and not str (numpy would parse "1.0" silently).
+_NUMBER_TYPES = (int, float, np.integer, np.floating)
+
+
+def check_weights(
+    values: np.ndarray,
+    *,
+    path: str | PathLike[str] | None = None,
+    line: int | None = None,
+    field: str | None = "vector",
+    record: bool = False,
+) -> None:
+    """Refuse weights that are not finite, negative, or beyond float32's range.
+
+    ``values`` is a numeric array (float64 keeps values that float32 cannot hold, so that
+    they are refused rather than turned into ``inf``). The error names ``path``/``line``
+    when given. Every reader and :func:`parse_vector` apply exactly these rules.
+    """
     if values.size == 0:
         return
     if not (np.issubdtype(values.dtype, np.floating) or np.issubdtype(values.dtype, np.integer)):
         raise TypeError(f"weights must be numeric, not {values.dtype}")
+    where = {"path": path, "line": line, "field": field, "record": record}
     if np.issubdtype(values.dtype, np.floating):
         bad = ~np.isfinite(values)
         if bad.any():
-            raise InputError(f"weight {values[np.argmax(bad)]} is not finite", field="vector")
+            raise InputError(f"weight {values[np.argmax(bad)]} is not finite", **where)
     if (values < 0).any():
-        raise InputError(f"negative weight {values[np.argmax(values < 0)]}", field="vector")
-    big = np.abs(values.astype(np.float64, copy=False)) > np.finfo(np.float32).max
+        raise InputError(f"negative weight {values[np.argmax(values < 0)]}", **where)
+    big = np.abs(values.astype(np.float64, copy=False)) > _F32_MAX
     if big.any():
-        raise InputError(f"weight {values[np.argmax(big)]} overflows float32", field="vector")
+        raise InputError(f"weight {values[np.argmax(big)]} overflows float32", **where)
+
+
+def _check_weights(values: np.ndarray) -> None:
+    """:func:`check_weights` without a location (the server's per-request path)."""
+    check_weights(values)
+
+
+class ParsedVector(NamedTuple):
+    """One ``{token: weight}`` vector after :func:`parse_vector`."""
+
+    terms: np.ndarray  # int32 term ids, in the order given; a term may repeat (summed later)
+    weights: np.ndarray  # float64, checked by check_weights
+    skipped: int  # unknown tokens dropped (unknown="skip")
+
+
+def parse_vector(
+    vector: Mapping[str, object] | tuple[tuple[str, object], ...],
+    vocab: Vocabulary,
+    *,
+    unknown: str = "error",
+    path: str | PathLike[str] | None = None,
+    line: int | None = None,
+    field: str = "vector",
+    record: bool = False,
+) -> ParsedVector:
+    """Check one decoded ``{token: weight}`` vector exactly as the file readers do.
+
+    ``vector`` is a mapping, or the tuple of ``(token, weight)`` pairs that
+    :func:`gpusparse.formats.decode_json_line` returns for an object with a repeated key
+    (kept: they name one term twice and are summed like any duplicate term). Checks, in this order: it is
+    an object; every token is in ``vocab`` (``unknown="skip"`` drops those that are not,
+    unchecked); every weight is a number (int or float, not a boolean or a string); the
+    weights pass :func:`check_weights`. Errors are :class:`InputError` naming ``path``,
+    ``line`` and ``field`` when given.
+    """
+    where = {"path": path, "line": line, "field": field, "record": record}
+    if isinstance(vector, Mapping):
+        pairs: Sequence[tuple[str, object]] = list(vector.items())
+    elif isinstance(vector, tuple) and all(type(p) is tuple and len(p) == 2 for p in vector):
+        pairs = vector
+    else:
+        raise InputError(f"expected a {{token: weight}} object, got {json_type_name(vector)}", **where)
+    get = vocab.get
+    tids = [get(t) if type(t) is str else None for t, _ in pairs]
+    skipped = 0
+    if None in tids:
+        if unknown != "skip":
+            tok = next(t for (t, _), i in zip(pairs, tids, strict=True) if i is None)
+            raise InputError(f"unknown token {tok!r}", **where)
+        keep = [i is not None for i in tids]
+        skipped = keep.count(False)
+        pairs = [p for p, k in zip(pairs, keep, strict=True) if k]
+        tids = [i for i in tids if i is not None]
+    vals = [w for _, w in pairs]
+    for w in vals:
+        if not isinstance(w, _NUMBER_TYPES) or isinstance(w, bool):
+            raise InputError(f"weight {_short(w)} is not a number", **where)
+    try:
+        weights = np.array(vals, dtype=np.float64)
+    except OverflowError:  # an integer beyond float64
+        big = next(w for w in vals if isinstance(w, int) and abs(w) > _F32_MAX)
+        raise InputError(f"weight {_short(big)} overflows float32", **where) from None
+    check_weights(weights, **where)
+    return ParsedVector(np.array(tids, dtype=np.int32), weights, skipped)
+
+
+def json_type_name(value: object) -> str:
+    """The name of a decoded JSON value's type, in Python's words (``dict`` for an object,
+    also when it was decoded as ``(key, value)`` pairs)."""
+    return "dict" if isinstance(value, tuple) else type(value).__name__
+
+
+def _short(value: object) -> str:
+    """``repr(value)``, cut to 40 characters (a weight can be a 5,000-digit integer)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"<integer of about {int(value.bit_length() * 0.30103):,} digits>"  # repr would hit int's digit limit
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def id_problem(doc_id: str) -> str | None:
+    """Why ``doc_id`` cannot be a document or query id, or ``None`` if it can.
+
+    An id goes into TREC runs and qrels, which are whitespace-separated text: it must be
+    non-empty and printable in Python's sense (``str.isprintable``) without spaces. That
+    refuses whitespace, control characters (NUL, tab, newline ...), invisible format
+    characters (zero-width space, BOM), lone surrogates (not encodable as UTF-8),
+    private-use and unassigned code points.
+    """
+    if doc_id and doc_id.isprintable() and " " not in doc_id:  # the common case, two C calls
+        return None
+    if not doc_id:
+        return "is empty"
+    for ch in doc_id:
+        if ch.isspace():
+            return "contains whitespace"
+        if not ch.isprintable():
+            cat = unicodedata.category(ch)
+            kind = _CATEGORY_WORDS.get(cat, "a non-printable character")
+            return f"contains {kind} U+{ord(ch):04X}"
+    raise AssertionError("unreachable: a printable id without spaces has no problem")
+
+
+_CATEGORY_WORDS = {
+    "Cc": "a control character",
+    "Cf": "an invisible format character",
+    "Cs": "a lone surrogate (not valid Unicode text)",
+    "Co": "a private-use character",
+    "Cn": "an unassigned code point",
+    "Zl": "a line separator",
+    "Zp": "a paragraph separator",
+}
+
+
+def check_id(
+    raw: object,
+    *,
+    path: str | PathLike[str] | None = None,
+    line: int | None = None,
+    field: str = "id",
+    record: bool = False,
+) -> str:
+    """A document or query id as every reader accepts it: a string, or an integer (JSON ids
+    like ``17`` become ``"17"``), passing :func:`id_problem`. Anything else (``None``,
+    floats, booleans, objects) raises :class:`InputError` naming ``path``/``line``/``field``.
+    """
+    if type(raw) is not str:
+        if raw is None:
+            raise InputError("missing", path=path, line=line, field=field, record=record)
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            raise InputError(
+                f"expected a string or integer, got {json_type_name(raw)}",
+                path=path,
+                line=line,
+                field=field,
+                record=record,
+            )
+        raw = str(raw)
+    problem = id_problem(raw)
+    if problem is not None:
+        raise InputError(f"id {raw!r} {problem}", path=path, line=line, field=field, record=record)
+    return raw
 
 
 def _check_ids(ids: list[str]) -> list[str]:
@@ -262,8 +427,7 @@ def _check_ids(ids: list[str]) -> list[str]:
     for i, s in enumerate(ids):
         if not isinstance(s, str):
             raise TypeError(f"id at row {i} is {type(s).__name__}, not str")
-        if s.split() != [s]:
-            raise InputError(f"id {s!r} is empty or contains whitespace", line=i + 1, field="id", record=True)
+        check_id(s, line=i + 1, record=True)
         j = seen.setdefault(s, i)
         if j != i:
             raise InputError(f"duplicate id {s!r} (first at record {j + 1})", line=i + 1, field="id", record=True)

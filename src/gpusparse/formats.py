@@ -19,19 +19,21 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import math
 import os
+import sys
 import zlib
 from array import array
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO, Any, Literal
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from .collection import SparseCollection
+from .collection import SparseCollection, _short, check_id, id_problem, json_type_name
 from .errors import InputError
 from .vocab import Vocabulary
 
@@ -100,10 +102,11 @@ class _Builder:
     def finish(self, vocab: Vocabulary, stats: ReadStats) -> SparseCollection:
         values = np.frombuffer(self.weights, dtype=np.float64) if len(self.weights) else np.zeros(0)
         _check_values(values, self)
-        stats.zero_weights_dropped += int(np.count_nonzero(values == 0))
         indptr = np.frombuffer(self.indptr, dtype=np.int64)
         terms = np.frombuffer(self.terms, dtype=np.int32) if len(self.terms) else np.zeros(0, np.int32)
         values32 = values.astype(np.float32)
+        # Counted after the conversion: a weight below float32's range (1e-50) is dropped too.
+        stats.zero_weights_dropped += int(np.count_nonzero(values32 == 0))
         self.weights = array("d")  # free the float64 copy before canonicalisation copies
         try:
             coll = SparseCollection(indptr, terms, values32, ids=self.ids, vocab=vocab, check_ids=False, copy=False)
@@ -118,11 +121,6 @@ class _Builder:
         stats.records += len(coll)
         stats.empty_vectors += int(np.count_nonzero(coll.row_lengths == 0))
         return coll
-
-
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _where(path: str, line: int, record: bool) -> str:
@@ -151,6 +149,10 @@ def _open_binary(path: Path, progress: bool, unit_desc: str) -> Iterator[tuple[I
     except OSError as exc:
         raise InputError(f"cannot open: {exc.strerror}", path=path) from None
     size = os.fstat(raw.fileno()).st_size
+    if size == 0 and path.name.endswith(".gz"):
+        # GzipFile reads a 0-byte file as empty data: say what it is instead of reading nothing.
+        raw.close()
+        raise InputError("empty file (0 bytes), not gzip data", path=path)
     bar = tqdm(total=size, unit="B", unit_scale=True, desc=unit_desc, disable=not progress or None, leave=False)
     try:
         if path.name.endswith(".gz"):
@@ -178,11 +180,80 @@ class _RawProgress:
 # -- JSONL vectors ------------------------------------------------------------------------
 
 
+def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any] | tuple[tuple[str, Any], ...]:
+    """A decoded JSON object: a dict, or its pairs as a tuple when a key repeats.
+
+    json's default keeps the last of repeated keys; a vector naming one token twice must
+    have it summed (like any duplicate term), so such an object keeps all its pairs. JSON
+    makes tuples of nothing else: a tuple is always an object with a repeated key.
+    """
+    d = dict(pairs)
+    return d if len(d) == len(pairs) else tuple(pairs)
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_json_object)
+
+
+def decode_json_line(
+    text: bytes | str, *, path: str | os.PathLike[str] | None = None, line: int | None = None
+) -> object:
+    """Decode one JSONL line as the readers do, or raise a one-line :class:`InputError`.
+
+    Bytes must be UTF-8 (a leading byte-order mark is allowed). JSON objects come back as
+    dicts, except an object with a repeated key: a tuple of all its ``(key, value)`` pairs
+    (``dict(pairs)`` keeps the last, as ``json.loads`` would). Malformed JSON, nesting too
+    deep for the decoder and integers beyond Python's digit limit are errors naming
+    ``path:line``.
+    """
+    try:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
+        if text.startswith("\ufeff"):
+            text = text[1:]
+        return _DECODER.decode(text)
+    except UnicodeDecodeError:
+        raise InputError("not UTF-8 text", path=path, line=line) from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"malformed JSON: {exc.msg} at column {exc.colno}", path=path, line=line) from None
+    except RecursionError:
+        raise InputError("malformed JSON: nested too deeply", path=path, line=line) from None
+    except ValueError as exc:  # int("...") beyond sys.get_int_max_str_digits()
+        reason = (
+            f"a number with more than {sys.get_int_max_str_digits():,} digits"
+            if "integer string conversion" in str(exc)
+            else str(exc).split("\n")[0]
+        )
+        raise InputError(f"malformed JSON: {reason}", path=path, line=line) from None
+
+
+VECTOR_RECORD_KEYS = ("id", "_id", "vector")
+
+
+def record_dict(
+    pairs: tuple[tuple[str, Any], ...],
+    keys: Sequence[str] = VECTOR_RECORD_KEYS,
+    *,
+    path: str | os.PathLike[str] | None = None,
+    line: int | None = None,
+) -> dict[str, Any]:
+    """The record of a JSON line whose object repeats a key (:func:`decode_json_line` gave its pairs).
+
+    A repeated key among ``keys``, those the caller reads, is refused: which of two ids or
+    vectors is meant? Other repeated keys keep the last value, as ``json.loads`` does.
+    """
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen and key in keys:
+            raise InputError("key repeated in one record", path=path, line=line, field=key)
+        seen.add(key)
+    return dict(pairs)
+
+
 def _read_jsonl_into(
     path: Path, b: _Builder, vocab: Vocabulary, unknown: Unknown, stats: ReadStats, progress: bool
 ) -> None:
     spath = str(path)
-    get = vocab.get
+    lookup = vocab.lookup
     terms, weights, indptr = b.terms, b.weights, b.indptr
     lineno = 0
     with _open_binary(path, progress, path.name) as (f, prog):
@@ -198,40 +269,31 @@ def _read_jsonl_into(
                 prog.update()
             if not line.strip():
                 continue
-            try:
-                obj = json.loads(line)
-            except UnicodeDecodeError:
-                raise InputError("not UTF-8 text", path=spath, line=lineno) from None
-            except json.JSONDecodeError as exc:
-                raise InputError(f"malformed JSON: {exc.msg} at column {exc.colno}", path=spath, line=lineno) from None
-            if not isinstance(obj, dict):
-                raise InputError(f"expected a JSON object, got {type(obj).__name__}", path=spath, line=lineno)
-            doc_id = obj.get("id", obj.get("_id"))
-            if doc_id is None:
-                raise InputError("missing", path=spath, line=lineno, field="id")
-            if isinstance(doc_id, bool) or not isinstance(doc_id, str | int):
-                raise InputError(
-                    f"expected a string or integer, got {type(doc_id).__name__}", path=spath, line=lineno, field="id"
-                )
-            doc_id = str(doc_id)
-            if doc_id.split() != [doc_id]:
-                raise InputError(f"id {doc_id!r} is empty or contains whitespace", path=spath, line=lineno, field="id")
+            obj = decode_json_line(line, path=spath, line=lineno)
+            if type(obj) is not dict:
+                if type(obj) is not tuple:
+                    raise InputError(f"expected a JSON object, got {json_type_name(obj)}", path=spath, line=lineno)
+                obj = record_dict(obj, path=spath, line=lineno)
+            doc_id = check_id(obj.get("id", obj.get("_id")), path=spath, line=lineno)
             vec = obj.get("vector")
             if vec is None:
                 raise InputError("missing", path=spath, line=lineno, field="vector")
-            if not isinstance(vec, dict):
+            if type(vec) is dict:
+                toks, vals = vec.keys(), vec.values()
+            elif type(vec) is tuple:  # a repeated token: keep both, they are summed with other duplicates
+                toks, vals = zip(*vec, strict=True)
+            else:
                 raise InputError(
-                    f"expected a {{token: weight}} object, got {type(vec).__name__}",
+                    f"expected a {{token: weight}} object, got {json_type_name(vec)}",
                     path=spath,
                     line=lineno,
                     field="vector",
                 )
             b.add_id(doc_id, spath, lineno)
-            tids = [get(t) for t in vec]
-            vals = vec.values()
+            tids = list(map(lookup, toks))
             if None in tids:
                 if unknown == "error":
-                    tok = next(t for t, i in zip(vec, tids, strict=True) if i is None)
+                    tok = list(toks)[tids.index(None)]
                     raise InputError(
                         f"unknown token {tok!r} (use --unknown-tokens skip to drop such tokens)",
                         path=spath,
@@ -278,7 +340,8 @@ def read_vectors(
 
     Returns:
         One collection with the vectors of all files in order. Ids must be unique across
-        all files.
+        all files, non-empty, printable and without whitespace (see
+        :func:`~gpusparse.collection.id_problem`). Input without any vector is an error.
     """
     if unknown not in ("error", "skip"):
         raise ValueError(f"unknown must be 'error' or 'skip', not {unknown!r}")
@@ -292,6 +355,12 @@ def read_vectors(
             _read_seismic_bin_into(path, b, vocab, progress)
         else:
             _read_jsonl_into(path, b, vocab, unknown, stats, progress)
+    if not b.ids:
+        # An empty input is a mistake (a failed export, the wrong file): a 0-document index
+        # or an empty run would hide it.
+        where = paths if isinstance(paths, str | Path) else paths[0] if len(paths) == 1 else None
+        what = "the file" if len(files) == 1 else f"any of its {len(files)} files"
+        raise InputError(f"empty collection: no vectors in {what} (empty or only blank lines)", path=where)
     return b.finish(vocab, stats)
 
 
@@ -302,6 +371,7 @@ def expand_vector_paths(paths: str | Path | Sequence[str | Path]) -> list[Path]:
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
+            _refuse_other_folders(p)
             found = sorted(q for q in p.iterdir() if q.is_file() and q.name.endswith(VECTOR_SUFFIXES))
             if not found:
                 raise InputError(f"no vector files ({', '.join(VECTOR_SUFFIXES)}) in this folder", path=p)
@@ -315,6 +385,25 @@ def expand_vector_paths(paths: str | Path | Sequence[str | Path]) -> list[Path]:
     if not out:
         raise InputError("no input files given")
     return out
+
+
+def _refuse_other_folders(folder: Path) -> None:
+    """Refuse folders that hold something other than vectors, which their ``.json``/``.jsonl``
+    files would otherwise be mistaken for (an index's ``manifest.json``: "malformed JSON")."""
+    manifest = folder / "manifest.json"
+    if manifest.is_file():
+        try:
+            fmt = json.loads(manifest.read_bytes()).get("format", "")
+        except (OSError, ValueError, RecursionError, AttributeError):
+            fmt = ""
+        if isinstance(fmt, str) and fmt.startswith("gpusparse-"):
+            raise InputError("this is a GPUSparse index folder, not vectors (JSONL or .bin files)", path=folder)
+    names = {q.name for q in folder.iterdir()}
+    if names & {"corpus.jsonl", "corpus.jsonl.gz"} and names & {"queries.jsonl", "queries.jsonl.gz"}:
+        raise InputError(
+            "this folder holds both a corpus and queries (a BEIR or encoded folder): name the file to read",
+            path=folder,
+        )
 
 
 def write_jsonl(
@@ -461,11 +550,16 @@ def write_trec_run(
 
     ``ranked`` holds internal document numbers ``[n_queries, k]`` (``-1`` = no result,
     skipped), ``scores`` their scores. Ranks start at 1. Returns the number of lines.
+
+    Refuses, before writing anything: a score that is not finite (``inf`` from a float32
+    overflow would rank wrongly and break readers), and a query id, document id or tag
+    that a whitespace-separated line cannot hold (see :func:`~gpusparse.collection.id_problem`).
     """
-    if tag.split() != [tag]:
+    if id_problem(tag) is not None:
         raise ValueError(f"run tag {tag!r} must be one word")
     scores = np.asarray(scores, dtype=np.float32)
     ranked = np.asarray(ranked)
+    _check_run(qids, doc_ids, scores, ranked)
     n = 0
     opener = gzip.open if str(path).endswith(".gz") else open
     with opener(path, "wt", encoding="utf-8") as f:
@@ -478,6 +572,30 @@ def write_trec_run(
             f.writelines(lines)
             n += len(lines)
     return n
+
+
+def _check_run(qids: Sequence[str], doc_ids: Sequence[str], scores: np.ndarray, ranked: np.ndarray) -> None:
+    """What :func:`write_trec_run` refuses; whole-array checks, not per line."""
+    bad = ~np.isfinite(scores[: len(qids)]) & (ranked[: len(qids)] >= 0)
+    if bad.any():
+        qi, r = (int(x) for x in np.argwhere(bad)[0])
+        raise InputError(
+            f"query {qids[qi]!r}: score {scores[qi, r]} for document {doc_ids[int(ranked[qi, r])]!r} is not finite "
+            "(the query's weights are too large for float32 scores); no run written",
+            field="scores",
+        )
+    used = np.unique(ranked[: len(qids)][ranked[: len(qids)] >= 0])
+    for kind, ids in (("query", list(qids)), ("document", [doc_ids[i] for i in used.tolist()])):
+        bad_id = _first_bad_id(ids)
+        if bad_id is not None:
+            raise InputError(f"{kind} id {bad_id!r} {id_problem(bad_id)}: a TREC run cannot hold it", field="id")
+
+
+def _first_bad_id(ids: list[str]) -> str | None:
+    """The first id :func:`id_problem` refuses, or ``None``; a few C calls when all are fine."""
+    if all(ids) and (joined := "".join(ids)).isprintable() and " " not in joined:
+        return None
+    return next((i for i in ids if id_problem(i) is not None), None)
 
 
 def read_trec_run(path: str | Path) -> dict[str, list[tuple[str, float]]]:
@@ -494,6 +612,9 @@ def read_trec_run(path: str | Path) -> dict[str, list[tuple[str, float]]]:
             score = float(parts[4])
         except ValueError:
             raise InputError(f"bad rank {parts[3]!r} or score {parts[4]!r}", path=path, line=lineno) from None
+        if not math.isfinite(score):  # write_trec_run refuses these too; they sort arbitrarily
+            raise InputError(f"score {parts[4]!r} is not finite", path=path, line=lineno)
+        _check_columns_ids(parts[0], parts[2], path, lineno)
         run.setdefault(parts[0], []).append((parts[2], score))
     return run
 
@@ -515,6 +636,7 @@ def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
             qid, doc, grade = parts
         else:
             raise InputError(f"expected 3 (BEIR) or 4 (TREC) columns, got {len(parts)}", path=path, line=lineno)
+        _check_columns_ids(qid, doc, path, lineno)
         try:
             g = int(grade) if grade.lstrip("-").isdigit() else int(float(grade))
         except (ValueError, OverflowError):
@@ -523,10 +645,21 @@ def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
     return qrels
 
 
+def _check_columns_ids(qid: str, doc: str, path: Path, lineno: int) -> None:
+    """Ids read from columns hold no whitespace; refuse the control and invisible
+    characters that :func:`write_trec_run` refuses, so reading and writing agree."""
+    if not (qid.isprintable() and doc.isprintable()):
+        bad = qid if not qid.isprintable() else doc
+        raise InputError(f"id {bad!r} {id_problem(bad)}", path=path, line=lineno)
+
+
 def _columns(path: Path) -> Iterator[tuple[int, list[str]]]:
     opener = gzip.open if path.name.endswith(".gz") else open
     try:
-        with opener(path, "rt", encoding="utf-8") as f:
+        if path.name.endswith(".gz") and path.stat().st_size == 0:
+            raise InputError("empty file (0 bytes), not gzip data", path=path)
+        # utf-8-sig: a byte-order mark (editors on Windows) is not part of the first qid
+        with opener(path, "rt", encoding="utf-8-sig") as f:
             for lineno, line in enumerate(f, 1):
                 parts = line.split()
                 if parts:
