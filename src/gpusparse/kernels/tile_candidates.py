@@ -23,12 +23,13 @@ whole collection), and emits every document within the error margin ``delta`` of
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-from .cupy_launch import available, check_tensors, device_index, launch, load_kernel, pointer
+from .cupy_launch import available, check_tensors, device_index, launch, load_kernel, pointer, variant_of
 
 __all__ = ["ACC_MODES", "ACC_TOP", "SOURCE", "available", "launch_shape", "shared_bytes", "tiled_candidates"]
 
@@ -90,6 +91,17 @@ def compile_options(
         f"-DINT_W={int(int_weights and weight_type != 'unsigned int')}",
         f"-DFIXED_W={int(weight_type == 'unsigned int')}",
         *(f"-D{d}" for d in defines),
+    )
+
+
+@functools.cache
+def _kernel(build: tuple, device: int, variant: tuple[str, tuple[str, ...]]):  # -> cupy.RawKernel
+    # One look-up per launch instead of building the options and the compile cache's key
+    # (the launch is on the host's critical path, several times a search); ``variant`` (what
+    # variant_of says here) is part of the key so that a benchmark's variant builds its own.
+    options = compile_options(*build)
+    return load_kernel(
+        SOURCE, "tiled_candidates", options=options, device=device, max_dynamic_shared=shared_bytes(build[0], build[4])
     )
 
 
@@ -183,11 +195,9 @@ def tiled_candidates(
     if b == 0 or count == 0 or t == 0:
         return
     threads, min_blocks = launch_shape(tile_bits, acc, threads=threads, min_blocks=min_blocks)
-    wtype = _WEIGHT_TYPES[wts.dtype]
-    options = compile_options(tile_bits, threads, unroll, min_blocks, acc, wtype, int_weights, defines)
     shared = shared_bytes(tile_bits, acc)
-    dev_index = device_index(dev)
-    kernel = load_kernel(SOURCE, "tiled_candidates", options=options, device=dev_index, max_dynamic_shared=shared)
+    build = (tile_bits, threads, unroll, min_blocks, acc, _WEIGHT_TYPES[wts.dtype], int_weights, tuple(defines))
+    kernel = _kernel(build, device_index(dev), variant_of(SOURCE))
     if dense.numel() == 0:  # CuPy wants real memory behind every pointer
         dense = torch.zeros((1, 1 << tile_bits), dtype=wts.dtype, device=dev)
     args = [pointer(x) for x in (seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_delta, q_shift)]
