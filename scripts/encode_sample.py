@@ -31,7 +31,7 @@ from pathlib import Path
 from gpusparse import read_vectors
 from gpusparse.beir import read_beir
 from gpusparse.encode import EncodeStats, SpladeEncoder
-from gpusparse.formats import write_jsonl
+from gpusparse.vector_writers import write_jsonl
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -27,7 +27,8 @@ from pathlib import Path
 
 from .collection import check_id, json_type_name
 from .errors import InputError
-from .formats import decode_json_line, read_qrels, record_dict
+from .formats import decode_json_line, record_dict
+from .trec import read_qrels
 
 
 @dataclass(frozen=True)

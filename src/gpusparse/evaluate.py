@@ -25,7 +25,7 @@ from typing import Any
 
 from .beir import identical_id_pairs
 from .errors import InputError
-from .formats import read_qrels, read_trec_run
+from .trec import read_qrels, read_trec_run
 
 DEFAULT_MEASURES = ("RR@10", "nDCG@10", "R@100", "R@1000")
 

@@ -22,9 +22,9 @@ import torch
 from .beir import Texts
 from .collection import SparseCollection
 from .encode import EncodeStats, SpladeEncoder
-from .formats import write_trec_run
 from .index import Index
 from .search import SearchResults
+from .trec import write_trec_run
 
 
 class TextPipeline:

@@ -15,7 +15,7 @@ import torch
 
 from .. import engines, sizes
 from ..errors import GPUSparseError
-from ..formats import write_trec_run
+from ..trec import write_trec_run
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -12,9 +12,9 @@ import click
 
 from .. import __version__
 from ..beir import read_beir
-from ..formats import write_jsonl
 from ..index import Index
 from ..pipeline import TextPipeline
+from ..vector_writers import write_jsonl
 from ._common import friendly_errors, progress_option
 from ._text import echo_err, encoder_options, make_encoder, report_collection
 

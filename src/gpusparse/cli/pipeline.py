@@ -13,8 +13,8 @@ import torch
 from .. import __version__
 from ..beir import read_beir
 from ..evaluate import evaluate, format_table, parse_measures
-from ..formats import write_jsonl
 from ..pipeline import TextPipeline
+from ..vector_writers import write_jsonl
 from ._common import default_device, friendly_errors, parse_size, progress_option, warn
 from ._text import echo_err, encoder_options, make_encoder, report_collection
 from .eval import DEFAULT_MEASURES

@@ -8,9 +8,10 @@ from pathlib import Path
 import click
 
 from .. import engines
-from ..formats import read_trec_run, read_vectors
+from ..formats import read_vectors
 from ..index import Index
 from ..quantize import quantize_collection, quantize_queries
+from ..trec import read_trec_run
 from ..verify import documents_from_index_arrays, verify_run
 from ._common import default_device, fail, friendly_errors, parse_size, progress_option, unknown_option
 
