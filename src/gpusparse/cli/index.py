@@ -12,7 +12,8 @@ import click
 from ..formats import ReadStats, read_vectors
 from ..index import Index
 from ..quantize import Quantization, quantize_collection
-from ..segments import SegmentedIndex, is_segmented, read_ids
+from ..segment_files import is_segmented
+from ..segments import SegmentedIndex, read_ids
 from ..shards import document_ranges, is_sharded, read_sharded_manifest, save_sharded
 from ..storage import read_manifest
 from ..vocab import Vocabulary

@@ -13,7 +13,8 @@ import torch.distributed as dist
 from ..distributed import first_error, init_from_env, load_shard, search_sharded
 from ..errors import GPUSparseError
 from ..formats import ReadStats, read_vectors
-from ..segments import SegmentedIndex, is_segmented
+from ..segment_files import is_segmented
+from ..segments import SegmentedIndex
 from ..shards import is_sharded, shard_ids
 from ..streaming import open_for_search
 from ._common import (
