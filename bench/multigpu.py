@@ -343,7 +343,7 @@ def host_launch_ms(index: Index, queries: SparseCollection, k: int, world: int, 
         torch.cuda.synchronize()
         torch.cuda._sleep(100_000_000)  # ~50 ms of device work ahead of the launches
         t0 = time.perf_counter()
-        r = engine.search_batch(index, q, k, plan)
+        r = engine.search_requests(index, q, k, plan)
         finish = distributed_mod._merge_later(r, offset, k, world > 1, None)
         times.append((time.perf_counter() - t0) * 1e3)
         finish()

@@ -29,7 +29,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 
 from gpusparse import Index, SparseCollection, Vocabulary, read_vectors  # noqa: E402
 from gpusparse.errors import InputError  # noqa: E402
-from gpusparse.serve import DynamicBatcher, PendingRequest, canonical_vector, create_app, search_batch  # noqa: E402
+from gpusparse.serve import DynamicBatcher, PendingRequest, canonical_vector, create_app, search_requests  # noqa: E402
 from gpusparse.serve.run import build_server  # noqa: E402
 
 from .shared_data import SPLADE_TINY, needs_shared, tiny_encoder  # noqa: E402
@@ -863,7 +863,7 @@ def test_a_batch_refused_for_input_is_retried_request_by_request():
     got: dict[str, object] = {}
     good = PendingRequest([canonical_vector(queries[0], index.vocab)], 3, lambda v: got.setdefault("good", v))
     bad = PendingRequest([canonical_vector({"wing": 1e7}, index.vocab)], 3, lambda v: got.setdefault("bad", v))
-    search_batch(Picky(), [good, bad])
+    search_requests(Picky(), [good, bad])
     scores, ids = got["good"]
     res = index.search([queries[0]], 3)
     np.testing.assert_array_equal(ids, res.ids.numpy())

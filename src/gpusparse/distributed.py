@@ -103,7 +103,7 @@ def search_sharded(
     def launch(a: int, b: int, into: Sequence[torch.Tensor]) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
         part = q if (a, b) == (0, n_q) else q[a:b]
         r = (
-            BatchResult(*shard.search_batch(part, k, plan))  # type: ignore[union-attr]
+            BatchResult(*shard.search_pieces(part, k, plan))  # type: ignore[union-attr]
             if streamed
             else engine.search_batch(shard, part, k, plan)  # type: ignore[arg-type]
         )
@@ -122,9 +122,9 @@ def _merge_later(
 ) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
     """One batch's shard results, merged over ``group``'s processes if ``merge`` (launched
     now); the returned function waits for them on the host. Rows that a process flagged
-    (:class:`~gpusparse.search.BatchResult`) are then merged again: that process searches
+    (:class:`~gpusparse.engines.base.BatchResult`) are then merged again: that process searches
     them again, the others send their rows as they were. ``into``: page-locked host
-    ``(scores, ids)`` to fill (:func:`~gpusparse.search.output_buffers`)."""
+    ``(scores, ids)`` to fill (:func:`~gpusparse.transfer.output_buffers`)."""
     scores, ids = r.scores, torch.where(r.ids >= 0, r.ids + offset, r.ids)
     mine = r.redo if r.redo is not None else torch.zeros(scores.shape[0], dtype=torch.bool, device=scores.device)
     flags = mine

@@ -91,7 +91,7 @@ class StreamedIndex:
         self.check_kernel(kernel)
         q = prepare_queries(queries, self.vocab, self.quantization)
         return search_batches(
-            lambda part, plan: BatchResult(*self.search_batch(part, k, plan)),
+            lambda part, plan: BatchResult(*self.search_pieces(part, k, plan)),
             q, k, self.n_docs, self.device, budget=budget, batch_size=batch_size, progress=progress,
         )  # fmt: skip
 
@@ -100,7 +100,7 @@ class StreamedIndex:
         if kernel not in ("auto", self.kernel):
             raise ValueError(f"this StreamedIndex was prepared for kernel {self.kernel!r}, not {kernel!r}")
 
-    def search_batch(self, queries: SparseCollection, k: int, plan: SearchPlan) -> tuple[torch.Tensor, torch.Tensor]:
+    def search_pieces(self, queries: SparseCollection, k: int, plan: SearchPlan) -> tuple[torch.Tensor, torch.Tensor]:
         """One query batch over all pieces: ``(scores, ids)`` ``[B, k]`` on the device."""
         n_q = len(queries)
         best_s = torch.zeros((n_q, 0), dtype=torch.float32, device=self.device)

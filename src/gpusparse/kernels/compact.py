@@ -2,7 +2,7 @@
 
 The block finds the k-th largest candidate value, raises the query's threshold ``theta`` to
 it, and drops in place the candidates below theta's margin; the rule is
-:func:`gpusparse.tiled._compact`'s, which is its reference.
+:func:`gpusparse.engines.tiled.waves.compact_torch`'s, which is its reference.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def compact_candidates(
     k: int,
     most: int,
 ) -> None:
-    """:func:`gpusparse.tiled._compact` in one launch (a block per query), in place.
+    """:func:`gpusparse.engines.tiled.waves.compact_torch` in one launch (a block per query), in place.
 
     ``theta`` int64 ``[B]``, ``count`` int32 ``[B]``, ``cand_doc`` int32 and ``cand_val``
     int64 ``[B, cap]``, ``delta`` int64 ``[B]``, contiguous on one CUDA device; ``most`` is the

@@ -1,10 +1,14 @@
-"""Canonical rescoring of (query, document) pairs on the GPU, one warp per pair.
+"""Canonical rescoring on the GPU: two launchers of ``cuda/rescore.cu``.
 
-The warp's lanes find the document in the posting lists of the query's terms by binary
-search (one term each), and lane 0 adds ``w_q · w_d`` in float64 — exactly the summation order
-of :func:`gpusparse.search.exact_scores`'s PyTorch path, so both give the same bits — then
-rounds once to float32. One launch replaces the PyTorch path's few hundred small ones.
-The kernels are ``cuda/rescore.cu``.
+* :func:`exact_scores_cuda`: canonical scores of (query, document) pairs, one warp per pair.
+  The warp's lanes find the document in the posting lists of the query's terms by binary
+  search (one term each), and lane 0 adds ``w_q · w_d`` in float64 — exactly the summation
+  order of :func:`gpusparse.exact.exact_scores`'s PyTorch path, so both give the same bits —
+  then rounds once to float32. One launch replaces the PyTorch path's few hundred small ones.
+* :func:`candidate_keys_cuda`: the tiled engine's candidates turned into ranking keys in one
+  launch, rescoring the uncertain ones from the index's forward copy (or by binary searches
+  narrowed to a tile's share of each list); its PyTorch reference is
+  :func:`gpusparse.engines.tiled.ranking.rank_candidates`.
 """
 
 from __future__ import annotations

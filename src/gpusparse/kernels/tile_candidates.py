@@ -2,7 +2,7 @@
 
 Documents are cut into tiles of ``2**TILE_BITS``; the postings of each (tile, term) pair are
 stored together as 16-bit offsets inside the tile and float32 weights (see
-:mod:`gpusparse.tiled`). One thread block handles one (query, tile): it accumulates the
+:mod:`gpusparse.engines.tiled`). One thread block handles one (query, tile): it accumulates the
 query's scores for the whole tile in shared memory, so no ``[B, N]`` buffer exists and the
 only device-memory traffic is reading postings (blocks of the same tile run together and
 share them through L2) and writing a few candidates.

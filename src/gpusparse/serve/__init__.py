@@ -34,7 +34,7 @@ imports them when an app is created, never when it is imported.
 
 from .admission import RECEIVED_KEY, AdmissionControl
 from .app import INSTALL_HINT, create_app, require_server_stack
-from .batcher import QUEUE_FULL, DynamicBatcher, PendingRequest, QueueFullError, ShuttingDownError, search_batch
+from .batcher import QUEUE_FULL, DynamicBatcher, PendingRequest, QueueFullError, ShuttingDownError, search_requests
 from .config import ServerConfig
 from .metrics import Histogram, Metrics
 from .run import build_server, serve
@@ -58,6 +58,6 @@ __all__ = [
     "create_app",
     "describe_validation_errors",
     "require_server_stack",
-    "search_batch",
+    "search_requests",
     "serve",
 ]

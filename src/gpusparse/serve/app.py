@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
 from ..queries import check_vocab
-from .batcher import QUEUE_FULL, DynamicBatcher, search_batch
+from .batcher import QUEUE_FULL, DynamicBatcher, search_requests
 from .config import ServerConfig
 from .metrics import Metrics
 
@@ -69,7 +69,7 @@ def create_app(
         check_vocab(encoder.vocab, index.vocab)
     metrics = Metrics(config.max_batch_size)
     batcher = DynamicBatcher(
-        lambda batch: search_batch(index, batch, encoder=encoder, search_kwargs=search_kwargs),
+        lambda batch: search_requests(index, batch, encoder=encoder, search_kwargs=search_kwargs),
         max_batch_size=config.max_batch_size,
         max_wait_s=config.max_wait_ms / 1000,
         queue_size=config.queue_size,

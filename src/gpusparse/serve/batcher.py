@@ -2,7 +2,7 @@
 
 The worker takes the oldest request, then keeps adding whole requests, oldest first, until
 the batch holds ``max_batch_size`` queries or ``max_wait_s`` have passed since the oldest
-one arrived; :func:`search_batch` then encodes the batch's texts in one call, searches the
+one arrived; :func:`search_requests` then encodes the batch's texts in one call, searches the
 whole batch once with the largest ``k`` in it and trims each request's rows to its own
 ``k`` (an exact top-k with a fixed tie-break is a prefix of a larger one).
 """
@@ -163,7 +163,7 @@ class DynamicBatcher:
                     r.deliver(exc)
 
 
-def search_batch(
+def search_requests(
     index: Index,
     batch: Sequence[PendingRequest],
     *,
@@ -206,7 +206,7 @@ def search_batch(
             raise
         for r in batch:
             try:
-                search_batch(index, [r], encoder=encoder, search_kwargs=search_kwargs)
+                search_requests(index, [r], encoder=encoder, search_kwargs=search_kwargs)
             except Exception as exc:
                 r.deliver(exc)
         return

@@ -43,16 +43,16 @@ def device_search(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The CUDA search without host synchronisation: ``(scores, ids, redo)`` on the device.
 
-    The waves, capacities and final width are fixed in advance (:func:`wave_plan`,
-    :func:`initial_capacity`, ``2k +`` :data:`DEVICE_WIDTH_SLACK`); each wave's candidates are
+    The waves, capacities and final width are fixed in advance (:func:`~.waves.wave_plan`,
+    :func:`~.waves.initial_capacity`, ``2k +`` :data:`DEVICE_WIDTH_SLACK`); each wave's candidates are
     compacted by one kernel, turned into keys by another, and the top-k taken. A row whose
     candidates outgrew a capacity, or whose top-k may miss documents below one fixed-point
     unit (:func:`uncertain_rows`), is flagged in ``redo`` (bool ``[B]``): its results are not
-    to be used, and :func:`tiled_search` searches it again the general way.
+    to be used, and :func:`~.engine.tiled_search` searches it again the general way.
 
     Batches of at most :attr:`~gpusparse.config.EngineConfig.graph_max_batch` queries replay a
     captured CUDA graph of these steps (their time is mostly the host's launching them); the graph is captured on the
-    first batch of its shape and kept with the index. ``cutoff``: see :func:`tiled_search`
+    first batch of its shape and kept with the index. ``cutoff``: see :func:`~.engine.tiled_search`
     (not for those batches: a capture may fail on one process only).
     """
     dev = layout.seg.device

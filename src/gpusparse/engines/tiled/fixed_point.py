@@ -186,7 +186,7 @@ def out_of_range(
     within the margin of 0 (fewer than k results above it): a row is certain when its k-th
     score exceeds the margin, or when every matching document provably sums to at least 1
     (the smallest query weight times the index's smallest weight, less half the margin).
-    ``floor``: a bound the k-th score reaches (a ``cutoff``'s, see :func:`tiled_search`), used
+    ``floor``: a bound the k-th score reaches (a ``cutoff``'s, see :func:`~.engine.tiled_search`), used
     where it exceeds the row's own k-th. One host sync.
     """
     return uncertain_rows(index, batch, fp, scores, k, None, floor).nonzero().flatten().cpu().numpy()

@@ -66,7 +66,7 @@ def candidates(
     int_weights: bool = False,
     compact: Callable[..., None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Candidates from ``launch`` (the CUDA kernel or :func:`torch_tiled_candidates`), in waves
+    """Candidates from ``launch`` (the CUDA kernel or :func:`~.emulation.torch_tiled_candidates`), in waves
     of tiles: ``(docs, values)`` ``[B, C]`` (``-1``/0 padded). ``n_sm``: the GPU's multiprocessors.
     ``compact``: :func:`compact_torch` (the default) or its one-launch CUDA version.
 
@@ -166,7 +166,7 @@ def candidate_lows(
 ) -> torch.Tensor:
     """float32 ``[B, width]``: for the first ``width`` candidate slots of each row (the first
     ``count`` hold candidates, the rest 0), a value the candidate's float32 score reaches:
-    the ``low`` of :func:`finalize_candidates`, by the same float64 operations. The k-th
+    the ``low`` of :func:`~.ranking.rank_candidates`, by the same float64 operations. The k-th
     largest of all these over the searches of a merge is a bound the merged k-th score
     reaches (k distinct documents reach it)."""
     v = cand_val[:, :width].to(torch.float64)

@@ -4,7 +4,7 @@ typedef long long i64;
 #define NT 512
 // One block per query: the k-th largest candidate value (MSB-first radix select, 8 bits a
 // pass) raises theta, then the candidates below theta's margin are dropped in place, the
-// kept ones in their order. The rule is gpusparse.tiled._compact's, which is its reference.
+// kept ones in their order. The rule is gpusparse.engines.tiled.waves.compact_torch's, which is its reference.
 extern "C" __global__ void __launch_bounds__(NT) compact_candidates(
     u64* __restrict__ theta, int* __restrict__ count, int* __restrict__ cand_doc, u64* __restrict__ cand_val,
     const i64* __restrict__ q_delta, const int k, const int cap, const int most)

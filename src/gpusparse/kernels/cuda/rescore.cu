@@ -6,7 +6,7 @@ typedef long long i64;
 // binary search overlap across the query's terms instead of running one term after the
 // other; then the products are added in term order. `list_pos` (optional, n_tiles > 0)
 // narrows each search to the document's tile: list_pos[tile * V + t] real postings of term
-// t lie in earlier tiles of 2**tile_bits documents (see gpusparse.tiled).
+// t lie in earlier tiles of 2**tile_bits documents (see gpusparse.layout.tiled).
 __device__ __forceinline__ float canonical(
     const int* __restrict__ doc_ids, const float* __restrict__ scores,
     const i64* __restrict__ offsets, const int* __restrict__ lengths,
@@ -126,9 +126,9 @@ __device__ __forceinline__ float canonical_fwd(
 // The tiled engine's candidates (the first W of each row of ld slots) to ranking keys (gpusparse.topk.encode_keys): a
 // candidate's float32 score is read off its fixed-point sum where the margin leaves one
 // float32 value possible, and computed canonically otherwise; absent slots (doc -1) get key
-// 0. The same float64 operations as gpusparse.tiled.finalize_candidates's PyTorch path, each
+// 0. The same float64 operations as gpusparse.engines.tiled.ranking.rank_candidates's PyTorch path, each
 // rounded on its own (no contraction), so both give the same bits.
-// With `floor` (a bound the row's k-th float32 score reaches, gpusparse.tiled.candidate_lows),
+// With `floor` (a bound the row's k-th float32 score reaches, gpusparse.engines.tiled.waves.candidate_lows),
 // a candidate whose float32 score is at most `high` < floor cannot be in the top-k: key 0.
 // Rescoring reads the forward index where given (fwd_off non-null), else binary-searches
 // the inverted lists; with `use_table` (dynamic shared memory of V bytes, T < 256) each block

@@ -42,7 +42,7 @@ typedef unsigned long long u64;
 // FIXED_W (mode 1 only): float32 weights stored as fixed point, d = round(w · 2**b) (WT is
 // unsigned int); each query weight becomes q = round(w_q · mult) and a product is
 // (q · d) >> shift[query], integer arithmetic throughout; the rounding errors are in the
-// margin (see fixed_point in gpusparse.tiled).
+// margin (see fixed_point in gpusparse.engines.tiled.fixed_point).
 #ifndef FIXED_W
 #define FIXED_W 0
 #endif
@@ -187,7 +187,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     Terms meta{0, 0, d_row, d_wi, d_w, s_start, s_pref, s_wi, s_w, warp_counts};
 
     const int q = blockIdx.x;
-    const int tile = tile0 + blockIdx.y;  // waves of tiles: see gpusparse.tiled
+    const int tile = tile0 + blockIdx.y;  // waves of tiles: see gpusparse.engines.tiled.waves
     const int tid = threadIdx.x;
     const int nt = blockDim.x;
     const int base = tile << TILE_BITS;
