@@ -70,9 +70,11 @@ def comparison_run() -> dict:
     """The newest ``gpusparse bench run`` with our engine and the paper's kernel at 8.8M, batch 256."""
     return newest(
         "*-bench*.json",
-        lambda d: "collections" in d
-        and _row(d, "ours-tiled", HEADLINE_N, 256, 1000) is not None
-        and _row(d, "paper-scatter", HEADLINE_N, 256, 1000) is not None,
+        lambda d: (
+            "collections" in d
+            and _row(d, "ours-tiled", HEADLINE_N, 256, 1000) is not None
+            and _row(d, "paper-scatter", HEADLINE_N, 256, 1000) is not None
+        ),
     )
 
 
@@ -356,7 +358,8 @@ def plots(out: Path = IMG) -> list[Path]:
             )
             if pts:
                 ax.plot(*zip(*pts, strict=True), marker="o", label=SYSTEM_NAMES.get(system, system))
-        ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="queries per second", title=f"{_size(n)}, k=1000")
+        ax.set(xscale="log", yscale="log", xlabel="batch size", ylabel="queries per second")
+        ax.set_title(f"{_size(n)}, k=1000")
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"QPS against batch size ({_card(data)})", fontsize=10)
     save(fig, "qps-vs-batch.png")
