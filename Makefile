@@ -1,6 +1,7 @@
 # The two commands of the README:
 #   make demo   index the shipped Cranfield sample, search it, check and evaluate the run
-#   make test   lint and run the test suite
+#   make test   lint, build the documentation (strict) and run the test suite
+#   make docs   build the documentation site into site/ (mkdocs build --strict)
 # Both set up a virtual environment in .venv on first use.
 
 PYTHON ?= python3
@@ -12,12 +13,12 @@ TORCH_SPEC ?= torch==2.13.0
 SAMPLE := data/sample/cranfield
 DEMO := .demo
 
-.PHONY: demo pipeline-demo quality test lint clean
+.PHONY: demo pipeline-demo quality test lint docs tables clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH_SPEC)"
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q -e ".[test,docs]"
 	touch $@
 
 demo: $(VENV)/.installed
@@ -47,8 +48,16 @@ lint: $(VENV)/.installed
 	$(BIN)/ruff format --check src tests scripts bench
 	$(BIN)/lint-imports --no-cache
 
-test: lint
+# The documentation site (docs/, mkdocs.yml); strict: a broken link or a bad docstring fails.
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --quiet
+
+# Rewrite the docs' tables and plots from the newest results in bench/results.
+tables: $(VENV)/.installed
+	$(BIN)/python bench/render_tables.py
+
+test: lint docs
 	$(BIN)/python -m pytest -q
 
 clean:
-	rm -rf $(VENV) $(DEMO) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(DEMO) site .pytest_cache .ruff_cache
