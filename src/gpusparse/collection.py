@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
+import torch
 
 from .errors import InputError
 from .vocab import Vocabulary
@@ -120,6 +121,42 @@ class SparseCollection:
         if csr.shape[1] > len(vocab):
             raise ValueError(f"matrix has {csr.shape[1]} columns but the vocabulary {len(vocab)} terms")
         return cls(csr.indptr, csr.indices, csr.data, ids=ids, vocab=vocab)
+
+    @classmethod
+    def from_torch_sparse(
+        cls,
+        tensor: torch.Tensor,
+        ids: Sequence[str] | None = None,
+        vocab: Vocabulary | None = None,
+    ) -> SparseCollection:
+        """From a 2-D torch sparse tensor, COO or CSR, on any device (one vector per row).
+
+        What sentence-transformers' ``SparseEncoder.encode`` returns (a COO tensor, not
+        coalesced: repeated entries are summed, as in any collection). Without ``vocab`` the
+        columns are anonymous term ids, as in :meth:`from_scipy`.
+        """
+        if not is_torch_sparse(tensor):
+            raise TypeError(f"expected a torch sparse COO or CSR tensor, got {_describe(tensor)}")
+        if tensor.dim() != 2:
+            raise ValueError(f"expected a 2-D sparse tensor [vectors, terms], got {tensor.dim()} dimensions")
+        with torch.inference_mode():  # also reads tensors made under inference mode, as SparseEncoder's are
+            t = tensor.detach().cpu()
+            if t.layout == torch.sparse_coo:
+                t = t.coalesce().to_sparse_csr()
+        n_terms = int(t.shape[1])
+        vocab = Vocabulary.integer(n_terms) if vocab is None else vocab
+        if n_terms > len(vocab):
+            raise ValueError(f"tensor has {n_terms} columns but the vocabulary {len(vocab)} terms")
+        values = t.values()
+        if values.is_floating_point() and values.dtype != torch.float64:
+            values = values.float()
+        return cls(
+            t.crow_indices().numpy().astype(np.int64),
+            t.col_indices().numpy().astype(np.int32),
+            values.numpy(),
+            ids=ids,
+            vocab=vocab,  # copied: the values may share the caller's tensor memory
+        )
 
     @classmethod
     def from_dense(
@@ -242,6 +279,17 @@ class SparseCollection:
 
     def __repr__(self) -> str:
         return f"SparseCollection(n={len(self)}, nnz={self.nnz}, vocab={self.vocab!r})"
+
+
+def is_torch_sparse(value: object) -> bool:
+    """Whether ``value`` is a torch sparse COO or CSR tensor (what :meth:`SparseCollection.from_torch_sparse` reads)."""
+    return isinstance(value, torch.Tensor) and value.layout in (torch.sparse_coo, torch.sparse_csr)
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {str(value.layout).removeprefix('torch.')} tensor"
+    return type(value).__name__
 
 
 _F32_MAX = float(np.finfo(np.float32).max)

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .collection import SparseCollection
+from .collection import SparseCollection, is_torch_sparse
 from .layout.postings import DEFAULT_BUILD_CHUNK, PostingLists, build_inverted_index
 from .quantize import quantize_collection, quantize_csr
 from .queries import as_queries
@@ -53,12 +53,15 @@ class Index(PostingLists):
     ) -> Index:
         """Index ``collection`` (row ``i`` becomes internal document ``i``).
 
-        Also accepts a scipy sparse matrix (columns are term ids). ``quantize=8`` stores
+        Also accepts a scipy sparse matrix or a torch sparse tensor, COO or CSR, such as
+        sentence-transformers' ``SparseEncoder`` returns (columns are term ids). ``quantize=8`` stores
         8-bit impacts (see :mod:`gpusparse.quantize`): weights become ``level · step``
         (weights below half a step are dropped) and queries are quantized the same way at
         search time; the result is exact for the quantized vectors.
         """
-        if not isinstance(collection, SparseCollection):
+        if is_torch_sparse(collection):
+            collection = SparseCollection.from_torch_sparse(collection)  # type: ignore[arg-type]
+        elif not isinstance(collection, SparseCollection):
             collection = SparseCollection.from_scipy(collection)
         quantization = None
         if quantize is not None:
@@ -153,8 +156,8 @@ class Index(PostingLists):
         """Exact top-``k`` documents for each query.
 
         Args:
-            queries: a :class:`SparseCollection`, a scipy sparse matrix (columns are term
-                ids) or a list of ``{token: weight}`` dicts.
+            queries: a :class:`SparseCollection`, a scipy sparse matrix or a torch sparse
+                tensor, COO or CSR (columns are term ids), or a list of ``{token: weight}`` dicts.
             k: results per query (``k > n_docs`` is allowed; see below).
             batch_size: queries scored together (default: chosen from the memory budget).
             device: where to compute (default: where the index is).

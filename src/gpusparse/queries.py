@@ -1,7 +1,8 @@
 """Queries from what users pass to a batch on a device, in the shapes kernels read.
 
 :func:`as_queries` accepts a :class:`~gpusparse.collection.SparseCollection`, a scipy sparse
-matrix or a list of ``{token: weight}`` dicts and checks the vocabulary against the index's;
+matrix, a torch sparse tensor (COO or CSR) or a list of ``{token: weight}`` dicts and checks
+the vocabulary against the index's;
 :func:`prepare_queries` also quantizes them like a quantized index's documents;
 :func:`query_batch` lays a batch out on a device (:class:`QueryBatch`).
 """
@@ -15,7 +16,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from .collection import SparseCollection
+from .collection import SparseCollection, is_torch_sparse
 from .errors import InputError
 from .quantize import quantize_queries
 from .transfer import to_device
@@ -31,10 +32,15 @@ def as_queries(queries: object, vocab: Vocabulary) -> SparseCollection:
         q = queries
     elif sp.issparse(queries):
         q = SparseCollection.from_scipy(queries)
+    elif is_torch_sparse(queries):
+        q = SparseCollection.from_torch_sparse(queries)  # type: ignore[arg-type]
     elif isinstance(queries, Sequence) and all(isinstance(v, Mapping) for v in queries):
         q = SparseCollection.from_dicts(queries, vocab=vocab)
     else:
-        raise TypeError("queries must be a SparseCollection, a scipy sparse matrix or a list of {token: weight} dicts")
+        raise TypeError(
+            "queries must be a SparseCollection, a scipy sparse matrix, a torch sparse tensor (COO or CSR) "
+            "or a list of {token: weight} dicts"
+        )
     check_vocab(q.vocab, vocab)
     return q
 

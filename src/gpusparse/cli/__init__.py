@@ -6,6 +6,7 @@
 * :mod:`.search`: ``search`` (one process, or ``--distributed`` under torchrun);
 * :mod:`.encode`, :mod:`.pipeline` (sharing :mod:`._text`), :mod:`.eval`: text to metrics;
 * :mod:`.verify`: ``verify``;  :mod:`.serve`: ``serve``;
+* :mod:`.ciff`: ``export-ciff``, ``import-ciff`` (needs ``gpusparse[ciff]``);
 * :mod:`.bench`: ``bench``, the benchmark harness's commands.
 
 The commands parse options, call the library and print; the workflows themselves live
@@ -30,6 +31,7 @@ import click
 from .. import __version__
 from ._common import parse_size
 from .bench import bench_cmd
+from .ciff import export_ciff_cmd, import_ciff_cmd
 from .encode import encode_cmd
 from .eval import eval_cmd
 from .index import add_cmd, compact_cmd, delete_cmd, index_cmd, info_cmd
@@ -56,6 +58,6 @@ def main() -> None:
 
 for _command in (
     index_cmd, search_cmd, info_cmd, encode_cmd, eval_cmd, pipeline_cmd, verify_cmd,
-    bench_cmd, add_cmd, delete_cmd, compact_cmd, serve_cmd,
+    bench_cmd, add_cmd, delete_cmd, compact_cmd, serve_cmd, export_ciff_cmd, import_ciff_cmd,
 ):  # fmt: skip
     main.add_command(_command)
