@@ -110,3 +110,15 @@ def test_workers_must_be_positive(tmp_path):
     path = _write(tmp_path / "v.jsonl", [json.dumps({"id": "a", "vector": {"cat": 1}})])
     with pytest.raises(ValueError, match="workers"):
         read_vectors(path, progress=False, workers=0)
+
+
+def test_ingest_benchmark_runs_small_on_cpu(tmp_path):
+    import ingest  # bench/ is on pytest's pythonpath
+
+    result = ingest.main(["--docs", "300", "--shards", "2", "--device", "cpu", "--out", str(tmp_path / "out")])
+    stages = [r["stage"] for r in result["stages"]]
+    assert stages == ["write", "read_1core", "read_all", "build", "save", "load"]
+    assert result["docs"] == 300 and result["postings"] > 300 * 50
+    assert result["stages"][1]["docs"] == 150
+    saved = list((tmp_path / "out").glob("*-ingest.json"))
+    assert len(saved) == 1 and json.loads(saved[0].read_text())["card"].startswith("cpu")
