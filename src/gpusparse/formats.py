@@ -8,21 +8,25 @@ Sparse vectors:
 
 Runs and judgments (TREC runs, TREC or BEIR qrels) are :mod:`gpusparse.trec`'s.
 
-Files ending in ``.gz`` are (de)compressed transparently. Readers stream: a file is read
-line by line (or mapped, for binary files) straight into growing arrays, and is never
-held in memory as text. Every problem raises :class:`~gpusparse.errors.InputError` naming
+Files ending in ``.gz`` are (de)compressed transparently. Readers stream: a JSONL file is
+parsed a chunk of lines at a time (:mod:`gpusparse.jsonl_chunks`; in parallel processes
+when there are cores), binary files are mapped, straight into growing arrays; a file is
+never held in memory as text. Every problem raises :class:`~gpusparse.errors.InputError` naming
 the file, the line (or record) and the field.
 """
 
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
+import multiprocessing as mp
 import os
-import sys
 import zlib
 from array import array
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,11 +35,13 @@ from typing import IO, Any, Literal
 import numpy as np
 from tqdm.auto import tqdm
 
-from .collection import SparseCollection, _short, check_id, json_type_name
+from .collection import SparseCollection
 from .errors import InputError
+from .jsonl_chunks import VECTOR_RECORD_KEYS, ChunkResult, decode_json_line, parse_chunk, record_dict
 from .vocab import Vocabulary
 
 Unknown = Literal["error", "skip"]
+__all__ = ["VECTOR_RECORD_KEYS", "ReadStats", "decode_json_line", "expand_vector_paths", "read_vectors", "record_dict"]
 VECTOR_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".bin")
 _F32_MAX = float(np.finfo(np.float32).max)
 
@@ -177,144 +183,158 @@ class _RawProgress:
 
 # -- JSONL vectors ------------------------------------------------------------------------
 
-
-def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any] | tuple[tuple[str, Any], ...]:
-    """A decoded JSON object: a dict, or its pairs as a tuple when a key repeats.
-
-    json's default keeps the last of repeated keys; a vector naming one token twice must
-    have it summed (like any duplicate term), so such an object keeps all its pairs. JSON
-    makes tuples of nothing else: a tuple is always an object with a repeated key.
-    """
-    d = dict(pairs)
-    return d if len(d) == len(pairs) else tuple(pairs)
+_CHUNK_BYTES = 4 << 20  # a chunk of lines parsed at once (a task of the parallel reader)
 
 
-_DECODER = json.JSONDecoder(object_pairs_hook=_json_object)
-
-
-def decode_json_line(
-    text: bytes | str, *, path: str | os.PathLike[str] | None = None, line: int | None = None
-) -> object:
-    """Decode one JSONL line as the readers do, or raise a one-line :class:`InputError`.
-
-    Bytes must be UTF-8 (a leading byte-order mark is allowed). JSON objects come back as
-    dicts, except an object with a repeated key: a tuple of all its ``(key, value)`` pairs
-    (``dict(pairs)`` keeps the last, as ``json.loads`` would). Malformed JSON, nesting too
-    deep for the decoder and integers beyond Python's digit limit are errors naming
-    ``path:line``.
-    """
+def available_cores() -> int:
+    """CPU cores this process may run on (the readers' default number of workers)."""
     try:
-        if isinstance(text, bytes):
-            text = text.decode("utf-8")
-        if text.startswith("\ufeff"):
-            text = text[1:]
-        return _DECODER.decode(text)
-    except UnicodeDecodeError:
-        raise InputError("not UTF-8 text", path=path, line=line) from None
-    except json.JSONDecodeError as exc:
-        raise InputError(f"malformed JSON: {exc.msg} at column {exc.colno}", path=path, line=line) from None
-    except RecursionError:
-        raise InputError("malformed JSON: nested too deeply", path=path, line=line) from None
-    except ValueError as exc:  # int("...") beyond sys.get_int_max_str_digits()
-        reason = (
-            f"a number with more than {sys.get_int_max_str_digits():,} digits"
-            if "integer string conversion" in str(exc)
-            else str(exc).split("\n")[0]
-        )
-        raise InputError(f"malformed JSON: {reason}", path=path, line=line) from None
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
-VECTOR_RECORD_KEYS = ("id", "_id", "vector")
+class _Commit:
+    """Appends chunk results to the builder in file order, with absolute line numbers."""
+
+    def __init__(self, path: str, b: _Builder, stats: ReadStats) -> None:
+        self.path, self.b, self.stats, self.base = path, b, stats, 0
+
+    def __call__(self, res: ChunkResult) -> None:
+        b, path, base = self.b, self.path, self.base + 1
+        n, first = len(res.ids), len(b.ids)
+        if n:
+            if len(set(res.ids)) == n and b.seen.keys().isdisjoint(res.ids):
+                b.seen.update(zip(res.ids, range(first, first + n), strict=True))
+                b.ids.extend(res.ids)
+                b.rec_file.extend([path] * n)
+                b.rec_line.frombytes((np.frombuffer(res.lines, np.int64) + base).tobytes())
+                b.rec_binary.frombytes(bytes(n))
+            else:  # a repeated id: add one by one for the strict path's error
+                for doc_id, ln in zip(res.ids, res.lines, strict=True):
+                    b.add_id(doc_id, path, base + ln)
+            b.terms.extend(res.terms)
+            b.weights.extend(res.weights)
+            b.indptr.frombytes((b.indptr[-1] + np.cumsum(np.frombuffer(res.lengths, np.int64))).tobytes())
+        self.stats.unknown_tokens_skipped += res.unknown_skipped
+        if res.error is not None:
+            reason, ln, fld = res.error
+            raise InputError(reason, path=path, line=base + ln, field=fld)
+        self.base += res.newlines
 
 
-def record_dict(
-    pairs: tuple[tuple[str, Any], ...],
-    keys: Sequence[str] = VECTOR_RECORD_KEYS,
-    *,
-    path: str | os.PathLike[str] | None = None,
-    line: int | None = None,
-) -> dict[str, Any]:
-    """The record of a JSON line whose object repeats a key (:func:`decode_json_line` gave its pairs).
+# Set in each worker process by _init_worker: the vocabulary's lookup and the unknown mode.
+_WORKER: dict[str, Any] = {}
 
-    A repeated key among ``keys``, those the caller reads, is refused: which of two ids or
-    vectors is meant? Other repeated keys keep the last value, as ``json.loads`` does.
-    """
-    seen: set[str] = set()
-    for key, _ in pairs:
-        if key in seen and key in keys:
-            raise InputError("key repeated in one record", path=path, line=line, field=key)
-        seen.add(key)
-    return dict(pairs)
+
+def _init_worker(vocab: Vocabulary, unknown: Unknown) -> None:
+    _WORKER.update(lookup=vocab.lookup, unknown=unknown)
+
+
+def _parse_bytes(data: bytes) -> ChunkResult:
+    return parse_chunk(data, _WORKER["lookup"], _WORKER["unknown"])
+
+
+def _parse_range(path: str, start: int, end: int) -> ChunkResult:
+    with open(path, "rb") as f:
+        f.seek(start)
+        return parse_chunk(f.read(end - start), _WORKER["lookup"], _WORKER["unknown"])
+
+
+def _line_ranges(path: Path, size: int) -> list[tuple[int, int]]:
+    """Byte ranges of about ``_CHUNK_BYTES`` each, split just after a newline."""
+    bounds = [0]
+    with path.open("rb") as f:
+        while bounds[-1] < size:
+            pos = bounds[-1] + _CHUNK_BYTES
+            if pos >= size:
+                bounds.append(size)
+                break
+            f.seek(pos)
+            rest = f.readline()  # to the end of the line holding pos
+            bounds.append(min(size, pos + len(rest)))
+    return list(itertools.pairwise(bounds))
+
+
+def _gz_chunks(f: IO[bytes], spath: str, prog: _RawProgress, lines_done: list[int]) -> Iterator[bytes]:
+    """Whole lines of a decompressing stream, about ``_CHUNK_BYTES`` at a time; a gzip error
+    becomes an :class:`InputError` naming the line it was reached on, after the lines before it."""
+    buf: list[bytes] = []
+    size = lines = 0
+    try:
+        for line in f:
+            buf.append(line)
+            size += len(line)
+            if size >= _CHUNK_BYTES:
+                yield b"".join(buf)
+                lines_done[0] += len(buf)
+                buf, size = [], 0
+                prog.update()
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
+        if buf:
+            yield b"".join(buf)
+            lines_done[0] += len(buf)
+        lines = lines_done[0]
+        raise InputError(f"truncated or corrupt gzip data ({exc})", path=spath, line=lines + 1) from None
+    if buf:
+        yield b"".join(buf)
 
 
 def _read_jsonl_into(
-    path: Path, b: _Builder, vocab: Vocabulary, unknown: Unknown, stats: ReadStats, progress: bool
+    path: Path, b: _Builder, vocab: Vocabulary, unknown: Unknown, stats: ReadStats, progress: bool, pool: Any
 ) -> None:
     spath = str(path)
-    lookup = vocab.lookup
-    terms, weights, indptr = b.terms, b.weights, b.indptr
-    lineno = 0
+    commit = _Commit(spath, b, stats)
     with _open_binary(path, progress, path.name) as (f, prog):
-        lines = enumerate(f, 1)
-        while True:
-            try:
-                lineno, line = next(lines)
-            except StopIteration:
-                break
-            except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
-                raise InputError(f"truncated or corrupt gzip data ({exc})", path=spath, line=lineno + 1) from None
-            if lineno % 4096 == 0:
-                prog.update()
-            if not line.strip():
-                continue
-            obj = decode_json_line(line, path=spath, line=lineno)
-            if type(obj) is not dict:
-                if type(obj) is not tuple:
-                    raise InputError(f"expected a JSON object, got {json_type_name(obj)}", path=spath, line=lineno)
-                obj = record_dict(obj, path=spath, line=lineno)
-            doc_id = check_id(obj.get("id", obj.get("_id")), path=spath, line=lineno)
-            vec = obj.get("vector")
-            if vec is None:
-                raise InputError("missing", path=spath, line=lineno, field="vector")
-            if type(vec) is dict:
-                toks, vals = vec.keys(), vec.values()
-            elif type(vec) is tuple:  # a repeated token: keep both, they are summed with other duplicates
-                toks, vals = zip(*vec, strict=True)
+        if not path.name.endswith(".gz") and pool is not None:
+            ranges = _line_ranges(path, path.stat().st_size)
+            for (lo, hi), res in zip(ranges, _in_order(pool, _parse_range, [(spath, *r) for r in ranges]), strict=True):
+                commit(res)
+                prog.bar.update(hi - lo)
+        else:
+            chunks = _gz_chunks(f, spath, prog, [0])
+            if pool is None:
+                lookup = vocab.lookup
+                for data in chunks:
+                    commit(parse_chunk(data, lookup, unknown))
             else:
-                raise InputError(
-                    f"expected a {{token: weight}} object, got {json_type_name(vec)}",
-                    path=spath,
-                    line=lineno,
-                    field="vector",
-                )
-            b.add_id(doc_id, spath, lineno)
-            tids = list(map(lookup, toks))
-            if None in tids:
-                if unknown == "error":
-                    tok = list(toks)[tids.index(None)]
-                    raise InputError(
-                        f"unknown token {tok!r} (use --unknown-tokens skip to drop such tokens)",
-                        path=spath,
-                        line=lineno,
-                        field="vector",
-                    )
-                keep = [i is not None for i in tids]
-                stats.unknown_tokens_skipped += keep.count(False)
-                tids = [i for i, k in zip(tids, keep, strict=True) if k]
-                vals = [w for w, k in zip(vals, keep, strict=True) if k]
-            # JSON true/false would pass as 1.0/0.0: look for them only when the line could hold one.
-            bad_bool = (b"true" in line or b"false" in line) and any(type(w) is bool for w in vals)
-            try:
-                if bad_bool:
-                    raise TypeError
-                weights.extend(vals)
-            except (TypeError, OverflowError):
-                bad = next(w for w in vals if type(w) not in (int, float) or abs(w) > _F32_MAX)
-                what = "is not a number" if type(bad) not in (int, float) else "overflows float32"
-                raise InputError(f"weight {_short(bad)} {what}", path=spath, line=lineno, field="vector") from None
-            terms.extend(tids)
-            indptr.append(len(terms))
+                for res in _in_order(pool, _parse_bytes, ((data,) for data in chunks)):
+                    commit(res)
         prog.update()
+
+
+def _in_order(pool: Any, fn: Any, args: Iterable[tuple[Any, ...]]) -> Iterator[ChunkResult]:
+    """Results of ``fn(*a)`` for ``a`` in ``args``, in order, with a bounded number in flight."""
+    pending: deque[Any] = deque()
+    limit = 2 * pool._max_workers
+    for a in args:
+        pending.append(pool.submit(fn, *a))
+        if len(pending) >= limit:
+            yield _result(pending.popleft())
+    while pending:
+        yield _result(pending.popleft())
+
+
+def _result(fut: Any) -> ChunkResult:
+    res: ChunkResult = fut.result()
+    return res
+
+
+@contextmanager
+def _worker_pool(workers: int, files: list[Path], vocab: Vocabulary, unknown: Unknown) -> Iterator[Any]:
+    """A process pool when there are workers and data enough for more than one chunk."""
+    total = sum(p.stat().st_size for p in files if not p.name.endswith(".bin"))
+    if workers <= 1 or total <= _CHUNK_BYTES:
+        yield None
+        return
+    methods = mp.get_all_start_methods()
+    ctx = mp.get_context("fork" if "fork" in methods else "spawn")
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(vocab, unknown)) as pool:
+        try:
+            yield pool
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
 
 
 def read_vectors(
@@ -324,6 +344,7 @@ def read_vectors(
     unknown: Unknown = "error",
     progress: bool = True,
     stats: ReadStats | None = None,
+    workers: int | None = None,
 ) -> SparseCollection:
     """Read sparse vectors from JSONL(.gz) and Seismic ``.bin`` files, or folders of them.
 
@@ -335,6 +356,9 @@ def read_vectors(
             drops it and counts it in ``stats.unknown_tokens_skipped``.
         progress: show a progress bar on a terminal.
         stats: filled with counts (records, empty vectors, skipped tokens ...).
+        workers: processes parsing JSONL in parallel, over chunks of lines of each file
+            (default: the cores this process may use; 1 reads in this process). The
+            collection and any error are the same whatever the number.
 
     Returns:
         One collection with the vectors of all files in order. Ids must be unique across
@@ -346,13 +370,17 @@ def read_vectors(
     vocab = Vocabulary.bert() if vocab is None else vocab
     stats = ReadStats() if stats is None else stats
     files = expand_vector_paths(paths)
+    workers = available_cores() if workers is None else workers
+    if workers < 1:
+        raise ValueError(f"workers must be ≥ 1, not {workers}")
     b = _Builder()
-    for path in files:
-        stats.files.append(str(path))
-        if path.name.endswith(".bin"):
-            _read_seismic_bin_into(path, b, vocab, progress)
-        else:
-            _read_jsonl_into(path, b, vocab, unknown, stats, progress)
+    with _worker_pool(workers, files, vocab, unknown) as pool:
+        for path in files:
+            stats.files.append(str(path))
+            if path.name.endswith(".bin"):
+                _read_seismic_bin_into(path, b, vocab, progress)
+            else:
+                _read_jsonl_into(path, b, vocab, unknown, stats, progress, pool)
     if not b.ids:
         # An empty input is a mistake (a failed export, the wrong file): a 0-document index
         # or an empty run would hide it.
