@@ -18,6 +18,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+RESIDENT_MODES = ("tiled", "lists")
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -31,6 +33,10 @@ class EngineConfig:
         forward_rescoring: a tiled layout built on a GPU keeps the index's document-major
             copy, which rescoring reads instead of binary-searching the inverted lists
             (8 bytes a posting more on the GPU).
+        resident: what the tiled engine keeps on a GPU: ``"tiled"``, the tiled layout alone
+            (the padded lists stay on the host, rescoring reads the layout; a fixed-point
+            layout keeps its float32 weights too), or ``"lists"`` (the default), the padded
+            lists, the forward copy (see ``forward_rescoring``) and the layout.
         graph_max_batch: batches of at most this many queries replay a captured CUDA graph.
         graph_cache: captured graphs kept per index (least recently used dropped first).
         pinned_results: results come back from a GPU through page-locked host memory
@@ -45,6 +51,8 @@ class EngineConfig:
     fixed_point: bool = True
     accumulator: str = "u32"
     forward_rescoring: bool = True
+    # "lists" until "tiled" has run on a GPU (its CUDA rescoring is new): see bench/NOTES.md.
+    resident: str = "lists"
     graph_max_batch: int = 8
     graph_cache: int = 8
     pinned_results: bool = True
@@ -54,6 +62,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.accumulator not in ("u32", "carry"):
             raise ValueError(f"accumulator must be 'u32' or 'carry', not {self.accumulator!r}")
+        if self.resident not in RESIDENT_MODES:
+            raise ValueError(f"resident must be one of {', '.join(map(repr, RESIDENT_MODES))}, not {self.resident!r}")
         for name in ("graph_max_batch", "graph_cache", "pinned_output_max"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:

@@ -13,8 +13,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import engines
 from .collection import SparseCollection, is_torch_sparse
+from .config import engine_config
+from .engines.tiled.waves import search_bytes
+from .layout.derived import normalize_device
 from .layout.postings import DEFAULT_BUILD_CHUNK, PostingLists, build_inverted_index
+from .layout.resident import tiled_resident
 from .quantize import quantize_collection, quantize_csr
 from .queries import as_queries
 from .search import SearchResults, search
@@ -117,7 +122,10 @@ class Index(PostingLists):
 
         Args:
             path: the folder.
-            device: where to put the arrays.
+            device: where to search by default. The arrays go there too, except for a CUDA
+                device while :attr:`~gpusparse.config.EngineConfig.resident` is ``"tiled"``
+                (not the default): they stay on the host and the tiled engine builds only its
+                layout on the GPU (:meth:`search`).
             mmap: map the files instead of reading them (CPU only; they are copied to a
                 GPU anyway).
             verify: check every file's SHA-256 against the manifest (reads all bytes).
@@ -130,9 +138,17 @@ class Index(PostingLists):
             IndexFormatError: missing, truncated, corrupted, or written by a newer version.
         """
         path = readable_folder(Path(path))  # an overwrite killed midway left the old index beside it
+        device = torch.device(device)
+        # The tiled engine keeps only its layout on a GPU: the lists stay on the host
+        # (EngineConfig.resident), and searches go to ``device`` by default.
+        home = torch.device("cpu") if device.type == "cuda" and engine_config().resident == "tiled" else device
         if is_sharded(path):
-            return cls.from_postings(load_sharded(path, device=device, mmap=mmap, verify=verify)[0])
-        return cls.from_postings(load_index(path, device=device, mmap=mmap, verify=verify))
+            index = cls.from_postings(load_sharded(path, device=home, mmap=mmap, verify=verify)[0])
+        else:
+            index = cls.from_postings(load_index(path, device=home, mmap=mmap, verify=verify))
+        if home != device:
+            index.search_device = device
+        return index
 
     def save(self, path: str | Path, *, overwrite: bool = False) -> None:
         """Write the index to folder ``path`` atomically (temporary folder, then rename).
@@ -160,7 +176,12 @@ class Index(PostingLists):
                 tensor, COO or CSR (columns are term ids), or a list of ``{token: weight}`` dicts.
             k: results per query (``k > n_docs`` is allowed; see below).
             batch_size: queries scored together (default: chosen from the memory budget).
-            device: where to compute (default: where the index is).
+            device: where to compute (default: :attr:`search_device` if set, else where the
+                index is). On a CUDA device the tiled engine, while
+                :attr:`~gpusparse.config.EngineConfig.resident` is ``"tiled"`` (not the default),
+                holds only its tiled layout there: an index on that GPU first moves its
+                lists to the host (page-locked; :attr:`search_device` then remembers the
+                GPU), and a host index's lists are never copied over.
             kernel: ``"auto"`` or a kernel name (see :func:`gpusparse.engines.names`).
             memory_budget: bytes of temporaries allowed (default 1 GiB).
             progress: show a progress bar over query batches.
@@ -172,16 +193,86 @@ class Index(PostingLists):
             the query (score > 0) are results; the remaining slots hold id ``-1`` and
             score ``0``.
         """
+        dev = torch.device(device) if device is not None else (self.search_device or self.device)
+        target: Index | object = self
+        if dev.type == "cuda" and engine_config().resident == "tiled" and engines.choose(kernel, dev).name == "tiled":
+            if self.device.type == "cuda":
+                self.release_to_host()
+            target = tiled_resident(self, dev)
         return search(
-            self,
+            target,  # type: ignore[arg-type]
             queries,
             k,
             batch_size=batch_size,
-            device=device,
+            device=dev,
             kernel=kernel,
             memory_budget=memory_budget,
             progress=progress,
         )
+
+    # -- residency ----------------------------------------------------------------------
+
+    search_device: torch.device | None = None  # where searches go by default, if not self.device
+
+    def release_to_host(self) -> None:
+        """Move the arrays to page-locked host memory, dropping what was built on the device
+        (layouts, forward copy, graphs); later searches still default to that device
+        (:attr:`search_device`). Host statistics are kept."""
+        if self.device.type == "cpu":
+            return
+        was = normalize_device(self.device)
+        pin = torch.cuda.is_available()
+        for name, array in self.arrays().items():
+            host = array.cpu()
+            setattr(self, name, host.pin_memory() if pin else host)
+        self.derived.reset()
+        self.search_device = was
+
+    def memory(self, batch_size: int = 256, k: int = 1000, *, n_sm: int = 132) -> dict:
+        """Bytes of each component held for searching, by device, and a search's peak.
+
+        Returns ``{"components": [{"name", "device", "bytes"}...], "by_device": {device: bytes},
+        "search_bytes": ..., "peak": {device: bytes}}``: the padded lists where they are,
+        what was built from them (forward copy, tiled layouts, the copy searched on another
+        device, the tiled engine's views of a host index), the tiled engine's temporaries for a
+        batch of ``batch_size`` at ``k`` (:func:`~gpusparse.engines.tiled.waves.search_bytes`,
+        ``n_sm`` multiprocessors: 132 on an H100) and, per device holding a tiled layout,
+        its resident bytes plus those temporaries. Only what was built so far is counted:
+        search once first (the layouts are built on the first search).
+        """
+        out: list[dict] = []
+
+        def add(name: str, device: torch.device, tensors) -> None:
+            n = sum(t.numel() * t.element_size() for t in tensors if t is not None)
+            if n:
+                out.append({"name": name, "device": str(normalize_device(device)), "bytes": n})
+
+        def derived_parts(prefix: str, lists) -> None:
+            d = lists.derived
+            add(f"{prefix}forward copy", lists.device, d.forward or ())
+            fwd = {t.data_ptr() for t in d.forward or ()}
+            for key, layout in d.layouts.items():
+                own = [layout.seg, layout.offs, layout.wts, layout.dense_id, layout.dense, layout.list_pos]
+                add(f"{prefix}tiled layout {key}", lists.device, own)
+                add(f"{prefix}tiled exact weights {key}", lists.device, (layout.exact_wts, layout.exact_dense))
+                extra = [t for t in layout.forward or () if t.data_ptr() not in fwd]
+                add(f"{prefix}forward copy", lists.device, extra)
+
+        add("padded lists", self.device, self.arrays().values())
+        derived_parts("", self)
+        if self.derived.copy is not None:
+            copy = self.derived.copy[1]
+            add("padded lists (copy)", copy.device, copy.arrays().values())
+            derived_parts("copy: ", copy)
+        for view in self.derived.views.values():
+            derived_parts("", view)
+        by_device: dict[str, int] = {}
+        for c in out:
+            by_device[c["device"]] = by_device.get(c["device"], 0) + c["bytes"]
+        n_tiles = max(1, -(-self.n_docs >> 13))
+        temp = search_bytes(n_tiles, batch_size, k, n_sm)
+        peak = {dev: n + temp for dev, n in by_device.items() if dev != "cpu"}
+        return {"components": out, "by_device": by_device, "search_bytes": temp, "peak": peak}
 
     def retrieve(
         self, queries: SparseCollection, k: int = 1000, **kwargs: object

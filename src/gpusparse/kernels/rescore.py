@@ -6,17 +6,23 @@
   order of :func:`gpusparse.exact.exact_scores`'s PyTorch path, so both give the same bits —
   then rounds once to float32. One launch replaces the PyTorch path's few hundred small ones.
 * :func:`candidate_keys_cuda`: the tiled engine's candidates turned into ranking keys in one
-  launch, rescoring the uncertain ones from the index's forward copy (or by binary searches
-  narrowed to a tile's share of each list); its PyTorch reference is
+  launch, rescoring the uncertain ones from the index's forward copy, by binary searches
+  narrowed to a tile's share of each list, or from the tiled layout alone (an index whose
+  lists are not on the device); its PyTorch reference is
   :func:`gpusparse.engines.tiled.ranking.rank_candidates`.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
 from .cupy_launch import available, check_tensors, device_index, launch, load_kernel, pointer
+
+if TYPE_CHECKING:
+    from ..layout.tiled import TiledIndex
 
 __all__ = ["SOURCE", "available", "candidate_keys_cuda", "exact_scores_cuda"]
 
@@ -81,10 +87,10 @@ def exact_scores_cuda(
 
 
 def candidate_keys_cuda(
-    doc_ids: torch.Tensor,
-    scores: torch.Tensor,
-    offsets: torch.Tensor,
-    lengths: torch.Tensor,
+    doc_ids: torch.Tensor | None,
+    scores: torch.Tensor | None,
+    offsets: torch.Tensor | None,
+    lengths: torch.Tensor | None,
     q_terms: torch.Tensor,
     q_weights: torch.Tensor,
     cand_doc: torch.Tensor,
@@ -98,6 +104,7 @@ def candidate_keys_cuda(
     tile_bits: int = 0,
     floor: torch.Tensor | None = None,
     forward: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    tiled: TiledIndex | None = None,
 ) -> torch.Tensor:
     """int64 ranking keys ``[B, width]`` of the tiled engine's candidates (see ``cuda/rescore.cu``).
 
@@ -109,15 +116,30 @@ def candidate_keys_cuda(
     each tile of ``2**tile_bits`` documents; ``floor`` (optional) float32 ``[B]``: candidates
     whose score is surely below it get key 0 unrescored; ``forward`` (optional): the index's
     :func:`~gpusparse.kernels.forward_index`, which rescoring then reads instead of searching
-    the inverted lists (same bits, far fewer memory sectors). All contiguous on one CUDA device.
+    the inverted lists (same bits, far fewer memory sectors); ``tiled`` (optional, without
+    ``forward`` or ``list_pos``): the tiled layout, which rescoring then reads
+    (``canonical_tiled``; its float32 weights, :attr:`~gpusparse.layout.tiled.TiledIndex.rescore_weights`),
+    and the four index arrays may be ``None``. All contiguous on one CUDA device.
     """
-    dev = doc_ids.device
+    dev = cand_doc.device
     b, ld = cand_doc.shape
     w = ld if width is None else width
     t = q_terms.shape[1]
-    v = offsets.numel()
+    lists = (doc_ids, scores, offsets, lengths)
+    if tiled is not None:
+        if forward is not None or list_pos is not None:
+            raise ValueError("rescoring reads one source: give tiled without forward and list_pos")
+        v, tile_bits = tiled.n_terms, tiled.tile_bits
+    elif any(x is None for x in lists):
+        raise ValueError("the index arrays are needed unless rescoring reads the tiled layout")
+    else:
+        v = offsets.numel()  # type: ignore[union-attr]
     n_tiles = 0 if list_pos is None else list_pos.numel() // max(v, 1)
-    index = _index_arrays(doc_ids, scores, offsets, lengths, q_terms, q_weights)
+    index = {
+        name: entry
+        for name, entry in _index_arrays(doc_ids, scores, offsets, lengths, q_terms, q_weights).items()  # type: ignore[arg-type]
+        if entry[0] is not None
+    }
     expected = {
         **index,
         "cand_doc": (cand_doc, torch.int32),
@@ -138,6 +160,29 @@ def candidate_keys_cuda(
         expected |= {f"forward {name}": (x, dtypes[name]) for name, x in zip(dtypes, forward, strict=True)}
         if forward[1].shape != forward[2].shape or forward[0].numel() < 1:
             raise ValueError("forward must be the index's (indptr, terms, weights)")
+    t_args: list = [np.uint64(0)] * 7 + [np.float32(1.0)]
+    if tiled is not None:
+        source = tiled.rescore_weights
+        if source is None:
+            raise ValueError(
+                "a fixed-point layout rescores only with its exact weights (build_tiled exact_weights=True)"
+            )
+        wdtype = source[0].dtype
+        if wdtype not in (torch.float32, torch.uint8) or source[1].dtype != wdtype:
+            raise ValueError("the layout's rescoring weights must be float32 or uint8 levels")
+        expected |= {
+            "tiled seg": (tiled.seg, torch.int64),
+            "tiled offs": (tiled.offs, torch.int16),
+            "tiled dense_id": (tiled.dense_id, torch.int32),
+            "tiled weights": (source[0], wdtype),
+            "tiled dense": (source[1], wdtype),
+        }
+        if tiled.dense_id.numel() != tiled.n_tiles * v or tiled.seg.numel() != tiled.dense_id.numel() + 1:
+            raise ValueError("the tiled layout's seg and dense_id must hold one entry per (tile, term)")
+        fl, lv = (source, (None, None)) if wdtype == torch.float32 else ((None, None), source)
+        t_args = [pointer(tiled.seg), pointer(tiled.offs), pointer(tiled.dense_id)]
+        t_args += [pointer(x) if x is not None else np.uint64(0) for x in (*fl, *lv)]
+        t_args.append(np.float32(tiled.step))
     check_tensors(expected, dev)
     if cand_val.shape != cand_doc.shape or not 0 <= w <= ld:
         raise ValueError("cand_doc and cand_val must have one shape, of at least width columns")
@@ -149,8 +194,8 @@ def candidate_keys_cuda(
     if b * w == 0:
         return keys
     kernel = load_kernel(SOURCE, "candidate_keys", device=device_index(dev))
-    index_args = [pointer(x) for x, _ in index.values()]
     null = np.uint64(0)
+    index_args = [pointer(x) if x is not None else null for x in (*lists, q_terms, q_weights)]
     tiles = [pointer(list_pos) if list_pos is not None else null, np.int32(tile_bits), np.int32(v), np.int32(n_tiles)]
     cands = [pointer(cand_doc), pointer(cand_val), np.int64(ld), pointer(count) if count is not None else null]
     rest = [np.int64(w), pointer(q_delta), pointer(q_scale), np.int64(b), pointer(floor) if floor is not None else null]
@@ -160,6 +205,6 @@ def candidate_keys_cuda(
     # Blocks per row: about one warp per 16 slots of the width (a row holds ~k candidates
     # of its 2k + 1024 slots), at most 16; rows beyond the grid's 65,535 loop.
     grid = (max(1, min(16, -(-w // (16 * (THREADS // 32))))), min(b, 65535))
-    args = (*index_args, np.int32(t), *tiles, *cands, *rest, *fwd, np.int32(table), pointer(keys))
+    args = (*index_args, np.int32(t), *tiles, *cands, *rest, *fwd, np.int32(table), *t_args, pointer(keys))
     launch(kernel, grid, (THREADS,), args, device=dev, shared_mem=shared)
     return keys

@@ -44,6 +44,8 @@ class DerivedState:
         graphs: the tiled engine's captured CUDA graphs, least recently used first.
         copy: ``(device, index)``: the copy searched on another device
             (:meth:`PostingLists.resident_on`).
+        views: a host index's views searched from the tiled layout alone, by device
+            (:func:`gpusparse.layout.resident.tiled_resident`).
     """
 
     forward: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
@@ -53,6 +55,7 @@ class DerivedState:
     min_weight: float | None = None
     graphs: OrderedDict = field(default_factory=OrderedDict)
     copy: tuple[torch.device, Any] | None = None
+    views: dict[torch.device, Any] = field(default_factory=dict)
 
     def share_host_statistics(self, other: DerivedState) -> None:
         """Take ``other``'s device-independent statistics."""
@@ -75,6 +78,7 @@ class DerivedState:
         self.layouts.clear()
         self.graphs.clear()
         self.copy = None
+        self.views.clear()
         self.forward = forward
 
     def device_bytes(self, *, forward: bool = True) -> int:

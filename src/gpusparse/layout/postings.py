@@ -211,6 +211,12 @@ class PostingLists:
         """Where the arrays live."""
         return self.doc_ids.device
 
+    @property
+    def lists_resident(self) -> bool:
+        """Whether the padded lists are on :attr:`device` (see
+        :class:`~gpusparse.layout.resident.TiledResident`, a view whose lists are not)."""
+        return True
+
     def arrays(self) -> dict[str, torch.Tensor]:
         """The index arrays by name."""
         return {k: getattr(self, k) for k in ARRAYS}
@@ -290,6 +296,27 @@ def real_postings(index: PostingLists, chunk: int = 1 << 23):
         flat = torch.arange(a, b, device=dev)
         term = torch.searchsorted(ends, flat, right=True)
         yield a, b, term, index.offsets[term] + (flat - list_start[term])
+
+
+def posting_slabs(index: PostingLists, device: torch.device, chunk: int = 1 << 23):
+    """``(term, doc, score, rank)`` of the real postings of ``index`` on ``device``, read from
+    the padded arrays in contiguous slabs of ``chunk`` positions wherever they live (a host
+    index's slabs are copied over one at a time): ``term``, ``doc`` and ``rank`` (the posting's
+    place inside its list) int64, ``score`` float32, padding left out. Builders whose result
+    does not depend on the order of the postings (the tiled layout) read them this way, so
+    their temporaries on ``device`` stay bounded by ``chunk`` and a host index never has to be
+    copied whole."""
+    offsets = index.offsets.to(device, torch.int64)
+    total = int(index.doc_ids.numel())
+    for a in range(0, total, chunk):
+        b = min(total, a + chunk)
+        doc = index.doc_ids[a:b].to(device, non_blocking=True)
+        score = index.scores[a:b].to(device, non_blocking=True)
+        pos = torch.arange(a, b, device=device)
+        term = torch.searchsorted(offsets, pos, right=True) - 1  # empty lists share the next one's offset
+        real = doc >= 0
+        term = term[real]
+        yield term, doc[real].to(torch.int64), score[real], pos[real] - offsets[term]
 
 
 def bisect_lists(doc_ids: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, value: int | torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ import torch
 
 from ..quantize import levels
 from .forward import forward_copy
-from .postings import PostingLists, real_postings
+from .postings import PostingLists, posting_slabs
 from .statistics import max_score
 
 # Tile size and dense-segment threshold by weight type, measured best at 8.8M x 256 on an
@@ -64,6 +64,11 @@ class TiledIndex:
     # weights), kept with a layout built on a GPU: rescoring reads a candidate's ~120
     # postings in order instead of binary-searching each query term's list (bench/NOTES.md).
     forward: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    # The float32 weights of a fixed-point layout (float32 [P] and [n_dense, 2**tile_bits]),
+    # kept when rescoring reads the layout itself (no forward copy, no lists on the device):
+    # round(w · 2**weight_bits) drops the low bits of small weights.
+    exact_wts: torch.Tensor | None = None
+    exact_dense: torch.Tensor | None = None
 
     @property
     def n_tiles(self) -> int:
@@ -71,9 +76,21 @@ class TiledIndex:
         return (self.n_docs + (1 << self.tile_bits) - 1) >> self.tile_bits
 
     @property
+    def rescore_weights(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(sparse, dense)`` weights that give each posting's float32 weight exactly
+        (float32, or uint8 levels times :attr:`step`), or ``None`` for a fixed-point layout
+        built without :attr:`exact_wts`: rescoring from the layout needs them."""
+        if self.weight_bits is None:
+            return self.wts, self.dense
+        if self.exact_wts is not None and self.exact_dense is not None:
+            return self.exact_wts, self.exact_dense
+        return None
+
+    @property
     def nbytes(self) -> int:
         """Device bytes of the arrays."""
-        arrays = (self.seg, self.offs, self.wts, self.dense_id, self.dense, self.list_pos, *(self.forward or ()))
+        arrays = (self.seg, self.offs, self.wts, self.dense_id, self.dense, self.list_pos, *(self.forward or ()),
+                  self.exact_wts, self.exact_dense)  # fmt: skip
         return sum(t.numel() * t.element_size() for t in arrays if t is not None)
 
 
@@ -83,15 +100,19 @@ def build_tiled(
     *,
     dense_min: float | None = DEFAULT_DENSE_MIN,
     fixed: bool = False,
+    exact_weights: bool = False,
+    device: torch.device | str | None = None,
     chunk: int = 1 << 23,
 ) -> TiledIndex:
-    """Regroup an index's postings by (tile, term), on the index's device.
+    """Regroup an index's postings by (tile, term), on ``device`` (default: the index's).
 
     No sort is needed: inside a term's list documents are ascending, so each tile's share
     of the list is contiguous and keeps its order; a posting's new position is its
-    (tile, term) segment start plus its rank inside that share. Temporaries are bounded by
-    ``chunk`` postings (~100 bytes each: 2**23 keep the build within ~1 GB beside the index)
-    plus a few ``[n_tiles, V]`` count matrices.
+    (tile, term) segment start plus its rank inside that share. The padded lists are read in
+    slabs of ``chunk`` positions (:func:`~gpusparse.layout.postings.posting_slabs`), copied
+    to ``device`` one at a time when they live elsewhere (an index kept on the host); the
+    temporaries are bounded by ``chunk`` postings (~100 bytes each: 2**23 keep the build
+    within ~1 GB beside the layout) plus a few ``[n_tiles, V]`` count matrices.
 
     Segments holding at least ``dense_min`` of a tile's documents are stored densely instead
     (one weight per document of the tile): the kernel adds them with coalesced reads into
@@ -101,19 +122,18 @@ def build_tiled(
     bytes a sparse posting, 1 a dense slot. ``fixed`` (float32 weights only) stores them in
     fixed point, ``round(w · 2**b)`` with the largest weight below ``2**30``, so the kernel
     multiplies integers; the rounding is covered by the fixed-point margin
-    (:func:`gpusparse.engines.tiled.fixed_point.fixed_point`).
+    (:func:`gpusparse.engines.tiled.fixed_point.fixed_point`). Fixed point loses the float32
+    weights' low bits, so ``exact_weights`` also keeps them (``exact_wts``/``exact_dense``,
+    4 bytes a posting more) for a rescoring that reads the layout instead of the lists.
     """
     if not 1 <= tile_bits <= MAX_TILE_BITS:
         raise ValueError(f"tile_bits must be in 1..{MAX_TILE_BITS}")
-    dev = index.device
+    dev = index.device if device is None else torch.device(device)
     n_terms, n_docs = len(index.vocab), index.n_docs
     n_tiles = max(1, (n_docs + (1 << tile_bits) - 1) >> tile_bits)
-    lengths = index.lengths.to(torch.int64)
-    list_start = torch.cumsum(lengths, 0) - lengths  # start of each list among real postings
     counts = torch.zeros(n_tiles * n_terms, dtype=torch.int64, device=dev)
-    for _, _, term, pos in real_postings(index, chunk):
-        tile = index.doc_ids[pos].to(torch.int64) >> tile_bits
-        counts += torch.bincount(tile * n_terms + term, minlength=n_tiles * n_terms)
+    for term, doc, _, _ in posting_slabs(index, dev, chunk):
+        counts += torch.bincount((doc >> tile_bits) * n_terms + term, minlength=n_tiles * n_terms)
     is_dense = counts >= max(1, int(dense_min * (1 << tile_bits))) if dense_min is not None else counts < 0
     n_dense = int(is_dense.sum())
     quant = index.quantization
@@ -141,22 +161,27 @@ def build_tiled(
     n_sparse = int(seg[-1])
     offs = torch.empty(n_sparse, dtype=torch.int16, device=dev)
     wts = torch.empty(n_sparse, dtype=wdtype, device=dev)
+    keep = exact_weights and weight_bits is not None
+    exact_wts = torch.empty(n_sparse, dtype=torch.float32, device=dev) if keep else None
+    exact_dense = torch.zeros((n_dense, 1 << tile_bits), dtype=torch.float32, device=dev) if keep else None
     mask = (1 << tile_bits) - 1
-    for a, b, term, pos in real_postings(index, chunk):
-        doc = index.doc_ids[pos].to(torch.int64)
+    for term, doc, score, rank in posting_slabs(index, dev, chunk):
         tile = doc >> tile_bits
         key = tile * n_terms + term
         off = doc & mask
         did = dense_id[key].to(torch.int64)
         d = did >= 0
-        dense[did[d], off[d]] = stored(index.scores[pos[d]])
+        dense[did[d], off[d]] = stored(score[d])
         s = ~d
-        rank = torch.arange(a, b, device=dev)[s] - list_start[term[s]]  # rank inside the term's list
-        new = seg[key[s]] + rank - before[tile[s], term[s]]
+        new = seg[key[s]] + rank[s] - before[tile[s], term[s]]
         offs[new] = torch.where(off[s] >= 1 << 15, off[s] - (1 << 16), off[s]).to(torch.int16)
-        wts[new] = stored(index.scores[pos[s]])
+        wts[new] = stored(score[s])
+        if keep:
+            exact_dense[did[d], off[d]] = score[d]  # type: ignore[index]
+            exact_wts[new] = score[s]  # type: ignore[index]
     list_pos = before.reshape(-1).to(torch.int32)  # < n_docs
-    return TiledIndex(tile_bits, n_docs, n_terms, seg, offs, wts, dense_id, dense, step, weight_bits, list_pos)
+    return TiledIndex(tile_bits, n_docs, n_terms, seg, offs, wts, dense_id, dense, step, weight_bits, list_pos,
+                      exact_wts=exact_wts, exact_dense=exact_dense)  # fmt: skip
 
 
 def fixed_weight_bits(max_weight: float) -> int:
@@ -183,6 +208,7 @@ def tiled_layout(
     fixed: bool = False,
     *,
     forward: bool = False,
+    exact_weights: bool = False,
 ) -> TiledIndex:
     """The index's tiled layout, built once per index object and kept in its derived state.
 
@@ -191,7 +217,10 @@ def tiled_layout(
     (see :func:`build_tiled`). ``forward``: a layout built now also holds the index's forward
     copy (:func:`~gpusparse.layout.forward.forward_copy`, 8 bytes a posting, shared with the
     doc-parallel kernel's) for rescoring; the engine asks for it on a GPU with the CUDA
-    kernels, not for a layout to be streamed.
+    kernels, not for a layout to be streamed. ``exact_weights``: a fixed-point layout built
+    now also keeps the float32 weights (:func:`build_tiled`), for rescoring from the layout.
+    Built on ``index.device``, which for a :class:`~gpusparse.layout.resident.TiledResident`
+    view is the device searched, its lists staying on the host.
     """
     fixed = fixed and index.quantization is None
     auto_bits, auto_dense = default_layout(index, fixed)
@@ -200,7 +229,7 @@ def tiled_layout(
     key = (tile_bits, dense_min, fixed)
     layouts = index.derived.layouts
     if key not in layouts:
-        layout = build_tiled(index, tile_bits, dense_min=dense_min, fixed=fixed)
+        layout = build_tiled(index, tile_bits, dense_min=dense_min, fixed=fixed, exact_weights=exact_weights)
         if forward:
             layout = replace(layout, forward=forward_copy(index))
         layouts[key] = layout

@@ -105,10 +105,13 @@ def _device_steps(
     width = min(cap, 2 * k + DEVICE_WIDTH_SLACK)
     redo |= count > width
     floor = cutoff(candidate_lows(cand_val, count, fp.delta, fp.scale, width)) if cutoff is not None else None
+    # rescoring reads the forward copy, the lists, or (their not being on the device) the layout
+    lists = (index.doc_ids, index.scores, index.offsets, index.lengths) if index.lists_resident else (None,) * 4
+    tiled = None if index.lists_resident else layout
     keys = rescore.candidate_keys_cuda(
-        index.doc_ids, index.scores, index.offsets, index.lengths, terms, weights, cand_doc, cand_val,
-        fp.delta, fp.scale, width=width, count=count, list_pos=layout.list_pos, tile_bits=layout.tile_bits, floor=floor,
-        forward=layout.forward,
+        *lists, terms, weights, cand_doc, cand_val,
+        fp.delta, fp.scale, width=width, count=count, list_pos=layout.list_pos if tiled is None else None,
+        tile_bits=layout.tile_bits, floor=floor, forward=layout.forward, tiled=tiled,
     )  # fmt: skip
     top = top_keys(keys, k, count)
     scores, ids = pad_results(decode_keys(top) if width else None, k, b, dev)

@@ -69,10 +69,14 @@ def layout_for_search(
     ``fixed=None`` takes :attr:`~gpusparse.config.EngineConfig.fixed_point`. ``forward``:
     a layout built on a GPU with the CUDA kernels holds the index's forward copy for
     rescoring (:attr:`~gpusparse.config.EngineConfig.forward_rescoring`); ``False`` for a
-    layout to be streamed."""
+    layout to be streamed. An index whose lists are not on the device
+    (:class:`~gpusparse.layout.resident.TiledResident`) rescores from the layout: no forward
+    copy, and a fixed-point layout keeps its exact float32 weights."""
     config = engine_config()
     acc = choose_acc(acc)
     fixed = (config.fixed_point if fixed is None else fixed) and acc == "u32" and index.quantization is None
+    if not index.lists_resident:
+        return tiled_layout(index, tile_bits, dense_min, fixed, exact_weights=True)
     forward = forward and config.forward_rescoring and index.device.type == "cuda" and rescore.available()
     return tiled_layout(index, tile_bits, dense_min, fixed, forward=forward)
 
@@ -152,7 +156,13 @@ def tiled_search(
         else:  # float64 scatter-add: any range
             _, chunk = plan_chunks(len(redo), index.n_docs, DEFAULT_MEMORY_BUDGET, len(redo))
             most = DEFAULT_MEMORY_BUDGET // POSTING_BYTES
-            s2, i2 = reference_search(index, sub, k, doc_chunk=chunk, max_postings=most)
+            if index.lists_resident:
+                s2, i2 = reference_search(index, sub, k, doc_chunk=chunk, max_postings=most)
+            else:  # the lists are on the host: these few rows are searched there
+                host = index.host  # type: ignore[attr-defined]
+                s2, i2 = reference_search(host, batch_rows(batch, redo, host.device), k, doc_chunk=chunk,
+                                          max_postings=most)  # fmt: skip
+                s2, i2 = s2.to(dev), i2.to(dev)
         at = torch.from_numpy(redo).to(dev)
         scores[at], ids[at] = s2, i2
     return BatchResult(scores, ids)

@@ -174,3 +174,14 @@ def candidate_lows(
     low = ((v - margin).clamp_min(0) / scale[:, None]).to(torch.float32)
     present = torch.arange(width, device=v.device)[None, :] < count[:, None]
     return torch.where(present, low, torch.zeros_like(low))
+
+
+def search_bytes(n_tiles: int, b: int, k: int, n_sm: int) -> int:
+    """Device bytes a batch of ``b`` queries at ``k`` allocates on the synchronisation-free
+    path beyond the layout (:func:`~.device.device_search`): candidate slots (int32 doc +
+    int64 value each) at the first wave's capacity, the ranking keys and their top-k, and
+    the results; an estimate within a few percent (per-row scalars left out)."""
+    plan = wave_plan(n_tiles, b, k, n_sm)
+    cap = initial_capacity(k, plan[0][1] if plan else 1)
+    width = min(cap, 2 * k + 1024)
+    return b * (cap * 12 + width * 8 * 2 + k * 12 * 2)

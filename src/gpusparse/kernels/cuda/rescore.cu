@@ -123,6 +123,59 @@ __device__ __forceinline__ float canonical_fwd(
     return (float)acc;
 }
 
+// canonical() from the tiled layout (gpusparse.layout.tiled), for an index whose lists are
+// not on the device: document d lies in tile d >> tile_bits at offset o; lane j finds query
+// term j's weight in d in the (tile, term) segment's dense row when it has one (0: absent),
+// else by binary search for o among the segment's ascending 16-bit offsets (a segment holds
+// one tile's share of the list: a few steps). Weights are float32 (t_wf, t_df) or 8-bit
+// levels times `step` (t_wq, t_dq; exact: step is a power of two); the products are added
+// in term order as canonical() adds them, so the bits are the same
+// (gpusparse.engines.tiled.ranking.tiled_exact_scores is the PyTorch reference).
+__device__ __forceinline__ float canonical_tiled(
+    const i64* __restrict__ t_seg, const short* __restrict__ t_offs, const int* __restrict__ t_dense_id,
+    const float* __restrict__ t_wf, const float* __restrict__ t_df,
+    const unsigned char* __restrict__ t_wq, const unsigned char* __restrict__ t_dq, const float step,
+    const int tile_bits, const int V,
+    const i64* __restrict__ terms, const float* __restrict__ weights, const int T, const int d)
+{
+    const int lane = threadIdx.x & 31;
+    const i64 tile = d >> tile_bits;
+    const int o = d & ((1 << tile_bits) - 1);
+    const bool levels = t_wq != nullptr;
+    double acc = 0.0;
+    for (int j0 = 0; j0 < T; j0 += 32) {
+        const int j = j0 + lane;
+        const i64 t = j < T ? terms[j] : -1;
+        float w = 0.0f;
+        if (t >= 0) {
+            const i64 key = tile * V + t;
+            const int row = t_dense_id[key];
+            if (row >= 0) {
+                const i64 at = ((i64)row << tile_bits) + o;
+                w = levels ? (float)t_dq[at] * step : t_df[at];
+            } else {
+                i64 lo = t_seg[key], hi = t_seg[key + 1];
+                const i64 end = hi;
+                while (lo < hi) {
+                    const i64 mid = (lo + hi) >> 1;
+                    if ((int)(unsigned short)t_offs[mid] < o) lo = mid + 1; else hi = mid;
+                }
+                if (lo < end && (int)(unsigned short)t_offs[lo] == o) w = levels ? (float)t_wq[lo] * step : t_wf[lo];
+            }
+        }
+        const bool hit = w != 0.0f;  // stored weights are positive: 0 is an absent posting
+        const double prod = hit ? (double)w * (double)weights[j] : 0.0;
+        const unsigned int hits = __ballot_sync(0xffffffffu, hit);
+        const bool more = __any_sync(0xffffffffu, t >= 0) && j0 + 32 < T;
+        for (int v = 0; v < 32; ++v) {  // in term order, as the PyTorch path adds them
+            const double x = __shfl_sync(0xffffffffu, prod, v);
+            if ((hits >> v) & 1u) acc += x;
+        }
+        if (!more) break;  // padding reached: the terms are at the front
+    }
+    return (float)acc;
+}
+
 // The tiled engine's candidates (the first W of each row of ld slots) to ranking keys (gpusparse.topk.encode_keys): a
 // candidate's float32 score is read off its fixed-point sum where the margin leaves one
 // float32 value possible, and computed canonically otherwise; absent slots (doc -1) get key
@@ -130,8 +183,8 @@ __device__ __forceinline__ float canonical_fwd(
 // rounded on its own (no contraction), so both give the same bits.
 // With `floor` (a bound the row's k-th float32 score reaches, gpusparse.engines.tiled.waves.candidate_lows),
 // a candidate whose float32 score is at most `high` < floor cannot be in the top-k: key 0.
-// Rescoring reads the forward index where given (fwd_off non-null), else binary-searches
-// the inverted lists; with `use_table` (dynamic shared memory of V bytes, T < 256) each block
+// Rescoring reads the forward index where given (fwd_off non-null), else the tiled layout
+// where given (t_seg non-null: canonical_tiled), else binary-searches the inverted lists; with `use_table` (dynamic shared memory of V bytes, T < 256) each block
 // first writes its row's term-to-column table. Blocks (x, row): the warps of a row's
 // gridDim.x blocks take its occupied slots (the first count[r]) in turn, a warp per slot;
 // the rest of the row's W slots are zeroed by all threads, so a row costs its candidates,
@@ -153,7 +206,11 @@ extern "C" __global__ void __launch_bounds__(256, KEYS_MIN_BLOCKS) candidate_key
     const i64* __restrict__ q_delta, const double* __restrict__ q_scale, const i64 B,
     const float* __restrict__ floor,  // optional [B]: candidates whose score must stay below it get key 0
     const i64* __restrict__ fwd_off, const int* __restrict__ fwd_terms, const float* __restrict__ fwd_w,
-    const int use_table, i64* __restrict__ keys)
+    const int use_table,
+    const i64* __restrict__ t_seg, const short* __restrict__ t_offs, const int* __restrict__ t_dense_id,
+    const float* __restrict__ t_wf, const float* __restrict__ t_df,
+    const unsigned char* __restrict__ t_wq, const unsigned char* __restrict__ t_dq, const float t_step,
+    i64* __restrict__ keys)
 {
     extern __shared__ int4 table4[];
     const unsigned char* table = use_table ? reinterpret_cast<const unsigned char*>(table4) : nullptr;
@@ -194,6 +251,9 @@ extern "C" __global__ void __launch_bounds__(256, KEYS_MIN_BLOCKS) candidate_key
                         s = fwd_off != nullptr
                             ? canonical_fwd(fwd_off, fwd_terms, fwd_w, q_terms + r * T, q_weights + r * T, T, (int)d,
                                             table)
+                            : t_seg != nullptr
+                            ? canonical_tiled(t_seg, t_offs, t_dense_id, t_wf, t_df, t_wq, t_dq, t_step, tile_bits, V,
+                                              q_terms + r * T, q_weights + r * T, T, (int)d)
                             : canonical(doc_ids, scores, offsets, lengths, q_terms + r * T, q_weights + r * T, T,
                                         (int)d, list_pos, tile_bits, V, n_tiles);
                     key = ((i64)__float_as_int(s) << 31) | (((i64)1 << 31) - 1 - d);

@@ -1,0 +1,197 @@
+"""Issue 18: what the fast engine holds on the GPU, by residency mode, and its speed.
+
+For float32 and 8-bit weights (``quantize=8``) and each residency mode
+(``EngineConfig.resident``: ``lists`` = padded lists + forward copy + tiled layout, as
+before; ``tiled`` = the tiled layout alone, fixed-point weights with their float32 copy;
+``tiled-float`` = the tiled layout alone with float32 weights, no fixed point), one worker
+process each: generate the calibrated synthetic collection on the device, build, search one
+batch at k = 1000 and 10 host to host (median ms), and report the peak over every allocator
+(PyTorch allocated and reserved, CuPy's pool, device-wide use from ``mem_get_info``), the
+index's own :meth:`~gpusparse.Index.memory` report and a checksum of the results (identical
+across modes of one weight type). ``--cap-gib 16`` also runs the tiled modes with the process
+capped (``torch.cuda.set_per_process_memory_fraction``) from the search on (the collection
+is generated and indexed before the cap).
+
+    python bench/memory.py --out bench/results/<date>-<card>-memory.json
+    python bench/memory.py --docs 20000 --device cpu --reps 2   # a smoke run anywhere
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MODES = {"lists": {"resident": "lists"}, "tiled": {"resident": "tiled"},
+         "tiled-float": {"resident": "tiled", "fixed_point": False}}  # fmt: skip
+
+
+def worker(args: argparse.Namespace) -> dict:
+    import torch
+
+    import gpusparse
+    from gpusparse import Index, SparseCollection, Vocabulary
+    from gpusparse.config import override_config
+    from gpusparse.synthetic import generate
+
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    t0 = time.perf_counter()
+    docs, qcsr = generate(args.docs, args.batch, seed=args.seed, device=dev)
+    sync()
+    gen_s = time.perf_counter() - t0
+    vocab = Vocabulary.bert()
+    queries = SparseCollection(qcsr[0].cpu().numpy(), qcsr[1].cpu().numpy(), qcsr[2].cpu().numpy(), vocab=vocab)
+    with override_config(**MODES[args.mode]):
+        t0 = time.perf_counter()
+        index = Index.from_csr(*docs, vocab, device=dev, quantize=args.quantize)
+        sync()
+        build_s = time.perf_counter() - t0
+        del docs, qcsr
+        if cuda and args.mode != "lists":
+            index.release_to_host()  # what the first search does; timed apart from it
+        if cuda:
+            torch.cuda.empty_cache()
+            if args.cap_gib:
+                total = torch.cuda.mem_get_info(dev)[1]
+                torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib * 2**30 / total), dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+        out: dict = {"gpusparse_file": gpusparse.__file__, "generate_s": gen_s, "index_build_s": build_s, "rows": {}}
+        for k in args.ks:
+            t0 = time.perf_counter()
+            first = index.search(queries, k, batch_size=args.batch)
+            first_s = time.perf_counter() - t0
+            times = []
+            for _ in range(args.reps):
+                t0 = time.perf_counter()
+                res = index.search(queries, k, batch_size=args.batch)
+                times.append((time.perf_counter() - t0) * 1e3)
+            if not (torch.equal(res.ids, first.ids) and torch.equal(res.scores, first.scores)):
+                raise RuntimeError("a repeated search returned other results")
+            digest = hashlib.sha256(res.ids.numpy().tobytes() + res.scores.numpy().tobytes()).hexdigest()[:16]
+            out["rows"][str(k)] = {"first_s": first_s, "median_ms": statistics.median(times), "ms": times,
+                                   "checksum": digest}  # fmt: skip
+        report = index.memory(batch_size=args.batch, k=max(args.ks), n_sm=_n_sm(dev))
+        out["index_memory"] = report
+        out["peak"] = _peaks(dev) if cuda else {}
+    out["config"] = {"mode": args.mode, **MODES[args.mode], "quantize": args.quantize, "cap_gib": args.cap_gib}
+    return out
+
+
+def _n_sm(dev) -> int:
+    import torch
+
+    return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
+
+
+def _peaks(dev) -> dict:
+    import torch
+
+    free, total = torch.cuda.mem_get_info(dev)
+    out = {"torch_max_allocated": torch.cuda.max_memory_allocated(dev),
+           "torch_max_reserved": torch.cuda.max_memory_reserved(dev), "device_used": total - free,
+           "device_total": total, "cupy_pool": 0}  # fmt: skip
+    try:
+        import cupy
+
+        out["cupy_pool"] = int(cupy.get_default_memory_pool().total_bytes())
+    except ImportError:
+        pass
+    # every allocator: torch's reserved pool and CuPy's pool (device_used adds the context)
+    out["all_allocators"] = out["torch_max_reserved"] + out["cupy_pool"]
+    return out
+
+
+def runs(args: argparse.Namespace) -> list[dict]:
+    plan = []
+    for quantize in (None, 8):
+        for mode in MODES:
+            if quantize is not None and mode == "tiled-float":
+                continue  # 8-bit levels are exact: one tiled mode
+            plan.append({"mode": mode, "quantize": quantize, "cap_gib": None})
+    if args.cap_gib:
+        capped = ((None, "tiled-float"), (None, "tiled"), (8, "tiled"))
+        plan += [{"mode": m, "quantize": q, "cap_gib": args.cap_gib} for q, m in capped]
+    return plan
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--docs", type=int, default=8_841_823)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--ks", type=int, nargs="+", default=[1000, 10])
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--cap-gib", type=float, default=None, help="also run the tiled modes capped at this many GiB")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--mode", choices=list(MODES), default="tiled", help=argparse.SUPPRESS)
+    ap.add_argument("--quantize", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        print("RESULT " + json.dumps(worker(args)), flush=True)
+        return
+    results = []
+    for run in runs(args):
+        cmd = [sys.executable, __file__, "--worker", "--docs", str(args.docs), "--batch", str(args.batch),
+               "--reps", str(args.reps), "--seed", str(args.seed), "--device", args.device, "--mode", run["mode"],
+               "--ks", *map(str, args.ks)]  # fmt: skip
+        if run["quantize"]:
+            cmd += ["--quantize", str(run["quantize"])]
+        if run["cap_gib"]:
+            cmd += ["--cap-gib", str(run["cap_gib"])]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
+        lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+        if proc.returncode or not lines:
+            tail = proc.stderr.strip().splitlines()[-3:]
+            results.append({"config": run, "error": " | ".join(tail) or f"exit {proc.returncode}"})
+        else:
+            results.append(json.loads(lines[-1][7:]))
+        print(_row(results[-1]), flush=True)
+    report = {"device": _device_name(args.device), "docs": args.docs, "batch": args.batch, "ks": args.ks,
+              "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "results": results,
+              "same_results": _same(results)}  # fmt: skip
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2))
+    print(json.dumps({"same_results": report["same_results"]}))
+
+
+def _device_name(device: str) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if device.startswith("cuda") and torch.cuda.is_available() else "cpu"
+
+
+def _same(results: list[dict]) -> dict[str, bool]:
+    """Per weight type: whether every mode (capped runs included) returned the same results."""
+    by: dict[str, set] = {}
+    for r in results:
+        if "rows" in r:
+            key = "8-bit" if r["config"]["quantize"] else "float32"
+            by.setdefault(key, set()).add(tuple(sorted((k, v["checksum"]) for k, v in r["rows"].items())))
+    return {key: len(sums) == 1 for key, sums in by.items()}
+
+
+def _row(r: dict) -> str:
+    c = r["config"]
+    name = f"{'8-bit' if c['quantize'] else 'float32':8} {c['mode']:12} cap={c['cap_gib'] or '-':>4}"
+    if "error" in r:
+        return f"{name} ERROR {r['error']}"
+    speed = "  ".join(f"k={k} {v['median_ms']:.2f} ms" for k, v in r["rows"].items())
+    peak = r["peak"].get("all_allocators")
+    gpu = sum(n for d, n in r["index_memory"]["by_device"].items() if d != "cpu")
+    mem = f"resident {gpu / 1e9:.2f} GB" + (f", peak (all allocators) {peak / 1e9:.2f} GB" if peak else "")
+    return f"{name} {speed}  {mem}  sums {'/'.join(v['checksum'][:8] for v in r['rows'].values())}"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,39 @@
+"""bench/memory.py (issue 18) at a small scale on the CPU: every mode runs and agrees."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "memory.py"
+
+
+@pytest.fixture(scope="module")
+def memory_bench():
+    spec = importlib.util.spec_from_file_location("bench_memory", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("quantize", [None, 8])
+def test_every_mode_returns_the_same_results(memory_bench, quantize):
+    results = []
+    for mode in memory_bench.MODES:
+        args = argparse.Namespace(docs=1500, batch=6, ks=[10, 100], reps=1, seed=3, device="cpu", mode=mode,
+                                  quantize=quantize, cap_gib=None)  # fmt: skip
+        results.append(memory_bench.worker(args))
+    assert memory_bench._same(results) == {"8-bit" if quantize else "float32": True}
+    for r in results:
+        assert set(r["rows"]) == {"10", "100"} and r["index_memory"]["by_device"]["cpu"] > 0
+        assert "k=10" in memory_bench._row(r)
+
+
+def test_the_plan_covers_both_weight_types_and_the_cap(memory_bench):
+    plan = memory_bench.runs(argparse.Namespace(cap_gib=16.0))
+    assert {(p["mode"], p["quantize"]) for p in plan if not p["cap_gib"]} == {
+        ("lists", None), ("tiled", None), ("tiled-float", None), ("lists", 8), ("tiled", 8)}  # fmt: skip
+    assert all(p["mode"] != "lists" for p in plan if p["cap_gib"])
