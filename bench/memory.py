@@ -61,7 +61,9 @@ def worker(args: argparse.Namespace) -> dict:
             torch.cuda.empty_cache()
             if args.cap_gib:
                 total = torch.cuda.mem_get_info(dev)[1]
-                torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib * 2**30 / total), dev)
+                # the fraction's device needs an index ("cuda" alone is refused)
+                capped = torch.device("cuda", torch.cuda.current_device()) if dev.index is None else dev
+                torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib * 2**30 / total), capped)
             torch.cuda.reset_peak_memory_stats(dev)
         out: dict = {"gpusparse_file": gpusparse.__file__, "generate_s": gen_s, "index_build_s": build_s, "rows": {}}
         for k in args.ks:
@@ -111,7 +113,7 @@ def _peaks(dev) -> dict:
 
 def runs(args: argparse.Namespace) -> list[dict]:
     plan = []
-    for quantize in (None, 8):
+    for quantize in () if args.cap_only else (None, 8):
         for mode in MODES:
             if quantize is not None and mode == "tiled-float":
                 continue  # 8-bit levels are exact: one tiled mode
@@ -131,6 +133,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--cap-gib", type=float, default=None, help="also run the tiled modes capped at this many GiB")
+    ap.add_argument("--cap-only", action="store_true", help="with --cap-gib: only the capped runs")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--mode", choices=list(MODES), default="tiled", help=argparse.SUPPRESS)
     ap.add_argument("--quantize", type=int, default=None, help=argparse.SUPPRESS)
