@@ -111,6 +111,11 @@ def _peaks(dev) -> dict:
     return out
 
 
+def _git_head() -> str | None:
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return head.stdout.strip() or None
+
+
 def runs(args: argparse.Namespace) -> list[dict]:
     plan = []
     for quantize in () if args.cap_only else (None, 8):
@@ -159,7 +164,8 @@ def main() -> None:
         else:
             results.append(json.loads(lines[-1][7:]))
         print(_row(results[-1]), flush=True)
-    report = {"device": _device_name(args.device), "docs": args.docs, "batch": args.batch, "ks": args.ks,
+    report = {"commit": os.environ.get("GIT_COMMIT") or _git_head(), "command": " ".join(["python3", *sys.argv]),
+              "device": _device_name(args.device), "docs": args.docs, "batch": args.batch, "ks": args.ks,
               "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "results": results,
               "same_results": _same(results)}  # fmt: skip
     if args.out:
