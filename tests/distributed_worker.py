@@ -137,3 +137,29 @@ def nccl_worker(rank: int, world: int, tmp: str, n_docs: int, n_queries: int, ks
         torch.save(out, Path(tmp) / f"nccl{rank}.pt")
     finally:
         dist.destroy_process_group()
+
+
+def bound_worker(rank: int, world: int, tmp: str) -> None:
+    """Two shards, the large weights in rank 1's only: each rank records the refusal of a
+    query overflowing through that shard, and a huge k's results, to ``tmp/bound{rank}.pt``."""
+    from gpusparse import Index, SparseCollection, Vocabulary
+    from gpusparse.errors import InputError
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world, timeout=timedelta(seconds=60)
+    )
+    try:
+        vocab = Vocabulary.integer(4)
+        docs = [{"0": 1.0, "1": 1.0}, {"0": 2.0}] if rank == 0 else [{"2": 4.0, "3": 4.0}, {"0": 1.0, "2": 1.0}]
+        shard = Index.build(SparseCollection.from_dicts(docs, vocab=vocab))
+        out: dict[str, object] = {"n_docs": 4}
+        try:  # through shard 1 alone: 4 · 5e37 + 4 · 5e37 = 4e38
+            search_sharded(shard, [{"2": 5e37, "3": 5e37}], 3, offset=2 * rank, n_docs=None)
+            out["refused"] = ""
+        except InputError as exc:
+            out["refused"] = str(exc)
+        res = search_sharded(shard, [{"0": 1.0, "2": 1.0}], 100_000_000_000, offset=2 * rank)
+        out["width"], out["ids"] = res.ids.shape[1], res.ids
+        torch.save(out, Path(tmp) / f"bound{rank}.pt")
+    finally:
+        dist.destroy_process_group()

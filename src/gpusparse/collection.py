@@ -317,15 +317,16 @@ def check_weights(
     if not (np.issubdtype(values.dtype, np.floating) or np.issubdtype(values.dtype, np.integer)):
         raise TypeError(f"weights must be numeric, not {values.dtype}")
     where = {"path": path, "line": line, "field": field, "record": record}
+    # The words of the JSONL reader's own checks (formats._check_values), so that both say the same.
     if np.issubdtype(values.dtype, np.floating):
         bad = ~np.isfinite(values)
         if bad.any():
-            raise InputError(f"weight {values[np.argmax(bad)]} is not finite", **where)
+            raise InputError(f"weight {float(values[np.argmax(bad)])!r} is not finite", **where)
     if (values < 0).any():
-        raise InputError(f"negative weight {values[np.argmax(values < 0)]}", **where)
+        raise InputError(f"weight {float(values[np.argmax(values < 0)])!r} is negative", **where)
     big = np.abs(values.astype(np.float64, copy=False)) > _F32_MAX
     if big.any():
-        raise InputError(f"weight {values[np.argmax(big)]} overflows float32", **where)
+        raise InputError(f"weight {float(values[np.argmax(big)])!r} overflows float32", **where)
 
 
 def _check_weights(values: np.ndarray) -> None:

@@ -40,8 +40,9 @@ from .errors import InputError
 from .index import Index
 from .kernels import rowsort
 from .layout.postings import PostingLists
+from .layout.statistics import max_scores_host
 from .queries import prepare_queries
-from .search import SearchResults, check_search_args, run_batches
+from .search import SearchResults, check_search_args, padded, result_width, run_batches, search_width
 from .shards import assign_shards, is_sharded, load_sharded, read_sharded_manifest
 from .streaming import StreamedIndex
 from .topk import merge_keys, result_keys
@@ -67,15 +68,20 @@ def search_sharded(
     Args:
         shard: this process's documents (global numbers ``offset ..``), on its device.
         queries: the same queries on every process.
-        n_docs: documents in all shards (sets the batch size; default: this shard's).
+        n_docs: documents in all shards (sets the batch size, default this shard's; and the
+            result width, :func:`~gpusparse.search.result_width`, default all shards').
         distributed: merge over ``group``'s processes (``False``: this shard alone).
         batch_size, kernel, memory_budget, progress: as for :meth:`Index.search`; a
             :class:`StreamedIndex` searches with the kernel it was prepared for.
 
     Returns:
-        On every process, :class:`~gpusparse.search.SearchResults` ``[n_queries, k]`` CPU
+        On every process, :class:`~gpusparse.search.SearchResults` ``[n_queries, width]`` CPU
         tensors whose ids are global document numbers, equal to one index's search of all
-        the documents.
+        the documents (``width``: as :meth:`Index.search`'s for all shards' documents).
+
+    Raises:
+        InputError: on every process, a query whose scores could overflow float32
+            (checked against the largest weights of all shards).
     """
     budget = check_search_args(k, batch_size, memory_budget)
     dev = shard.device
@@ -89,8 +95,22 @@ def search_sharded(
     world = dist.get_world_size(group) if distributed else 1
     if world > 1 and dist.get_backend(group) == "nccl" and dev.type != "cuda":
         raise ValueError("an NCCL process group merges CUDA tensors: put the shard on this process's GPU")
-    q = prepare_queries(queries, shard.vocab, shard.quantization)
+    # Every process checks the queries against the largest weights of all shards, and searches
+    # with the same k: all refuse, or none does (one refusing would leave the others waiting).
+    local_max = shard.term_max_scores if streamed else max_scores_host(shard)  # type: ignore[union-attr]
+    total = shard.n_docs if n_docs is None else n_docs
+    if world > 1:
+        maxima = torch.from_numpy(np.asarray(local_max, dtype=np.float64)).to(dev)
+        dist.all_reduce(maxima, op=dist.ReduceOp.MAX, group=group)
+        local_max = maxima.cpu().numpy()
+        if n_docs is None:  # the documents of all shards
+            count = torch.tensor([total], dtype=torch.int64, device=dev)
+            dist.all_reduce(count, op=dist.ReduceOp.SUM, group=group)
+            total = int(count.item())
+    q = prepare_queries(queries, shard.vocab, shard.quantization, local_max)
     n_q = len(q)
+    kk, k_asked = search_width(k, total), k
+    k = kk
     bq, dc = plan_chunks(n_q, shard.n_docs if n_docs is None else n_docs, budget, batch_size)
     cutoff = None
     if engine_config().shard_lower_bounds and world > 1 and _all_agree(not streamed and name == "tiled", dev, group):
@@ -109,7 +129,7 @@ def search_sharded(
         )
         return _merge_later(r, offset, k, world > 1, group, into)
 
-    return run_batches(n_q, k, bq, dev, launch, progress=progress)
+    return padded(run_batches(n_q, k, bq, dev, launch, progress=progress), result_width(k_asked, total))
 
 
 def _merge_later(

@@ -174,7 +174,8 @@ class Index(PostingLists):
         Args:
             queries: a :class:`SparseCollection`, a scipy sparse matrix or a torch sparse
                 tensor, COO or CSR (columns are term ids), or a list of ``{token: weight}`` dicts.
-            k: results per query (``k > n_docs`` is allowed; see below).
+            k: results per query (``k > n_docs`` is allowed and costs no more than
+                ``k = n_docs``; see below for the width of the results).
             batch_size: queries scored together (default: chosen from the memory budget).
             device: where to compute (default: :attr:`search_device` if set, else where the
                 index is). On a CUDA device the tiled engine, while
@@ -187,11 +188,20 @@ class Index(PostingLists):
             progress: show a progress bar over query batches.
 
         Returns:
-            :class:`~gpusparse.search.SearchResults` ``(scores, ids)``, both ``[n_queries, k]``
+            :class:`~gpusparse.search.SearchResults` ``(scores, ids)``, both ``[n_queries, w]``
             CPU tensors: float32 scores, descending, and int64 internal document numbers,
             ties broken by the lower document number. Only documents sharing a term with
             the query (score > 0) are results; the remaining slots hold id ``-1`` and
-            score ``0``.
+            score ``0``. The width ``w`` is ``k``, padded beyond ``n_docs``, as long as
+            ``k <= max(n_docs, 10_000)`` (:data:`~gpusparse.search.MAX_PADDED_K`); a larger
+            ``k`` gets ``w = n_docs`` (every document has its slot; padding to ``k = 10**11``
+            would take terabytes). See :func:`~gpusparse.search.result_width`.
+
+        Raises:
+            InputError: a query in another vocabulary, or whose weights are so large that a
+                score could overflow float32 (``Σ_t w[t] · max_t`` over the index's largest
+                weight of each term, in float64, reaches float32's largest value). The
+                message names the query's id.
         """
         dev = torch.device(device) if device is not None else (self.search_device or self.device)
         target: Index | object = self

@@ -22,6 +22,8 @@ from .quantize import quantize_queries
 from .transfer import to_device
 from .vocab import Vocabulary
 
+F32_MAX = float(np.finfo(np.float32).max)
+
 if TYPE_CHECKING:
     from .quantize import Quantization
 
@@ -45,12 +47,44 @@ def as_queries(queries: object, vocab: Vocabulary) -> SparseCollection:
     return q
 
 
-def prepare_queries(queries: object, vocab: Vocabulary, quantization: Quantization | None) -> SparseCollection:
-    """:func:`as_queries`, then quantized like the index's documents when they are."""
+def prepare_queries(
+    queries: object, vocab: Vocabulary, quantization: Quantization | None, max_scores: np.ndarray
+) -> SparseCollection:
+    """:func:`as_queries`, then quantized like the index's documents when they are, then
+    refused if a score could overflow float32 (:func:`check_score_bound` with the index's
+    per-term largest weights ``max_scores``). Every search passes through here."""
     q = as_queries(queries, vocab)
     if quantization is not None:
         q = quantize_queries(q, quantization.bits)
+    check_score_bound(q, max_scores)
     return q
+
+
+def score_bounds(queries: SparseCollection, max_scores: np.ndarray) -> np.ndarray:
+    """float64 ``[n_queries]``: ``Σ_t w_q[t] · max_scores[t]``, no document's score exceeds it."""
+    m = np.asarray(max_scores, dtype=np.float64)
+    products = queries.values.astype(np.float64) * m[queries.indices]  # exact: 24-bit × 24-bit mantissas
+    rows = np.repeat(np.arange(len(queries)), np.diff(queries.indptr))
+    return np.bincount(rows, weights=products, minlength=len(queries)).astype(np.float64)
+
+
+def check_score_bound(queries: SparseCollection, max_scores: np.ndarray) -> None:
+    """Refuse (:class:`InputError`, naming the first query) a query whose score bound
+    (:func:`score_bounds`) reaches float32's largest value: a document could score ``inf``.
+
+    The bound is widened by the float32 rounding of a sum of that many terms
+    (``(n + 1) · 2⁻²³`` relative), so a query that passes cannot round up to ``inf`` either.
+    """
+    bounds = score_bounds(queries, max_scores)
+    lengths = np.diff(queries.indptr)
+    bad = bounds * (1.0 + (lengths + 1) * 2.0**-23) > F32_MAX
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise InputError(
+            f"query {queries.ids[i]!r}: its weights are too large: a score could overflow float32 (up to "
+            f"{bounds[i]:.3g}, beyond {F32_MAX:.3g}); scale the query's weights down",
+            field="vector",
+        )
 
 
 def check_vocab(query_vocab: Vocabulary, index_vocab: Vocabulary) -> None:

@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from . import engines
 from .engines.base import DEFAULT_MEMORY_BUDGET, BatchResult, SearchPlan, plan_chunks
+from .layout.statistics import max_scores_host
 from .queries import prepare_queries
 from .transfer import output_buffers, results_to_host, start_to_host
 
@@ -26,11 +27,42 @@ if TYPE_CHECKING:
     from .layout.postings import PostingLists
 
 
+# Results are padded up to k columns when k is at most this (or the collection's size);
+# a larger k than both gets exactly one column per document (see result_width).
+MAX_PADDED_K = 10_000
+
+
 class SearchResults(NamedTuple):
-    """Top-k results: ``scores`` float32 and ``ids`` int64, both ``[n_queries, k]``."""
+    """Top-k results: ``scores`` float32 and ``ids`` int64, both ``[n_queries, result_width(k, n_docs)]``."""
 
     scores: torch.Tensor
     ids: torch.Tensor
+
+
+def result_width(k: int, n_docs: int) -> int:
+    """Columns of a search's results: ``k``, padded beyond the ``n_docs`` documents while
+    ``k <= MAX_PADDED_K``; a ``k`` larger than both gets ``n_docs`` columns (every document's
+    slot; padding to ``k = 10**11`` would need terabytes)."""
+    return k if k <= max(n_docs, MAX_PADDED_K) else n_docs
+
+
+def search_width(k: int, n_docs: int) -> int:
+    """The ``k`` an engine searches with: at most the ``n_docs`` documents (at least 1), so that
+    a huge ``k`` costs no more than ``k = n_docs``."""
+    return max(1, min(k, n_docs))
+
+
+def padded(results: SearchResults, width: int) -> SearchResults:
+    """``results`` cut or padded (score 0, id -1) to ``width`` columns."""
+    n, have = results.scores.shape
+    if have == width:
+        return results
+    if have > width:  # only padding columns go (width >= the documents searched)
+        return SearchResults(results.scores[:, :width].contiguous(), results.ids[:, :width].contiguous())
+    scores = torch.zeros((n, width), dtype=results.scores.dtype, device=results.scores.device)
+    ids = torch.full((n, width), -1, dtype=results.ids.dtype, device=results.ids.device)
+    scores[:, :have], ids[:, :have] = results.scores, results.ids
+    return SearchResults(scores, ids)
 
 
 def check_search_args(k: object, batch_size: int | None, memory_budget: int | None) -> int:
@@ -61,13 +93,15 @@ def search(
     (:meth:`~gpusparse.layout.postings.PostingLists.resident_on`)."""
     budget = check_search_args(k, batch_size, memory_budget)
     dev = index.device if device is None else torch.device(device)
-    q = prepare_queries(queries, index.vocab, index.quantization)
+    q = prepare_queries(queries, index.vocab, index.quantization, max_scores_host(index))
     engine = engines.choose(kernel, dev)
     idx = index.resident_on(dev)
-    return search_batches(
-        lambda part, plan: engine.search_batch(idx, part, k, plan),
-        q, k, idx.n_docs, dev, budget=budget, batch_size=batch_size, progress=progress,
+    kk = search_width(k, idx.n_docs)
+    res = search_batches(
+        lambda part, plan: engine.search_batch(idx, part, kk, plan),
+        q, kk, idx.n_docs, dev, budget=budget, batch_size=batch_size, progress=progress,
     )  # fmt: skip
+    return padded(res, result_width(k, idx.n_docs))
 
 
 def search_batches(

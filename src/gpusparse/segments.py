@@ -56,8 +56,10 @@ from .collection import SparseCollection
 from .errors import InputError
 from .index import Index
 from .layout.postings import MAX_DOCS
+from .layout.statistics import max_scores_host
 from .quantize import Quantization, quantize_to
-from .queries import as_queries
+from .queries import as_queries, prepare_queries
+from .search import result_width
 from .segment_files import (
     DELETIONS,
     SEGMENTS,
@@ -227,11 +229,18 @@ class SegmentedIndex:
 
         Each segment is searched for ``k`` plus its deleted count (at most its size), so
         its live top-``k`` is among the results; the lists are merged by score descending,
-        then global number ascending. ``kwargs`` go to :meth:`Index.search`.
+        then global number ascending. ``kwargs`` go to :meth:`Index.search`. The results
+        have :meth:`Index.search`'s width for the live documents
+        (:func:`~gpusparse.search.result_width`); a query whose scores could overflow
+        float32 over all segments is refused (:class:`InputError`), as a compacted index
+        would refuse it.
         """
         if isinstance(k, bool) or not isinstance(k, int) or k <= 0:
             raise ValueError(f"k must be a positive integer, not {k!r}")
         q = as_queries(queries, self.vocab)
+        if self.segments:  # the bound of all segments' documents, before any is searched
+            maxima = np.maximum.reduce([max_scores_host(s.index) for s in self.segments])
+            prepare_queries(q, self.vocab, self.quantization, maxima)
         n_q = len(q)
         scores = [torch.zeros((n_q, 0), dtype=torch.float32)]
         positions = [torch.zeros((n_q, 0), dtype=torch.int64)]
@@ -248,7 +257,9 @@ class SegmentedIndex:
                 ok &= ~gone
             scores.append(res.scores)
             positions.append(torch.where(ok, local + s.base, torch.full_like(local, -1)))
-        out_s, out_p = merge_results(torch.cat(scores, dim=1), torch.cat(positions, dim=1), k)
+        out_s, out_p = merge_results(
+            torch.cat(scores, dim=1), torch.cat(positions, dim=1), result_width(k, self.n_docs)
+        )
         names = self._names_of(out_p)
         return SegmentedResults(out_s, out_p, names)
 

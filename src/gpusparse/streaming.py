@@ -18,8 +18,9 @@ from .collection import SparseCollection
 from .engines.base import DEFAULT_MEMORY_BUDGET, BatchResult, SearchPlan
 from .engines.tiled.engine import layout_for_search
 from .layout.postings import PostingLists
+from .layout.statistics import max_scores_host
 from .queries import prepare_queries
-from .search import SearchResults, check_search_args, search_batches
+from .search import SearchResults, check_search_args, padded, result_width, search_batches, search_width
 from .shards import document_ranges, slice_documents
 from .topk import merge_results
 
@@ -46,6 +47,7 @@ class StreamedIndex:
         self.vocab = index.vocab
         self.quantization = index.quantization
         self.n_docs = index.n_docs
+        self.term_max_scores = max_scores_host(index)  # float64 [V]: bounds the scores (prepare_queries)
         self._ids = index._ids
         cuda = self.device.type == "cuda"
         self.pieces: list[tuple[int, PostingLists]] = []
@@ -89,11 +91,13 @@ class StreamedIndex:
         """Exact top-``k``, as :meth:`Index.search` (same results, bit for bit)."""
         budget = check_search_args(k, batch_size, memory_budget)
         self.check_kernel(kernel)
-        q = prepare_queries(queries, self.vocab, self.quantization)
-        return search_batches(
-            lambda part, plan: BatchResult(*self.search_pieces(part, k, plan)),
-            q, k, self.n_docs, self.device, budget=budget, batch_size=batch_size, progress=progress,
+        q = prepare_queries(queries, self.vocab, self.quantization, self.term_max_scores)
+        kk = search_width(k, self.n_docs)
+        res = search_batches(
+            lambda part, plan: BatchResult(*self.search_pieces(part, kk, plan)),
+            q, kk, self.n_docs, self.device, budget=budget, batch_size=batch_size, progress=progress,
         )  # fmt: skip
+        return padded(res, result_width(k, self.n_docs))
 
     def check_kernel(self, kernel: str) -> None:
         """Refuse a ``kernel`` other than ``"auto"`` or the one the pieces were prepared for."""

@@ -9,9 +9,9 @@ import click
 # The module, not its functions: tests replace ``gpusparse.serve.serve`` to stop before listening.
 from .. import serve as server
 from ..encode import SpladeEncoder
-from ..index import Index
 from ..serve.config import DEFAULT_ALLOWED_HOSTS
-from ._common import check_kernel, default_device, fail, friendly_errors, kernel_choice, parse_size
+from ..serve.served import load_served
+from ._common import check_kernel, default_device, fail, friendly_errors, kernel_choice, parse_size, unknown_option
 
 
 @click.command("serve")
@@ -75,6 +75,7 @@ from ._common import check_kernel, default_device, fail, friendly_errors, kernel
 )
 @click.option("--memory-budget", default="1GiB", show_default=True, help="Bytes of search temporaries.")
 @click.option("--verify/--no-verify", default=True, show_default=True, help="Check the index files' checksums.")
+@unknown_option
 @friendly_errors
 def serve_cmd(
     index_dir: Path,
@@ -97,8 +98,11 @@ def serve_cmd(
     max_connections_per_client: int,
     memory_budget: str,
     verify: bool,
+    unknown_tokens: str,
 ) -> None:
     """Serve INDEX_DIR over HTTP/JSON: POST /search, GET /health, GET /metrics, /openapi.json.
+
+    INDEX_DIR may be plain, sharded or updated by add/delete (the snapshot at start-up).
 
     Concurrent requests are batched dynamically (up to --max-batch-size queries, or
     --max-wait-ms); a full queue answers 429; Ctrl-C or SIGTERM finishes the requests in
@@ -120,7 +124,7 @@ def serve_cmd(
     allowed_hosts = (*DEFAULT_ALLOWED_HOSTS, *bound, *allow_hosts)
     dev = default_device(device)
     check_kernel(kernel, dev)
-    index = Index.load(index_dir, device=dev, verify=verify)
+    index = load_served(index_dir, device=dev, verify=verify)  # plain, sharded or segmented
     encoder = None
     if model is not None:
         try:
@@ -140,6 +144,7 @@ def serve_cmd(
         max_connections_per_client=max_connections_per_client,
         auth_token=auth_token or None,
         allowed_hosts=allowed_hosts,
+        unknown_tokens=unknown_tokens,
         search_kwargs={"kernel": kernel, "memory_budget": budget},
     )
     texts = f"text queries encoded by {encoder.name}" if encoder is not None else "{token: weight} queries only"

@@ -25,7 +25,8 @@ load scripts from a CDN) and no CORS headers.
 
 The modules: :mod:`.config` (the frozen :class:`ServerConfig`), :mod:`.security`,
 :mod:`.body`, :mod:`.admission`, :mod:`.schemas` (pydantic models), :mod:`.validate`,
-:mod:`.batcher`, :mod:`.routes`, :mod:`.app` (:func:`create_app`), :mod:`.run`
+:mod:`.batcher`, :mod:`.served` (any index folder: plain, sharded, segmented),
+:mod:`.routes`, :mod:`.app` (:func:`create_app`), :mod:`.run`
 (:func:`serve`, :func:`build_server`), :mod:`.metrics`.
 
 ``fastapi`` and ``uvicorn`` are optional (``pip install 'gpusparse[serve]'``); this package
@@ -38,7 +39,8 @@ from .batcher import QUEUE_FULL, DynamicBatcher, PendingRequest, QueueFullError,
 from .config import ServerConfig
 from .metrics import Histogram, Metrics
 from .run import build_server, serve
-from .validate import canonical_vector, check_queries, describe_validation_errors
+from .served import ServedSegments, load_served
+from .validate import canonical_vector, check_queries, decode_request, describe_validation_errors
 
 __all__ = [
     "INSTALL_HINT",
@@ -50,13 +52,16 @@ __all__ = [
     "Metrics",
     "PendingRequest",
     "QueueFullError",
+    "ServedSegments",
     "ServerConfig",
     "ShuttingDownError",
     "build_server",
     "canonical_vector",
     "check_queries",
     "create_app",
+    "decode_request",
     "describe_validation_errors",
+    "load_served",
     "require_server_stack",
     "search_requests",
     "serve",

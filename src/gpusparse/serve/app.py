@@ -12,12 +12,14 @@ from ..queries import check_vocab
 from .batcher import QUEUE_FULL, DynamicBatcher, search_requests
 from .config import ServerConfig
 from .metrics import Metrics
+from .served import served
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from ..encode import SpladeEncoder
     from ..index import Index
+    from ..segments import SegmentedIndex
 
 INSTALL_HINT = "the search server needs fastapi and uvicorn: pip install 'gpusparse[serve]'"
 
@@ -32,7 +34,7 @@ def require_server_stack() -> None:
 
 
 def create_app(
-    index: Index,
+    index: Index | SegmentedIndex,
     *,
     encoder: SpladeEncoder | None = None,
     config: ServerConfig | None = None,
@@ -42,7 +44,9 @@ def create_app(
     """The FastAPI app serving ``index`` (see :mod:`gpusparse.serve`).
 
     Args:
-        index: the index to search (on the device it will be searched on).
+        index: the index to search (on the device it will be searched on): an
+            :class:`Index`, or a :class:`~gpusparse.segments.SegmentedIndex` snapshot
+            (answered with its documents' string ids; see :mod:`.served`).
         encoder: a SPLADE encoder for text queries, in the index's vocabulary; without one
             only ``{token: weight}`` queries are accepted.
         config: the server's settings (default: :class:`ServerConfig`'s defaults).
@@ -65,6 +69,7 @@ def create_app(
     from .validate import describe_validation_errors
 
     config = dataclasses.replace(config or ServerConfig(), **settings)
+    index = served(index)
     if encoder is not None:
         check_vocab(encoder.vocab, index.vocab)
     metrics = Metrics(config.max_batch_size)

@@ -48,6 +48,9 @@ class ServerConfig:
             otherwise). Never shown in the repr.
         allowed_hosts: names the ``Host`` header may carry (port ignored, case-insensitive);
             ``"*"`` allows any. Others get HTTP 400.
+        unknown_tokens: a query token missing from the vocabulary is an error (HTTP 400, as
+            :meth:`Index.search` refuses it) or, with ``"skip"``, dropped (as the file
+            reader's ``unknown="skip"``).
     """
 
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
@@ -62,6 +65,7 @@ class ServerConfig:
     max_connections_per_client: int = DEFAULT_MAX_CONNECTIONS_PER_CLIENT
     auth_token: str | None = field(default=None, repr=False)
     allowed_hosts: tuple[str, ...] = DEFAULT_ALLOWED_HOSTS
+    unknown_tokens: str = "error"
 
     def __post_init__(self) -> None:
         positive = ("max_batch_size", "queue_size", "max_query_terms", "max_queries_per_request", "max_text_chars")
@@ -80,6 +84,8 @@ class ServerConfig:
             raise ValueError(f"allowed_hosts must be a non-empty tuple of names, not {hosts!r}")
         # Stored normalised (lower case, IPv6 without brackets) so the check is a set lookup.
         object.__setattr__(self, "allowed_hosts", tuple(dict.fromkeys(h.lower().strip("[]") for h in hosts)))
+        if self.unknown_tokens not in ("error", "skip"):
+            raise ValueError(f"unknown_tokens must be 'error' or 'skip', not {self.unknown_tokens!r}")
         if not self.max_wait_ms >= 0:
             raise ValueError(f"max_wait_ms must be >= 0, not {self.max_wait_ms!r}")
         if not self.request_timeout_s > 0:

@@ -16,7 +16,7 @@ class SearchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     query: Query | None = Field(None, description="A single query.")
     queries: list[Query] | None = Field(None, description="Several queries.")
-    k: StrictInt = Field(10, ge=1, description="Results per query (at most the collection's size).")
+    k: StrictInt = Field(10, ge=1, description="Results per query (fewer when fewer documents match).")
 
 
 class Hits(BaseModel):
