@@ -109,7 +109,7 @@ def search_sharded(
         )
         return _merge_later(r, offset, k, world > 1, group, into)
 
-    return run_batches(n_q, k, bq, dev, launch, progress=progress)
+    return run_batches(n_q, k, bq, dev, launch, progress=progress, engine=name)
 
 
 def _merge_later(

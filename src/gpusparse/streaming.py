@@ -93,6 +93,7 @@ class StreamedIndex:
         return search_batches(
             lambda part, plan: BatchResult(*self.search_pieces(part, k, plan)),
             q, k, self.n_docs, self.device, budget=budget, batch_size=batch_size, progress=progress,
+            engine=self.kernel,
         )  # fmt: skip
 
     def check_kernel(self, kernel: str) -> None:
