@@ -203,10 +203,13 @@ def test_search_k_truncates(files, index_dir):
     assert (d / "k3.trec").read_text() == expected_run(files, k=3, tag="short")
 
 
-def test_search_overwrites_an_existing_run(files, index_dir):
+def test_search_replaces_an_existing_run_only_with_overwrite(files, index_dir):
     out = files["dir"] / "run.trec"
     out.write_text("old\n")
-    ok("search", index_dir, files["queries"], "-o", out)
+    result = run("search", index_dir, files["queries"], "-o", out)
+    assert result.exit_code == 1 and "--overwrite" in result.stderr
+    assert out.read_text() == "old\n"
+    ok("search", index_dir, files["queries"], "-o", out, "--overwrite")
     assert out.read_text() == expected_run(files)
 
 

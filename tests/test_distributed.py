@@ -252,7 +252,9 @@ def test_cli_sharded_quantized_index_ranks_like_one_quantized_index(cli_data, tm
     assert (d / "single-q8-25.trec").read_bytes() != (d / "single-float-25.trec").read_bytes()  # it shows
     for extra in ([], ["--pieces", "3"]):
         out = tmp_path / "q8sh2.trec"
-        result = run("search", d / "q8sh2", cli_data["cqueries"], "-o", out, "--k", 25, "--no-progress", *extra)
+        result = run(
+            "search", d / "q8sh2", cli_data["cqueries"], "-o", out, "--k", 25, "--no-progress", "--overwrite", *extra
+        )
         assert result.exit_code == 0, result.stderr
         assert out.read_bytes() == (d / "single-q8-25.trec").read_bytes(), extra
 

@@ -129,7 +129,7 @@ def search_sharded(
         )
         return _merge_later(r, offset, k, world > 1, group, into)
 
-    return padded(run_batches(n_q, k, bq, dev, launch, progress=progress), result_width(k_asked, total))
+    return padded(run_batches(n_q, k, bq, dev, launch, progress=progress, engine=name), result_width(k_asked, total))
 
 
 def _merge_later(

@@ -22,7 +22,10 @@ imported when an encoder is created, never when this module is.
 
 from __future__ import annotations
 
+import os
+import socket
 import time
+import urllib.parse
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -380,14 +383,41 @@ def load_masked_lm(model: str | Path) -> tuple[Any, torch.nn.Module]:
         raise InputError("no such model folder", path=name)
     else:
         source = name
+    # A hub id without a network: read the local cache only (transformers would retry for
+    # about a minute before failing).
+    offline = not path.exists() and (_env_true("HF_HUB_OFFLINE") or not hub_reachable())
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(source)
-        mlm = transformers.AutoModelForMaskedLM.from_pretrained(source)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(source, local_files_only=offline)
+        mlm = transformers.AutoModelForMaskedLM.from_pretrained(source, local_files_only=offline)
     except Exception as exc:  # transformers, safetensors and torch raise many kinds for a bad folder
         first = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
-        hint = "" if path.exists() else " (without a network, give the path of a downloaded model folder)"
+        if path.exists():
+            hint = ""
+        elif offline:
+            first = "the hub is offline (HF_HUB_OFFLINE=1) or unreachable, and the model is not in the local cache"
+            hint = "; give the path of a downloaded model folder, or download it where there is a network"
+        else:
+            hint = " (without a network, set HF_HUB_OFFLINE=1 to use the local cache, or give a model folder's path)"
         raise InputError(f"cannot load a masked-LM model: {first}{hint}", path=name) from None
     return tokenizer, mlm
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the model hub (``HF_ENDPOINT``, default huggingface.co) accepts a TCP
+    connection within ``timeout`` seconds; ``True`` behind a proxy (not probed)."""
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True
+    url = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    port = url.port or (80 if url.scheme == "http" else 443)
+    try:
+        socket.create_connection((url.hostname or "huggingface.co", port), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
+
+
+def _env_true(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def model_vocabulary(tokenizer: Any, size: int) -> Vocabulary:

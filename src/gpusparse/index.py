@@ -8,7 +8,9 @@ the builders, persistence (:mod:`gpusparse.storage`, :mod:`gpusparse.shards`) an
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,7 +35,47 @@ class Index(PostingLists):
 
     Build with :meth:`build`, persist with :meth:`save` / :meth:`load`, query with
     :meth:`search`. The arrays are public (see the module docstring for the layout).
+    With an encoder attached (:meth:`attach_encoder`), :meth:`search` and :meth:`retrieve`
+    also take query texts.
     """
+
+    encoder: Any = None
+    """What turns query texts into vectors for :meth:`search` (see :meth:`attach_encoder`)."""
+
+    def attach_encoder(self, encoder: Any) -> Index:
+        """Let :meth:`search` and :meth:`retrieve` take texts, encoded by ``encoder``: a
+        :class:`~gpusparse.encode.SpladeEncoder`, or any object with ``vocab`` and
+        ``encode_queries(texts, ids)`` returning a :class:`SparseCollection` (its vocabulary
+        is checked against the index's at search time). ``None`` detaches. Returns ``self``."""
+        if encoder is not None and not callable(getattr(encoder, "encode_queries", None)):
+            raise TypeError(f"an encoder needs an encode_queries(texts, ids) method; got {type(encoder).__name__}")
+        self.encoder = encoder
+        return self
+
+    def doc_ids_of(self, results: SearchResults) -> list[list[str]]:
+        """The document ids of ``results`` (from :meth:`search`), query by query: the string
+        ids the collection gave, in rank order, padding left out. ``results.ids`` are row
+        numbers; ``self.ids[row]`` is what this returns for each."""
+        names = self.ids
+        return [[names[d] for d in row if d >= 0] for row in results.ids.tolist()]
+
+    def _encoded(self, queries: object) -> object:
+        """``queries`` as vectors: texts (a string, a list of strings or ``{query id: text}``)
+        go through the attached encoder; anything else is returned as it is."""
+        if isinstance(queries, str):
+            queries = [queries]
+        if isinstance(queries, Mapping) and queries and all(isinstance(t, str) for t in queries.values()):
+            ids, texts = list(queries), list(queries.values())
+        elif isinstance(queries, Sequence) and queries and all(isinstance(t, str) for t in queries):
+            ids, texts = [str(i) for i in range(len(queries))], list(queries)
+        else:
+            return queries
+        if self.encoder is None:
+            raise TypeError(
+                "these are query texts: attach an encoder first, e.g. "
+                "index.attach_encoder(gpusparse.encode.SpladeEncoder(MODEL))"
+            )
+        return self.encoder.encode_queries(texts, ids)
 
     # -- construction -------------------------------------------------------------------
 
@@ -173,7 +215,9 @@ class Index(PostingLists):
 
         Args:
             queries: a :class:`SparseCollection`, a scipy sparse matrix or a torch sparse
-                tensor, COO or CSR (columns are term ids), or a list of ``{token: weight}`` dicts.
+                tensor, COO or CSR (columns are term ids), or a list of ``{token: weight}``
+                dicts; with an encoder attached (:meth:`attach_encoder`) also a text, a list of
+                texts or ``{query id: text}``.
             k: results per query (``k > n_docs`` is allowed and costs no more than
                 ``k = n_docs``; see below for the width of the results).
             batch_size: queries scored together (default: chosen from the memory budget).
@@ -195,7 +239,9 @@ class Index(PostingLists):
             score ``0``. The width ``w`` is ``k``, padded beyond ``n_docs``, as long as
             ``k <= max(n_docs, 10_000)`` (:data:`~gpusparse.search.MAX_PADDED_K`); a larger
             ``k`` gets ``w = n_docs`` (every document has its slot; padding to ``k = 10**11``
-            would take terabytes). See :func:`~gpusparse.search.result_width`.
+            would take terabytes). See :func:`~gpusparse.search.result_width`. The ids are
+            **row numbers**, not the collection's document ids: :meth:`doc_ids_of` gives those
+            (or :meth:`retrieve`). ``results.engine`` names the engine that ran.
 
         Raises:
             InputError: a query in another vocabulary, or whose weights are so large that a
@@ -211,7 +257,7 @@ class Index(PostingLists):
             target = tiled_resident(self, dev)
         return search(
             target,  # type: ignore[arg-type]
-            queries,
+            self._encoded(queries),
             k,
             batch_size=batch_size,
             device=dev,
@@ -285,10 +331,11 @@ class Index(PostingLists):
         return {"components": out, "by_device": by_device, "search_bytes": temp, "peak": peak}
 
     def retrieve(
-        self, queries: SparseCollection, k: int = 1000, **kwargs: object
+        self, queries: SparseCollection | object, k: int = 1000, **kwargs: object
     ) -> dict[str, list[tuple[str, float]]]:
-        """Like :meth:`search`, but ``{query id: [(document id, score), ...]}`` with string ids."""
-        queries = as_queries(queries, self.vocab)
+        """Like :meth:`search`, but ``{query id: [(document id, score), ...]}`` with string ids
+        (texts in a list are named ``"0"``, ``"1"``, ...; pass ``{query id: text}`` to name them)."""
+        queries = as_queries(self._encoded(queries), self.vocab)
         res = self.search(queries, k, **kwargs)  # type: ignore[arg-type]
         out: dict[str, list[tuple[str, float]]] = {}
         for qi, qid in enumerate(queries.ids):

@@ -32,11 +32,34 @@ if TYPE_CHECKING:
 MAX_PADDED_K = 10_000
 
 
-class SearchResults(NamedTuple):
-    """Top-k results: ``scores`` float32 and ``ids`` int64, both ``[n_queries, result_width(k, n_docs)]``."""
-
+class _ScoresIds(NamedTuple):
     scores: torch.Tensor
     ids: torch.Tensor
+
+
+class SearchResults(_ScoresIds):
+    """Top-k results: ``scores`` float32 and ``ids`` int64, both ``[n_queries, w]`` with
+    ``w = result_width(k, n_docs)``.
+
+    ``ids`` are the index's internal **row numbers** (``0 .. n_docs - 1``; ``-1`` pads), not
+    the document ids of the collection: ``index.ids[i]`` names row ``i``, and
+    :meth:`gpusparse.Index.doc_ids_of` turns a whole result into string ids. It unpacks as
+    ``scores, ids = res``; ``engine`` (an attribute, not a tuple field) names the engine
+    that searched (``"tiled"``, ``"scatter"``, ``"reference"`` ...; ``""`` when unknown).
+    """
+
+    engine: str
+
+    def __new__(cls, scores: torch.Tensor, ids: torch.Tensor, engine: str = "") -> SearchResults:
+        self = super().__new__(cls, scores, ids)
+        self.engine = engine
+        return self
+
+    def __getnewargs__(self) -> tuple[torch.Tensor, torch.Tensor, str]:  # type: ignore[override]
+        return (self.scores, self.ids, self.engine)
+
+    def _replace(self, **changes: torch.Tensor) -> SearchResults:  # type: ignore[override]
+        return SearchResults(changes.get("scores", self.scores), changes.get("ids", self.ids), self.engine)
 
 
 def result_width(k: int, n_docs: int) -> int:
@@ -58,11 +81,13 @@ def padded(results: SearchResults, width: int) -> SearchResults:
     if have == width:
         return results
     if have > width:  # only padding columns go (width >= the documents searched)
-        return SearchResults(results.scores[:, :width].contiguous(), results.ids[:, :width].contiguous())
+        return SearchResults(
+            results.scores[:, :width].contiguous(), results.ids[:, :width].contiguous(), results.engine
+        )
     scores = torch.zeros((n, width), dtype=results.scores.dtype, device=results.scores.device)
     ids = torch.full((n, width), -1, dtype=results.ids.dtype, device=results.ids.device)
     scores[:, :have], ids[:, :have] = results.scores, results.ids
-    return SearchResults(scores, ids)
+    return SearchResults(scores, ids, results.engine)
 
 
 def check_search_args(k: object, batch_size: int | None, memory_budget: int | None) -> int:
@@ -99,7 +124,7 @@ def search(
     kk = search_width(k, idx.n_docs)
     res = search_batches(
         lambda part, plan: engine.search_batch(idx, part, kk, plan),
-        q, kk, idx.n_docs, dev, budget=budget, batch_size=batch_size, progress=progress,
+        q, kk, idx.n_docs, dev, budget=budget, batch_size=batch_size, progress=progress, engine=engine.name,
     )  # fmt: skip
     return padded(res, result_width(k, idx.n_docs))
 
@@ -114,10 +139,11 @@ def search_batches(
     budget: int,
     batch_size: int | None,
     progress: bool = False,
+    engine: str = "",
 ) -> SearchResults:
     """Prepared ``queries`` in batches (:func:`~gpusparse.engines.base.plan_chunks` for
     ``n_docs`` documents and ``budget`` bytes), each searched by ``search_batch(part, plan)``
-    and brought to the host pipelined (:func:`run_batches`)."""
+    and brought to the host pipelined (:func:`run_batches`); ``engine`` names it in the results."""
     bq, dc = plan_chunks(len(queries), n_docs, budget, batch_size)
     plan = SearchPlan(doc_chunk=dc, memory_budget=budget)
 
@@ -125,7 +151,7 @@ def search_batches(
         part = queries if (a, b) == (0, len(queries)) else queries[a:b]
         return complete_later(search_batch(part, plan), into)
 
-    return run_batches(len(queries), k, bq, device, launch, progress=progress)
+    return run_batches(len(queries), k, bq, device, launch, progress=progress, engine=engine)
 
 
 def run_batches(
@@ -136,18 +162,20 @@ def run_batches(
     launch: Callable[[int, int, Sequence[torch.Tensor]], Callable[[], tuple[torch.Tensor, torch.Tensor]]],
     *,
     progress: bool = False,
+    engine: str = "",
 ) -> SearchResults:
     """A search's batches of ``batch_size`` queries, pipelined: ``launch(a, b, into)`` starts
     queries ``a:b`` and returns the function that waits for their host ``(scores, ids)``
     (written into ``into``, page-locked slices of the output, when given). Batch i is launched
     before batch i - 1 is waited for, so the host's part of a batch (query layout, parameters,
     launches) overlaps the device's work on the one before. One batch's results are returned
-    as they come."""
+    as they come. ``engine``: the name the results carry (:attr:`SearchResults.engine`)."""
     if n_queries == 0:
-        return SearchResults(torch.zeros((0, k), dtype=torch.float32), torch.zeros((0, k), dtype=torch.int64))
+        empty = torch.zeros((0, k), dtype=torch.float32), torch.zeros((0, k), dtype=torch.int64)
+        return SearchResults(*empty, engine=engine)
     bar = tqdm(total=n_queries, unit="q", desc="searching", disable=not progress or None, leave=False)
     if n_queries <= batch_size:
-        out = SearchResults(*launch(0, n_queries, ())())
+        out = SearchResults(*launch(0, n_queries, ())(), engine=engine)
         bar.update(n_queries)
         bar.close()
         return out
@@ -163,7 +191,7 @@ def run_batches(
                 out_scores[a0:b0], out_ids[a0:b0] = s0, i0
             bar.update(b0 - a0)
     bar.close()
-    return SearchResults(out_scores, out_ids)
+    return SearchResults(out_scores, out_ids, engine=engine)
 
 
 def complete_later(

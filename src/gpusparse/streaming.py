@@ -96,6 +96,7 @@ class StreamedIndex:
         res = search_batches(
             lambda part, plan: BatchResult(*self.search_pieces(part, kk, plan)),
             q, kk, self.n_docs, self.device, budget=budget, batch_size=batch_size, progress=progress,
+            engine=self.kernel,
         )  # fmt: skip
         return padded(res, result_width(k, self.n_docs))
 

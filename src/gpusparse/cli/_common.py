@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import uuid
+import warnings
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
@@ -39,12 +42,16 @@ def warn(message: str) -> None:
 
 
 def friendly_errors(fn: F) -> F:
-    """Turn the errors a user can cause into one line and exit status 1."""
+    """Turn the errors a user can cause into one line and exit status 1; Ctrl-C into one
+    line and exit status 130 (128 + SIGINT, as shells do)."""
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
+        except KeyboardInterrupt:
+            click.echo("\ngpusparse: interrupted", err=True)
+            sys.exit(130)
         except GPUSparseError as exc:
             fail(str(exc))
         except FileExistsError as exc:
@@ -72,16 +79,50 @@ def default_device(name: str | None) -> str:
     return device_option(name) or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def check_kernel(kernel: str, dev: str) -> None:
-    """A ``--kernel`` that cannot run on ``dev`` is a usage error (exit status 2)."""
+def check_kernel(kernel: str, dev: str) -> str:
+    """The name of the engine ``--kernel`` runs on ``dev``; one that cannot run there is a
+    usage error (exit status 2). When ``auto`` falls back to a slower engine on a GPU, says
+    why and what to install, once, on stderr (:func:`gpusparse.engines.fallback_reason`)."""
     try:
-        engines.choose(kernel, torch.device(dev))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", engines.SlowEngineWarning)
+            engine = engines.choose(kernel, torch.device(dev))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--kernel") from None
+    for w in caught:
+        if issubclass(w.category, engines.SlowEngineWarning):
+            warn(str(w.message))
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return engine.name
+
+
+def check_output(output: Path, overwrite: bool, option: str = "--output") -> None:
+    """Refuse an ``--output`` file in a missing folder, or an existing one without
+    ``--overwrite`` (``-`` is stdout: always fine)."""
+    if str(output) == "-":
+        return
+    if not output.parent.is_dir():
+        raise click.BadParameter(f"folder {output.parent} does not exist", param_hint=option)
+    if output.exists() and not overwrite:
+        raise FileExistsError(f"{output} already exists (use --overwrite to replace it)")
+
+
+def output_name(output: Path) -> str:
+    """How a summary line names ``output`` (``-``: stdout)."""
+    return "stdout" if str(output) == "-" else str(output)
 
 
 def write_run(output: Path, qids: list[str], doc_names: list[str], scores: Any, ranked: Any, tag: str) -> int:
-    """Write a TREC run atomically (temporary file, then rename); the number of lines."""
+    """Write a TREC run atomically (temporary file, then rename; ``-``: to stdout); the number of lines."""
+    if str(output) == "-":
+        with tempfile.TemporaryDirectory(prefix="gpusparse-run-") as folder:
+            tmp = Path(folder) / "run.trec"
+            n = write_trec_run(tmp, qids, doc_names, scores.numpy(), ranked.numpy(), tag=tag)
+            with open(tmp, encoding="utf-8") as f:
+                shutil.copyfileobj(f, sys.stdout)
+            sys.stdout.flush()
+        return n
     tmp = output.with_name(f".{output.name}.tmp-{uuid.uuid4().hex[:8]}")
     try:
         n = write_trec_run(tmp, qids, doc_names, scores.numpy(), ranked.numpy(), tag=tag)

@@ -17,7 +17,7 @@ from ..segments import SegmentedIndex, read_ids
 from ..shards import document_ranges, is_sharded, read_sharded_manifest, save_sharded
 from ..storage import read_manifest
 from ..vocab import Vocabulary
-from ._common import device_option, friendly_errors, progress_option, unknown_option
+from ._common import device_option, fail, friendly_errors, progress_option, unknown_option
 
 
 @click.command("index")
@@ -234,8 +234,10 @@ def add_cmd(index_dir: Path, vectors: tuple[Path, ...], upsert: bool, unknown_to
 
     An id already in the index is an error unless --upsert. The change is atomic: a crash
     leaves the index as it was before or after. A plain index folder is converted in place
-    to a segmented one on the first update.
+    to a segmented one on the first update. A sharded folder (index --shards) is refused:
+    rebuild it with the new documents.
     """
+    _refuse_sharded(index_dir, "add")
     index = SegmentedIndex.load(index_dir)
     stats = ReadStats()
     coll = read_vectors(vectors, index.vocab, unknown=unknown_tokens, progress=progress, stats=stats)  # type: ignore[arg-type]
@@ -255,6 +257,7 @@ def delete_cmd(index_dir: Path, ids_file: Path) -> None:
     Ids not in the index are counted, not an error. The documents stay on disk, marked
     deleted, until `gpusparse compact`.
     """
+    _refuse_sharded(index_dir, "delete")
     ids = read_ids(ids_file)
     index = SegmentedIndex.load(index_dir)
     rep = index.delete(ids)
@@ -267,6 +270,7 @@ def delete_cmd(index_dir: Path, ids_file: Path) -> None:
 @friendly_errors
 def compact_cmd(index_dir: Path) -> None:
     """Merge INDEX_DIR's segments into one and drop its deleted documents (same results)."""
+    _refuse_sharded(index_dir, "compact")
     index = SegmentedIndex.load(index_dir)
     before = len(index.segments)
     rep = index.compact()
@@ -275,3 +279,12 @@ def compact_cmd(index_dir: Path) -> None:
         f"{_segments_summary(index)}",
         err=True,
     )
+
+
+def _refuse_sharded(index_dir: Path, command: str) -> None:
+    """Updates work on plain and segmented folders; a sharded one is refused before any work."""
+    if is_sharded(index_dir):
+        fail(
+            f"{index_dir}: a sharded index (index --shards) cannot be updated by {command}: rebuild it with "
+            "gpusparse index --shards N over all the documents, or build it without --shards to update it"
+        )

@@ -35,6 +35,7 @@ from .eval import DEFAULT_MEASURES
 @click.option("--save-index", is_flag=True, help="Also save the index to OUTPUT/index/.")
 @click.option("--device", help="Where to index and search: cpu or cuda[:N] [default: cuda if available].")
 @click.option("--memory-budget", default="1GiB", show_default=True, help="Bytes of search temporaries.")
+@click.option("--overwrite", is_flag=True, help="Replace the outputs of an earlier run in OUTPUT.")
 @progress_option
 @friendly_errors
 def pipeline_cmd(
@@ -56,6 +57,7 @@ def pipeline_cmd(
     save_index: bool,
     device: str | None,
     memory_budget: str,
+    overwrite: bool,
     progress: bool,
 ) -> None:
     """Encode a BEIR folder, index it, search its judged queries and print the metrics.
@@ -71,6 +73,10 @@ def pipeline_cmd(
     parsed = parse_measures(measures)
     budget = parse_size(memory_budget)
     output = output or Path(f"pipeline-{beir_dir.resolve().name}")
+    if not overwrite:
+        for path in (output / "run.trec", output / "metrics.json", output / "vectors", output / "index"):
+            if path.exists():
+                raise FileExistsError(f"{path} already exists (use --overwrite to replace it)")
     dev = default_device(device)
     t_start = time.perf_counter()
     beir = read_beir(beir_dir, split)

@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import click
+import numpy as np
 import torch.distributed as dist
 
+from ..collection import SparseCollection
 from ..distributed import first_error, init_from_env, load_shard, search_sharded
 from ..errors import GPUSparseError
 from ..formats import ReadStats, read_vectors
@@ -17,24 +19,32 @@ from ..segment_files import is_segmented
 from ..segments import SegmentedIndex
 from ..shards import is_sharded, shard_ids
 from ..streaming import open_for_search
+from ..topics import is_text_query_file, read_query_texts
+from ..vocab import Vocabulary
 from ._common import (
     check_kernel,
+    check_output,
     default_device,
     fail,
     friendly_errors,
     kernel_choice,
+    output_name,
     parse_size,
     progress_option,
     unknown_option,
     write_run,
 )
+from ._text import make_encoder
 
 
 @click.command("search")
 @click.argument("index_dir", type=click.Path(path_type=Path))
 @click.argument("queries", type=click.Path(path_type=Path))
 @click.option("-k", "--k", "k", default=1000, show_default=True, type=click.IntRange(min=1), help="Results per query.")
-@click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="TREC run file to write.")
+@click.option(
+    "-o", "--output", required=True, type=click.Path(path_type=Path), help="TREC run file to write ('-': stdout)."
+)
+@click.option("--overwrite", is_flag=True, help="Replace an existing --output file.")
 @click.option("--batch-size", type=click.IntRange(min=1), help="Queries scored together [default: from the budget].")
 @click.option("--device", help="cpu or cuda[:N] [default: cuda if available, else cpu].")
 @click.option(
@@ -60,6 +70,29 @@ from ._common import (
     "host memory in pieces [default: 90% of the GPU's free memory; no limit on cpu].",
 )
 @click.option("--pieces", type=click.IntRange(min=1), help="Stream the index in N pieces (forces streaming).")
+@click.option(
+    "--model",
+    help="Encode text queries (BEIR queries.jsonl, Anserini JSONL or TSV topics) with this SPLADE model: "
+    "a local folder or a hub id, the model that encoded the corpus.",
+)
+@click.option(
+    "--pooling", type=click.Choice(["max", "sum"]), default="max", show_default=True, help="With --model: pooling."
+)
+@click.option(
+    "--query-max-length",
+    type=click.IntRange(min=2),
+    default=64,
+    show_default=True,
+    help="With --model: tokens per query; longer ones are truncated.",
+)
+@click.option("--encode-device", help="With --model: where it runs [default: cuda if available].")
+@click.option(
+    "--dtype",
+    type=click.Choice(["auto", "float32", "float16", "bfloat16"]),
+    default="auto",
+    show_default=True,
+    help="With --model: auto is bf16/fp16 autocast on a GPU, float32 on the CPU.",
+)
 @progress_option
 @friendly_errors
 def search_cmd(
@@ -67,6 +100,7 @@ def search_cmd(
     queries: Path,
     k: int,
     output: Path,
+    overwrite: bool,
     batch_size: int | None,
     device: str | None,
     kernel: str,
@@ -77,31 +111,45 @@ def search_cmd(
     distributed: bool,
     index_memory: str | None,
     pieces: int | None,
+    model: str | None,
+    pooling: str,
+    query_max_length: int,
+    encode_device: str | None,
+    dtype: str,
     progress: bool,
 ) -> None:
     """Search an index with the queries in QUERIES and write a TREC run.
 
     QUERIES is a JsonVectorCollection JSONL(.gz) (or Seismic JSONL/.bin) file read in the
-    index's vocabulary; its ids become the run's query ids. With --distributed, start one
-    process per GPU: torchrun --nproc-per-node=N $(which gpusparse) search ... --distributed
-    (the run equals a single process's, byte for byte).
+    index's vocabulary, or, with --model, a text query file (BEIR queries.jsonl with _id and
+    text; Anserini topics: JSONL with qid and query/title/text, or TSV 'qid<TAB>text'),
+    encoded with the model. Its ids become the run's query ids. The summary line names the
+    engine that ran. With --distributed, start one process per GPU: torchrun
+    --nproc-per-node=N $(which gpusparse) search ... --distributed (the run equals a single
+    process's, byte for byte; vector queries only).
     """
     budget = parse_size(memory_budget)
     if budget < 1 << 16:
         raise click.BadParameter("must be at least 64KiB", param_hint="--memory-budget")
     index_budget = None if index_memory is None else parse_size(index_memory)
-    if not output.parent.is_dir():
-        raise click.BadParameter(f"folder {output.parent} does not exist", param_hint="--output")
+    check_output(output, overwrite)
     if tag.split() != [tag]:
         raise click.BadParameter("must be one word", param_hint="--tag")
+    text_queries = is_text_query_file(queries)
+    if text_queries and model is None:
+        fail(f"{queries}: these are text queries: pass --model MODEL (the SPLADE model of the corpus) to encode them")
+    if model is not None and not text_queries:
+        raise click.UsageError(f"--model encodes text queries, but {queries} holds vectors (or is not a query file)")
     if distributed:
+        if text_queries:
+            raise click.UsageError("--distributed searches vector queries: encode them first (gpusparse encode)")
         _search_distributed(
             index_dir, queries, k, output, batch_size, device, kernel, budget, tag, unknown_tokens, verify,
             index_budget, pieces, progress,
         )  # fmt: skip
         return
     dev = default_device(device)
-    check_kernel(kernel, dev)
+    engine_name = check_kernel(kernel, dev)
     # An index updated with add/delete/compact is a segmented folder: search its snapshot.
     segmented = is_segmented(index_dir)
     if segmented:
@@ -113,12 +161,16 @@ def search_cmd(
         index = open_for_search(
             host, dev, kernel=kernel, index_memory=index_budget, pieces=pieces, memory_budget=budget
         )
-    stats = ReadStats()
-    qs = read_vectors(queries, index.vocab, unknown=unknown_tokens, progress=progress, stats=stats)  # type: ignore[arg-type]
-    click.echo(f"read {stats.summary()}", err=True)
+    if text_queries:
+        qs = _encoded_queries(queries, index.vocab, model, pooling, query_max_length, encode_device, dtype, progress)  # type: ignore[arg-type]
+    else:
+        stats = ReadStats()
+        qs = read_vectors(queries, index.vocab, unknown=unknown_tokens, progress=progress, stats=stats)  # type: ignore[arg-type]
+        click.echo(f"read {stats.summary()}", err=True)
     t0 = time.perf_counter()
     res = index.search(qs, k, batch_size=batch_size, kernel=kernel, memory_budget=budget, progress=progress)
     dt = time.perf_counter() - t0
+    engine_name = getattr(res, "engine", "") or engine_name  # a segmented index's results do not carry it
     if segmented:
         doc_names, ranked = index.position_ids, res.positions
     else:
@@ -127,10 +179,43 @@ def search_cmd(
     qps = len(qs) / dt if dt > 0 else float("inf")
     streamed = f" (streamed in {len(index.pieces)} pieces)" if hasattr(index, "pieces") else ""
     click.echo(
-        f"searched {len(qs):,} queries on {dev}{streamed} in {dt:.3f} s ({qps:,.0f} queries/s); "
-        f"wrote {n:,} lines to {output}",
+        f"searched {len(qs):,} queries on {dev}{streamed} with engine {engine_name} in {dt:.3f} s "
+        f"({qps:,.0f} queries/s); wrote {n:,} lines to {output_name(output)}",
         err=True,
     )
+
+
+def _encoded_queries(
+    path: Path,
+    vocab: Vocabulary,
+    model: str,
+    pooling: str,
+    query_max_length: int,
+    encode_device: str | None,
+    dtype: str,
+    progress: bool,
+) -> SparseCollection:
+    """The text queries of ``path`` encoded with ``model``, checked against the index's vocabulary."""
+    texts = read_query_texts(path)
+    click.echo(f"read {len(texts):,} text queries from {path}", err=True)
+    enc = make_encoder(model, pooling, query_max_length, query_max_length, 32, encode_device, dtype)
+    t0 = time.perf_counter()
+    qs = enc.encode_queries(texts.texts, texts.ids, progress=progress)
+    click.echo(f"encoded {len(qs):,} queries in {time.perf_counter() - t0:.1f} s", err=True)
+    if qs.vocab != vocab and not vocab.is_integer:
+        # An index read from vector files has its own token vocabulary: the same tokens by
+        # name. A query token the index lacks matches no document, so dropping it is exact.
+        qs = SparseCollection.from_dicts(_token_dicts(qs), qs.ids, vocab, unknown="skip")
+    return qs
+
+
+def _token_dicts(qs: SparseCollection) -> list[dict[str, float]]:
+    tokens = qs.vocab.tokens()
+    indptr, indices, values = (np.asarray(a) for a in (qs.indptr, qs.indices, qs.values))
+    return [
+        {tokens[t]: float(w) for t, w in zip(indices[a:b].tolist(), values[a:b].tolist(), strict=True)}
+        for a, b in zip(indptr[:-1].tolist(), indptr[1:].tolist(), strict=True)
+    ]
 
 
 def _search_distributed(

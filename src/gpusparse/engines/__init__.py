@@ -5,7 +5,9 @@ Each engine is a class in a module of its own implementing
 ``"module:Class"`` and the module is imported only when the engine is used (the CUDA and
 Triton engines load optional packages). :func:`choose` resolves ``"auto"`` (the usable
 engine with the highest ``auto_rank``) or checks an explicit name; the CLI's ``--kernel``
-choices are :func:`names`.
+choices are :func:`names`. On a CUDA device where ``"auto"`` cannot take the fastest engine
+(CuPy not installed), :func:`fallback_reason` says why and what to install, and
+:func:`choose` warns once per process (:class:`SlowEngineWarning`).
 
 ======== ========================================================================= =====
 name     what it is                                                                 auto
@@ -21,12 +23,17 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
+import warnings
 
 import torch
 
 from .base import BatchResult, Engine, SearchPlan, plan_chunks
 
-__all__ = ["REGISTRY", "BatchResult", "Engine", "SearchPlan", "choose", "get", "names", "plan_chunks"]
+__all__ = [
+    "REGISTRY", "BatchResult", "Engine", "SearchPlan", "SlowEngineWarning", "choose", "cuda_extra",
+    "fallback_reason", "get", "names", "plan_chunks",
+]  # fmt: skip
 
 REGISTRY: dict[str, str] = {
     "reference": "gpusparse.engines.reference:ReferenceEngine",
@@ -50,17 +57,69 @@ def get(name: str) -> Engine:
     return getattr(importlib.import_module(module), cls)()
 
 
+# The package each engine's fast path needs, and the pip extra that brings it (see cuda_extra).
+_NEEDS: dict[str, str] = {"tiled": "cupy"}
+
+
+class SlowEngineWarning(UserWarning):
+    """``kernel="auto"`` runs a slower engine on a CUDA device because a package is missing."""
+
+
 def choose(name: str, device: torch.device) -> Engine:
     """The engine to search with on ``device``: ``"auto"`` takes the usable engine of highest
     ``auto_rank`` (the tiled engine on a CUDA device with CuPy, else scatter-add on a CUDA
     device with Triton, else the reference; measured in ``bench/results/``); an explicit name
-    is checked and refused with the reason when it cannot run there."""
+    is checked and refused with the reason when it cannot run there. When ``"auto"`` skips a
+    faster engine on a CUDA device, it warns once per process (:func:`fallback_reason`)."""
     device = torch.device(device)
     if name == "auto":
-        usable = [e for e in map(get, REGISTRY) if e.auto_rank > 0 and e.unavailable(device, auto=True) is None]
-        return max(usable, key=lambda e: e.auto_rank)
+        engine = _best_usable(device)
+        if device.type == "cuda":
+            reason = fallback_reason(device)
+            if reason is not None:
+                _warn_once(reason)
+        return engine
     engine = get(name)
     reason = engine.unavailable(device)
     if reason is not None:
         raise ValueError(reason)
     return engine
+
+
+def fallback_reason(device: str | torch.device) -> str | None:
+    """Why ``kernel="auto"`` does not run the fastest engine on ``device``, with the command
+    that installs what it lacks (one sentence); ``None`` when it does, and off a CUDA device
+    (where the engine it picks is the best there is)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    fastest = max(map(get, REGISTRY), key=lambda e: e.auto_rank)
+    chosen = _best_usable(device)
+    if chosen is fastest:
+        return None
+    why = fastest.unavailable(device, auto=True) or "it is not usable here"
+    package = _NEEDS.get(fastest.name)
+    if package is not None and importlib.util.find_spec(package) is None:
+        extra = cuda_extra()
+        why = (
+            f"{package} is not installed; install it with: pip install 'gpusparse[{extra}]' "
+            f"(CuPy for CUDA {extra[4:]}, as this PyTorch; see docs/guides/install-gpu.md)"
+        )
+    return f"kernel 'auto' runs {chosen.name!r}, not the faster {fastest.name!r}: {why}"
+
+
+def cuda_extra() -> str:
+    """The pip extra of CuPy for this PyTorch's CUDA major version (``torch.version.cuda``):
+    ``"cuda12"`` for CUDA 12, else ``"cuda13"`` (the default, also when PyTorch has no CUDA)."""
+    major = (torch.version.cuda or "13").split(".")[0]
+    return "cuda12" if major == "12" else "cuda13"
+
+
+def _best_usable(device: torch.device) -> Engine:
+    usable = [e for e in map(get, REGISTRY) if e.auto_rank > 0 and e.unavailable(device, auto=True) is None]
+    return max(usable, key=lambda e: e.auto_rank)
+
+
+@functools.cache
+def _warn_once(reason: str) -> None:
+    warnings.warn(reason, SlowEngineWarning, stacklevel=4)
