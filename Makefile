@@ -48,7 +48,8 @@ lint: $(VENV)/.installed
 	$(BIN)/lint-imports --no-cache
 
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -rs
+	PYTHONPATH=src $(BIN)/python scripts/mutation_check.py
 
 clean:
 	rm -rf $(VENV) $(DEMO) .pytest_cache .ruff_cache
