@@ -56,8 +56,11 @@ docs: $(VENV)/.installed
 tables: $(VENV)/.installed
 	$(BIN)/python bench/render_tables.py
 
+# The mutation check first (each known breakage of the exactness contract must fail a fast
+# subset of the suite), then the whole suite, whose summary closes the output.
 test: lint docs
-	$(BIN)/python -m pytest -q
+	PYTHONPATH=src $(BIN)/python scripts/mutation_check.py
+	$(BIN)/python -m pytest -q -rs
 
 clean:
 	rm -rf $(VENV) $(DEMO) site .pytest_cache .ruff_cache

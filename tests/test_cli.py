@@ -507,13 +507,12 @@ def test_parse_size(text, value):
 
 
 @pytest.mark.parametrize("kernel", ["scatter", "docpar"])
-def test_every_kernel_writes_the_reference_run_file(tmp_path, kernel):
+def test_every_kernel_writes_the_reference_run_file(rng, tmp_path, kernel):
     """Issue #3's acceptance: each kernel's run file equals the reference kernel's, byte for byte."""
     from gpusparse.kernels import triton_available
 
     if not triton_available():
         pytest.skip("needs Triton (a GPU, or TRITON_INTERPRET=1)")
-    rng = np.random.default_rng()
     docs = random_collection(rng, 300, 200, 12, empty_fraction=0.05)
     queries = random_collection(rng, 6, 200, 8, empty_fraction=0.1)
     write_jsonl(docs, tmp_path / "docs.jsonl")

@@ -39,8 +39,7 @@ def check_layout(index: Index, docs: SparseCollection) -> None:
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("chunk", [1, 7, 100, 1 << 25])
-def test_layout_and_chunked_build(device, chunk):
-    rng = np.random.default_rng()
+def test_layout_and_chunked_build(rng, device, chunk):
     docs = random_collection(rng, 300, 80, 10, empty_fraction=0.1)
     index = Index.build(docs, device=device, chunk_postings=chunk)
     check_layout(index, docs)
@@ -87,8 +86,7 @@ def test_collection_refuses_bad_ids_and_terms():
     assert skipped.row(0) == {"paris": 1.0}
 
 
-def test_collection_slicing_and_concat():
-    rng = np.random.default_rng()
+def test_collection_slicing_and_concat(rng):
     coll = random_collection(rng, 50, 30, 4)
     parts = [coll[:10], coll[10:31], coll[31:]]
     again = SparseCollection.concat(parts)

@@ -32,6 +32,8 @@ from gpusparse.layout.forward import forward_index
 from gpusparse.queries import QueryBatch, query_batch
 from gpusparse.topk import merge_topk
 
+from .conftest import require_cuda_kernels
+
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 KERNELS = ("scatter", "docpar")
 RTOL = 1e-5  # of the row's largest score: float32 sums of a few dozen products
@@ -363,15 +365,13 @@ def test_gpu_large_exact_topk(kernel: str, large_case: Case) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("width", [1, 7, 1000, 3024, 4096])
-def test_row_sort_of_keys_equals_torch_topk(width: int) -> None:
+def test_row_sort_of_keys_equals_torch_topk(rng, width: int) -> None:
     """top_keys's one-block-per-row bitonic sort against torch.topk: distinct keys, zeros
     for empty slots, rows shorter and longer than k, counts from 0 past the width."""
     from gpusparse.kernels import rowsort
     from gpusparse.topk import encode_keys, top_keys
 
-    if not rowsort.available():
-        pytest.skip("needs CuPy")
-    rng = np.random.default_rng()
+    require_cuda_kernels()
     b = 37
     scores = torch.from_numpy(rng.choice([0.0, 0.5, 1.25, 3.0], (b, width)).astype(np.float32))  # many ties
     ids = torch.from_numpy(np.stack([rng.permutation(1 << 20)[:width] for _ in range(b)]))
@@ -392,16 +392,14 @@ def test_row_sort_of_keys_equals_torch_topk(width: int) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize(("runs", "length"), [(1, 10), (2, 1000), (3, 50), (4, 1000), (8, 33)])
-def test_packed_merge_of_process_results_equals_the_pytorch_merge(runs: int, length: int) -> None:
+def test_packed_merge_of_process_results_equals_the_pytorch_merge(rng, runs: int, length: int) -> None:
     """pack_results_cuda and merge_gathered_cuda (the NCCL merge's two kernels) against
     result_keys, merge_keys and the flags' any, the PyTorch merge of the gloo path: ranked
     rows with empty slots (id -1 or score 0), redo flags, k below, at and above the total."""
     from gpusparse.kernels import rowsort
     from gpusparse.topk import decode_keys, encode_keys, merge_keys, result_keys
 
-    if not rowsort.available():
-        pytest.skip("needs CuPy")
-    rng = np.random.default_rng()
+    require_cuda_kernels()
     b = 23
     per_run = []
     # distinct ids in a row across processes (their shards are disjoint)

@@ -18,21 +18,15 @@ from gpusparse.kernels.tile_candidates import ACC_TOP
 from gpusparse.layout.tiled import build_tiled, tiled_layout
 from gpusparse.queries import query_batch
 
+from .conftest import require_cuda_kernels
 from .reference import dense_scores, random_collection, reference_topk
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-def cuda_kernel_available() -> bool:
-    from gpusparse.kernels import cupy_launch
-
-    return cupy_launch.available()
-
-
 @pytest.mark.parametrize("dense_min", [None, 0.3, 0.01])
 @pytest.mark.parametrize("tile_bits", [1, 3, 6, 14])
-def test_layout(tile_bits, dense_min):
-    rng = np.random.default_rng()
+def test_layout(rng, tile_bits, dense_min):
     docs = random_collection(rng, 300, 40, 8, empty_fraction=0.1)
     index = Index.build(docs)
     tl = build_tiled(index, tile_bits, dense_min=dense_min, chunk=97)  # small chunks: several build steps
@@ -67,13 +61,12 @@ def test_layout(tile_bits, dense_min):
 
 @pytest.mark.parametrize("weights", ["unit", "tiny", "huge"])
 @pytest.mark.parametrize("acc", ["carry", "u32", "u32-fixed"])
-def test_fixed_point_margin_bounds_the_error(acc, weights):
+def test_fixed_point_margin_bounds_the_error(rng, acc, weights):
     """|F − scale·S| ≤ delta/2 for the integer sums F of every document, within the accumulator.
 
     F as the kernel forms it: each product rounded to the unit, or with fixed-point weights
     ``(round(w_q · mult) · round(w_d · 2**b)) >> shift`` (written here independently).
     """
-    rng = np.random.default_rng()
     docs = random_collection(rng, 400, 50, 12)
     queries = random_collection(rng, 6, 50, 9)
     factor = {"unit": 1.0, "tiny": 2.0**-20 * 1.3, "huge": 2.0**20 * 1.7}[weights]
@@ -114,10 +107,11 @@ def test_fixed_point_margin_bounds_the_error(acc, weights):
         (7, 0.02, "u32", True),
     ],
 )
-def test_tiled_search_is_exact(tile_bits, dense_min, acc, fixed, quantized, device, emulated):
-    if not emulated and (device != "cuda" or not cuda_kernel_available()):
-        pytest.skip("the CUDA kernel needs a GPU and CuPy")
-    rng = np.random.default_rng()
+def test_tiled_search_is_exact(rng, tile_bits, dense_min, acc, fixed, quantized, device, emulated):
+    if not emulated:
+        if device != "cuda":
+            pytest.skip("the CUDA kernel runs on a GPU (the CPU runs the emulation)")
+        require_cuda_kernels()
     docs = random_collection(rng, 900, 120, 14, quantized=quantized, empty_fraction=0.05)
     queries = random_collection(rng, 11, 120, 9, quantized=quantized, empty_fraction=0.1)
     index = Index.build(docs, device=device)
@@ -132,10 +126,9 @@ def test_tiled_search_is_exact(tile_bits, dense_min, acc, fixed, quantized, devi
         np.testing.assert_array_equal(s.cpu().numpy(), ref_s)
 
 
-def test_fixed_point_weights_fall_back_outside_their_range():
+def test_fixed_point_weights_fall_back_outside_their_range(rng):
     """One document weight dwarfing the others leaves ordinary weights few fixed-point bits
     (a huge margin): the search falls back to float64 products and stays exact."""
-    rng = np.random.default_rng()
     docs = random_collection(rng, 300, 40, 8)
     queries = random_collection(rng, 5, 40, 6)
     docs.values[0] = 2.0**40
@@ -156,12 +149,11 @@ def test_fixed_point_weights_fall_back_outside_their_range():
 @pytest.mark.parametrize(
     ("acc", "fixed", "spread"), [("u32", False, 1e-7), ("u32", True, 1e-7), ("carry", False, 1e-30)]
 )
-def test_scores_below_one_fixed_point_unit_are_not_lost(acc, fixed, spread, device):
+def test_scores_below_one_fixed_point_unit_are_not_lost(rng, acc, fixed, spread, device):
     """Weights spanning more than the accumulator's range: a document matching only through
     tiny weights sums to 0 units, yet is a result when fewer than k documents score more."""
-    if device == "cuda" and not cuda_kernel_available():
-        pytest.skip("needs CuPy")
-    rng = np.random.default_rng()
+    if device == "cuda":
+        require_cuda_kernels()
     docs = random_collection(rng, 600, 60, 6)
     queries = random_collection(rng, 9, 60, 5)
     tiny = rng.random(docs.nnz) < 0.5
@@ -206,10 +198,8 @@ def test_tiled_kernel_name_in_search():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_kernel_at_scale_and_with_candidate_overflow(monkeypatch):
-    if not cuda_kernel_available():
-        pytest.skip("needs CuPy")
-    rng = np.random.default_rng()
+def test_cuda_kernel_at_scale_and_with_candidate_overflow(rng, monkeypatch):
+    require_cuda_kernels()
     docs = random_collection(rng, 60_000, 3000, 40)
     queries = random_collection(rng, 48, 3000, 20, empty_fraction=0.05)
     index = Index.build(docs, device="cuda")
@@ -233,12 +223,10 @@ def test_cuda_kernel_at_scale_and_with_candidate_overflow(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_kernel_with_long_queries_and_long_segments():
+def test_cuda_kernel_with_long_queries_and_long_segments(rng):
     """Queries of more than one chunk of terms (the kernel's MAXT = 256), and blocks of up to
     ~10**5 sparse postings (the chunk map's coarser pieces), against the reference."""
-    if not cuda_kernel_available():
-        pytest.skip("needs CuPy")
-    rng = np.random.default_rng()
+    require_cuda_kernels()
     docs = random_collection(rng, 40_000, 2000, 60, skew=0.5)
     long_q = random_collection(rng, 6, 2000, 420, skew=0.3)
     short_q = random_collection(rng, 6, 2000, 3, empty_fraction=0.3)
@@ -259,14 +247,12 @@ def test_cuda_kernel_with_long_queries_and_long_segments():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_compaction_equals_the_pytorch_one():
-    if not cuda_kernel_available():
-        pytest.skip("needs CuPy")
+def test_cuda_compaction_equals_the_pytorch_one(rng):
+    require_cuda_kernels()
     from gpusparse.engines.tiled.fixed_point import FixedPoint
     from gpusparse.engines.tiled.waves import compact_torch
     from gpusparse.kernels.compact import compact_candidates
 
-    rng = np.random.default_rng()
     b, cap = 37, 3000
     for k in (1, 10, 1000, 2999):
         for spread in (2**8, 2**31, 2**60):  # small spreads: many ties
@@ -344,13 +330,12 @@ def fake_kernel(seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_
 @pytest.mark.parametrize("single_wave", [False, True])
 @pytest.mark.parametrize("small_cap", [False, True])
 @pytest.mark.parametrize("final_compaction", [True, False])
-def test_waves_and_compaction_on_cpu(monkeypatch, small_cap, single_wave, acc, final_compaction):
+def test_waves_and_compaction_on_cpu(rng, monkeypatch, small_cap, single_wave, acc, final_compaction):
     """The GPU host path (waves, compaction, overflow rerun) with the kernel replaced by its contract."""
     if small_cap:
         monkeypatch.setattr(waves, "initial_capacity", lambda k, first_wave: 3)
     monkeypatch.setattr(waves, "SINGLE_WAVE_MAX_CANDIDATES", 1 << 30 if single_wave else 0)
     monkeypatch.setattr(waves, "FINAL_COMPACTION_MIN_BATCH", 0 if final_compaction else 1 << 30)
-    rng = np.random.default_rng()
     docs = random_collection(rng, 700, 80, 10, quantized=True, empty_fraction=0.05)
     queries = random_collection(rng, 5, 80, 7, quantized=True, empty_fraction=0.1)
     index = Index.build(docs)
@@ -372,13 +357,11 @@ def test_waves_and_compaction_on_cpu(monkeypatch, small_cap, single_wave, acc, f
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_rescoring_equals_the_pytorch_path(monkeypatch):
+def test_cuda_rescoring_equals_the_pytorch_path(rng, monkeypatch):
     from gpusparse.exact import exact_scores
     from gpusparse.kernels import rescore
 
-    if not rescore.available():
-        pytest.skip("needs CuPy")
-    rng = np.random.default_rng()
+    require_cuda_kernels()
     docs = random_collection(rng, 5000, 500, 30, empty_fraction=0.02)
     queries = random_collection(rng, 40, 500, 20, empty_fraction=0.05)
     index = Index.build(docs, device="cuda")
@@ -397,7 +380,7 @@ def test_cuda_rescoring_equals_the_pytorch_path(monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("tile_bits", [None, 6, 12])
 @pytest.mark.parametrize("forward", [True, False], ids=["forward", "lists"])
-def test_cuda_candidate_keys_equal_the_pytorch_path(monkeypatch, tile_bits, forward):
+def test_cuda_candidate_keys_equal_the_pytorch_path(rng, monkeypatch, tile_bits, forward):
     """The one-launch finalisation (keys; rescoring by the forward copy, or by binary
     searches narrowed to a tile's share of each list) against the PyTorch steps, on
     candidates whose fixed-point values leave some scores certain and some not; absent
@@ -407,9 +390,7 @@ def test_cuda_candidate_keys_equal_the_pytorch_path(monkeypatch, tile_bits, forw
     from gpusparse.engines.tiled.ranking import rank_candidates
     from gpusparse.kernels import rescore
 
-    if not rescore.available():
-        pytest.skip("needs CuPy")
-    rng = np.random.default_rng()
+    require_cuda_kernels()
     docs = random_collection(rng, 5000, 500, 30, empty_fraction=0.02)
     queries = random_collection(rng, 40, 500, 20, empty_fraction=0.05)
     index = Index.build(docs, device="cuda")
@@ -436,7 +417,7 @@ def test_cuda_candidate_keys_equal_the_pytorch_path(monkeypatch, tile_bits, forw
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_rescoring_by_the_forward_copy_equals_the_list_searches(monkeypatch):
+def test_cuda_rescoring_by_the_forward_copy_equals_the_list_searches(rng, monkeypatch):
     """candidate_keys with the forward copy (query terms found in a shared-memory table, or
     by binary search when the table is off) against the binary searches in the lists and
     the canonical scores: documents longer than one pass of the kernel (128 terms) and
@@ -446,9 +427,7 @@ def test_cuda_rescoring_by_the_forward_copy_equals_the_list_searches(monkeypatch
     from gpusparse.kernels import rescore
     from gpusparse.layout.forward import forward_copy
 
-    if not rescore.available():
-        pytest.skip("needs CuPy")
-    rng = np.random.default_rng()
+    require_cuda_kernels()
     docs = random_collection(rng, 3000, 2000, 160, empty_fraction=0.02, skew=0.3)
     queries = random_collection(rng, 24, 2000, 80, empty_fraction=0.05, skew=0.3)
     index = Index.build(docs, device="cuda")
@@ -488,12 +467,10 @@ def test_cuda_rescoring_by_the_forward_copy_equals_the_list_searches(monkeypatch
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_synchronisation_free_path_flags_rows_it_cannot_finish(monkeypatch):
+def test_synchronisation_free_path_flags_rows_it_cannot_finish(rng, monkeypatch):
     """Rows whose candidates outgrow the fixed final width are flagged by device_search and
     searched again the general way; the results stay exact."""
-    if not cuda_kernel_available():
-        pytest.skip("needs CuPy")
-    rng = np.random.default_rng()
+    require_cuda_kernels()
     base = random_collection(rng, 1000, 60, 12).to_scipy()
     docs = SparseCollection.from_scipy(sp.vstack([base, base, base]))  # every score three times
     queries = random_collection(rng, 24, 60, 6, empty_fraction=0.1)
@@ -517,13 +494,11 @@ def test_synchronisation_free_path_flags_rows_it_cannot_finish(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_small_batches_replay_a_captured_graph(monkeypatch):
+def test_small_batches_replay_a_captured_graph(rng, monkeypatch):
     """Small batches run a CUDA graph captured once per shape: each new batch's queries are
     copied in before the replay (fresh queries, same shape: still exact), and the results
     equal the steps run one by one."""
-    if not cuda_kernel_available():
-        pytest.skip("needs CuPy")
-    rng = np.random.default_rng()
+    require_cuda_kernels()
     docs = random_collection(rng, 20_000, 300, 30)
     index = Index.build(docs, device="cuda")
     for trial in range(4):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -131,3 +132,93 @@ def test_cli_verify_bad_input(sample_index, tmp_path):
     )
     result = run("verify", sample_index, queries, "--at", "ten")
     assert result.exit_code == 2 and "--at" in result.stderr
+
+
+def one_doc_case():
+    """A document whose exact score is 4 − 0.3 float32 ulp (rounds to 4.0, just below a power of two)."""
+    from gpusparse import SparseCollection
+
+    below4 = float(np.nextafter(np.float32(4.0), np.float32(0)))  # 3.9999998 = 4 - 2**-22
+    tail = float(np.float32(0.7) * np.float32(2.0**-22))
+    docs = SparseCollection.from_dicts([{"a": below4, "b": tail}, {"a": 1.0}, {"a": 1.0}], ids=["d0", "d1", "d2"])
+    queries = SparseCollection.from_dicts([{"a": 1.0, "b": 1.0}], ids=["q"], vocab=docs.vocab)
+    return docs, queries, below4
+
+
+def test_the_wrong_float32_neighbour_below_a_power_of_two_is_rejected():
+    docs, queries, below4 = one_doc_case()
+    good = {"q": [("d0", 4.0), ("d1", 1.0), ("d2", 1.0)]}
+    assert verify_run(good, queries, docs, docs.ids, ks=(3,)).exact
+    bad = {"q": [("d0", below4), ("d1", 1.0), ("d2", 1.0)]}  # 0.7 of a float32 step from the exact sum
+    report = verify_run(bad, queries, docs, docs.ids, ks=(3,))
+    assert not report.exact and report.n_mismatches["scores"] == 1
+    assert "'d0'" in report.mismatches[0] and "exact float32 4.0" in report.mismatches[0]
+    assert report.lines()[-1] == "exact: NO"
+
+
+def test_swapped_ranks_and_a_wrong_rank_column_are_rejected(random_data):
+    docs, queries = random_data
+    good = as_run(Index.build(docs), queries, 100)
+    qid = next(q for q, rows in good.items() if len(rows) >= 2 and rows[0][1] != rows[1][1])
+    swapped = {q: list(rows) for q, rows in good.items()}
+    swapped[qid][0], swapped[qid][1] = swapped[qid][1], swapped[qid][0]
+    report = verify_run(swapped, queries, docs, docs.ids, ks=(10, 100))
+    assert report.recall == {10: 1.0, 100: 1.0}  # the sets agree
+    assert not report.exact and report.n_mismatches["order"] == 1
+    assert f"query {qid!r} rank 1" in report.mismatches[0]
+    # Equal scores: the lower document number first.
+    tie_q = next((q for q, rows in good.items() for a, b in itertools.pairwise(rows) if a[1] == b[1]), None)
+    assert tie_q is not None  # quantized documents: ties exist
+    rows = good[tie_q]
+    r = next(i for i in range(len(rows) - 1) if rows[i][1] == rows[i + 1][1])
+    tied = {q: list(v) for q, v in good.items()}
+    tied[tie_q][r], tied[tie_q][r + 1] = tied[tie_q][r + 1], tied[tie_q][r]
+    assert verify_run(tied, queries, docs, docs.ids, ks=(10, 100)).n_mismatches["order"] == 1
+    # The rank column must count 1, 2, 3, ... in the listed order.
+    ranked = {q: [(d, s, i + 1) for i, (d, s) in enumerate(v)] for q, v in good.items()}
+    assert verify_run(ranked, queries, docs, docs.ids, ks=(10, 100)).exact
+    ranked[qid][0] = (ranked[qid][0][0], ranked[qid][0][1], 2)
+    report = verify_run(ranked, queries, docs, docs.ids, ks=(10, 100))
+    assert not report.exact and report.n_mismatches == {"scores": 0, "order": 0, "rank column": 1}
+
+
+def test_independent_quantizer_matches_the_index(rng):
+    from gpusparse.quantize import quantize_collection, quantize_queries
+    from gpusparse.verify import quantize_levels, quantize_query_rows
+
+    docs = random_collection(rng, 300, 50, 8)
+    queries = random_collection(rng, 12, 50, 6)
+    for bits in (4, 8):
+        qd, report = quantize_collection(docs, bits)
+        ours = quantize_levels(docs.to_scipy(), report.quantization.step, bits)
+        assert (ours != qd.to_scipy()).nnz == 0
+        assert (quantize_query_rows(queries.to_scipy(), bits) != quantize_queries(queries, bits).to_scipy()).nnz == 0
+
+
+def test_cli_verify_sample_of_a_few_thousand_documents(rng, tmp_path):
+    from gpusparse.vector_writers import write_jsonl
+
+    from gpusparse import SparseCollection, Vocabulary
+
+    def words(c):  # BERT word pieces from 2000 on (plain tokens), as the CLI's files hold
+        return SparseCollection(c.indptr, c.indices + 2000, c.values, vocab=Vocabulary.bert())
+
+    docs = words(random_collection(rng, 4000, 400, 20, quantized=True))
+    queries = words(random_collection(rng, 300, 400, 8))
+    write_jsonl(docs, tmp_path / "docs.jsonl")
+    write_jsonl(queries, tmp_path / "queries.jsonl")
+    index = tmp_path / "index"
+    ok("index", tmp_path / "docs.jsonl", "--output", index)
+    runf = tmp_path / "run.trec"
+    ok("search", index, tmp_path / "queries.jsonl", "--k", "100", "-o", runf)
+    out = ok("verify", index, tmp_path / "queries.jsonl", "--run", runf, "--sample", "25", "--at", "10 100").stdout
+    assert "a random sample of 25 of 300 queries" in out and out.rstrip().endswith("exact: yes")
+    # Nudge every score by one float32 step: any sample catches it.
+    lines = []
+    for line in runf.read_text().splitlines():
+        q, z, d, r, s, t = line.split()
+        lines.append(" ".join([q, z, d, r, repr(float(np.nextafter(np.float32(s), np.float32(np.inf)))), t]))
+    bad = tmp_path / "bad.trec"
+    bad.write_text("\n".join(lines) + "\n")
+    result = run("verify", index, tmp_path / "queries.jsonl", "--run", bad, "--sample", "5", "--at", "10 100")
+    assert "exact: NO" in result.stdout and "first mismatches" in result.stdout
