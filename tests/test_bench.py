@@ -371,7 +371,9 @@ def test_bench_command_without_a_checkout_fails_with_one_line(tmp_path):
 
     # The package alone, as an install has it: no bench/ beside its src/.
     shutil.copytree(Path(gpusparse.__file__).parent, tmp_path / "src" / "gpusparse")
-    env = dict(os.environ, PYTHONPATH=str(tmp_path / "src"))
+    # the package copy first; packages installed beside the suite (PYTHONPATH on a GPU machine) stay
+    others = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and not p.rstrip("/").endswith("src")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "src"), *others]))
     argv = [sys.executable, "-m", "gpusparse.cli", "bench", "run", "--quick"]
     proc = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120, check=False)
     assert proc.returncode == 1, proc.stderr

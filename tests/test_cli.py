@@ -121,7 +121,7 @@ def _help_of(argv: list[str]) -> str:
 
 def test_python_m_cli_lists_every_command():
     expected = sorted(main.commands)
-    assert len(expected) == 12 and {"index", "search", "info", "bench", "serve"} <= set(expected)
+    assert len(expected) == 14 and {"index", "search", "info", "bench", "serve", "export-ciff"} <= set(expected)
     assert _listed_commands(_help_of([sys.executable, "-m", "gpusparse.cli"])) == expected
 
 

@@ -182,5 +182,6 @@ def test_gpu_autocast_is_close_to_cpu_float32(texts):
     gpu = SpladeEncoder(SPLADE_TINY, device="cuda", doc_max_length=MAX_LEN)
     assert gpu.autocast_dtype in (torch.float16, torch.bfloat16)
     got = dense(gpu.encode_documents(texts))
-    # Half precision: close, not equal.
-    np.testing.assert_allclose(got, cpu, rtol=0.05, atol=0.05)
+    # Half precision: close, not equal. atol: on an H100 one weight of 549,396 that float32 gives
+    # as 0 came out 0.0514 (a logit at the ReLU's edge; bench/results/2026-11-26-H100-pytest-gpu-final-*.log).
+    np.testing.assert_allclose(got, cpu, rtol=0.05, atol=0.06)

@@ -149,7 +149,8 @@ def test_search_to_stdout_names_the_engine(sample_index: Path, tmp_path: Path) -
     assert not Path("-").exists()
     run = [line for line in r.stdout.splitlines() if " Q0 " in line]
     assert run and all(len(line.split()) == 6 for line in run)
-    assert "with engine reference" in r.stderr and "to stdout" in r.stderr
+    ran = engines.choose("auto", torch.device("cuda" if torch.cuda.is_available() else "cpu")).name
+    assert f"with engine {ran}" in r.stderr and "to stdout" in r.stderr
     out = tmp_path / "run.trec"
     r2 = CliRunner().invoke(
         main, ["search", str(sample_index), str(SAMPLE / "queries.jsonl.gz"), "-k", "5", "-o", str(out)]

@@ -55,9 +55,10 @@ def test_tiled_exact_scores_match_the_canonical_ones(tile_bits, dense_min, fixed
 
 
 def _quantized(queries, index):
+    from gpusparse.layout.statistics import max_scores_host
     from gpusparse.queries import prepare_queries
 
-    return prepare_queries(queries, index.vocab, index.quantization)
+    return prepare_queries(queries, index.vocab, index.quantization, max_scores_host(index))
 
 
 def test_a_fixed_point_layout_without_exact_weights_refuses_to_rescore():

@@ -196,9 +196,8 @@ def test_independent_quantizer_matches_the_index(rng):
 
 
 def test_cli_verify_sample_of_a_few_thousand_documents(rng, tmp_path):
-    from gpusparse.vector_writers import write_jsonl
-
     from gpusparse import SparseCollection, Vocabulary
+    from gpusparse.vector_writers import write_jsonl
 
     def words(c):  # BERT word pieces from 2000 on (plain tokens), as the CLI's files hold
         return SparseCollection(c.indptr, c.indices + 2000, c.values, vocab=Vocabulary.bert())
