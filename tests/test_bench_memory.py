@@ -33,7 +33,9 @@ def test_every_mode_returns_the_same_results(memory_bench, quantize):
 
 
 def test_the_plan_covers_both_weight_types_and_the_cap(memory_bench):
-    plan = memory_bench.runs(argparse.Namespace(cap_gib=16.0))
+    plan = memory_bench.runs(argparse.Namespace(cap_gib=16.0, cap_only=False))
     assert {(p["mode"], p["quantize"]) for p in plan if not p["cap_gib"]} == {
         ("lists", None), ("tiled", None), ("tiled-float", None), ("lists", 8), ("tiled", 8)}  # fmt: skip
     assert all(p["mode"] != "lists" for p in plan if p["cap_gib"])
+    capped = memory_bench.runs(argparse.Namespace(cap_gib=16.0, cap_only=True))
+    assert capped == [p for p in plan if p["cap_gib"]]  # --cap-only: the capped runs alone

@@ -183,5 +183,5 @@ def test_gpu_autocast_is_close_to_cpu_float32(texts):
     assert gpu.autocast_dtype in (torch.float16, torch.bfloat16)
     got = dense(gpu.encode_documents(texts))
     # Half precision: close, not equal. atol: on an H100 one weight of 549,396 that float32 gives
-    # as 0 came out 0.0514 (a logit at the ReLU's edge; bench/results/2026-11-26-H100-pytest-gpu-final-*.log).
+    # as 0 came out 0.0514 (a logit at the ReLU's edge; bench/results/2026-11-26-H100-pytest-gpu-0745a44-13-failed.log).
     np.testing.assert_allclose(got, cpu, rtol=0.05, atol=0.06)
