@@ -134,7 +134,26 @@ def prune(vectors: torch.Tensor, *, top: int | None = None, threshold: float | N
     return vectors
 
 
-class SpladeEncoder:
+class TextEncoder:
+    """What every text encoder of GPUSparse offers (our :class:`SpladeEncoder`, the
+    sentence-transformers adapter): ``encode(texts, ids, kind=...)`` and its two shortcuts."""
+
+    def encode(self, texts: Sequence[str], ids: Sequence[str] | None = None, **kwargs: Any) -> SparseCollection:
+        """Encode ``texts`` (``kind="query"`` or ``"document"``) into a :class:`SparseCollection`."""
+        raise NotImplementedError
+
+    def encode_queries(self, texts: Sequence[str], ids: Sequence[str] | None = None, **kwargs: Any) -> SparseCollection:
+        """Encode queries (the encoder's query side and length); see :meth:`encode`."""
+        return self.encode(texts, ids, kind="query", **kwargs)
+
+    def encode_documents(
+        self, texts: Sequence[str], ids: Sequence[str] | None = None, **kwargs: Any
+    ) -> SparseCollection:
+        """Encode documents (the encoder's document side and length); see :meth:`encode`."""
+        return self.encode(texts, ids, kind="document", **kwargs)
+
+
+class SpladeEncoder(TextEncoder):
     """A SPLADE-style encoder: masked-LM logits → ``log(1 + relu)`` → max or sum pooling.
 
     Args:
@@ -197,16 +216,6 @@ class SpladeEncoder:
             f"SpladeEncoder({self.name!r}, pooling={self.pooling!r}, query_max_length={self.query_max_length}, "
             f"doc_max_length={self.doc_max_length}, device={self.device})"
         )
-
-    def encode_queries(self, texts: Sequence[str], ids: Sequence[str] | None = None, **kwargs: Any) -> SparseCollection:
-        """Encode queries (``query_max_length``); see :meth:`encode`."""
-        return self.encode(texts, ids, kind="query", **kwargs)
-
-    def encode_documents(
-        self, texts: Sequence[str], ids: Sequence[str] | None = None, **kwargs: Any
-    ) -> SparseCollection:
-        """Encode documents (``doc_max_length``); see :meth:`encode`."""
-        return self.encode(texts, ids, kind="document", **kwargs)
 
     def encode(
         self,

@@ -31,13 +31,13 @@ import numpy as np
 import torch
 
 from ..collection import SparseCollection
-from ..encode import EncodeStats, model_vocabulary
+from ..encode import EncodeStats, TextEncoder, model_vocabulary
 from ._require import require
 
 Kind = Literal["query", "document"]
 
 
-class SparseEncoderAdapter:
+class SparseEncoderAdapter(TextEncoder):
     """A sentence-transformers ``SparseEncoder`` with :class:`gpusparse.encode.SpladeEncoder`'s interface.
 
     Args:
@@ -93,16 +93,6 @@ class SparseEncoderAdapter:
 
     def __repr__(self) -> str:
         return f"SparseEncoderAdapter({self.name!r}, device={self.device})"
-
-    def encode_queries(self, texts: Sequence[str], ids: Sequence[str] | None = None, **kwargs: Any) -> SparseCollection:
-        """Encode queries (the model's ``encode_query``); see :meth:`encode`."""
-        return self.encode(texts, ids, kind="query", **kwargs)
-
-    def encode_documents(
-        self, texts: Sequence[str], ids: Sequence[str] | None = None, **kwargs: Any
-    ) -> SparseCollection:
-        """Encode documents (the model's ``encode_document``); see :meth:`encode`."""
-        return self.encode(texts, ids, kind="document", **kwargs)
 
     def encode(
         self,
