@@ -937,3 +937,54 @@ def test_cli_serve_security_and_limit_flags(monkeypatch, tmp_path):
     r = CliRunner().invoke(main, ["serve", str(tmp_path / "index"), "--device", "cpu", "--host", "0.0.0.0"])
     assert r.exit_code == 0, r.output
     assert seen["config"].allowed_hosts == ("localhost", "127.0.0.1", "::1") and seen["config"].auth_token is None
+
+
+def test_engine_in_metrics_and_health(client):
+    """The engine that searched: a gauge labelled with it, a counter of searches by engine, /health."""
+    index, queries = cranfield()
+    fresh = create_app(index, max_wait_ms=1, search_kwargs={"kernel": "reference"})
+    with TestClient(fresh, LOCAL) as c:
+        metrics = parse_metrics(c.get("/metrics").text)
+        assert not any(s.startswith("gpusparse_engine_info") for s in metrics)  # nothing searched yet
+        assert c.get("/health").json()["engine"] is None
+        for q in queries[:3]:
+            assert c.post("/search", json={"query": q, "k": 5}).status_code == 200
+        metrics = parse_metrics(c.get("/metrics").text)
+        assert c.get("/health").json()["engine"] == "reference"
+    assert metrics['gpusparse_engine_info{engine="reference"}'] == 1
+    assert metrics['gpusparse_searches_total{engine="reference"}'] == metrics["gpusparse_batch_size_count"] >= 1
+    # With kernel auto, the engine that offline search reports for the same index.
+    assert client.post("/search", json={"query": {"wing": 1.0}, "k": 5}).status_code == 200
+    want = index.search(SparseCollection.from_dicts([{"wing": 1.0}], vocab=index.vocab), 5).engine
+    assert want and client.get("/health").json()["engine"] == want
+    assert parse_metrics(client.get("/metrics").text)[f'gpusparse_engine_info{{engine="{want}"}}'] == 1
+
+
+@pytest.mark.parametrize("kernel", ["auto", "tiled"])
+def test_engine_of_a_segmented_index(tmp_path, kernel):
+    from gpusparse.segments import SegmentedIndex
+
+    index, queries = cranfield()
+    docs = read_vectors(SAMPLE / "corpus.jsonl.gz", index.vocab)
+    seg = SegmentedIndex.create(tmp_path / "seg", docs[:700])
+    seg.add(docs[700:])
+    seg.delete([docs.ids[3]])
+    want = index.search(read_vectors(SAMPLE / "queries.jsonl.gz", index.vocab), 5, kernel=kernel).engine
+    assert kernel == "auto" or want == kernel
+    with TestClient(create_app(seg, max_wait_ms=1, search_kwargs={"kernel": kernel}), LOCAL) as c:
+        assert c.post("/search", json={"query": queries[0], "k": 5}).status_code == 200
+        assert c.get("/health").json()["engine"] == want
+        metrics = parse_metrics(c.get("/metrics").text)
+    assert metrics[f'gpusparse_engine_info{{engine="{want}"}}'] == 1
+    assert metrics[f'gpusparse_searches_total{{engine="{want}"}}'] == 1
+
+
+def test_engine_label_is_escaped():
+    from gpusparse.serve.metrics import Metrics
+
+    m = Metrics(4)
+    m.observe_engine('we"ird\\')
+    m.observe_engine("")
+    text = m.render(0)
+    assert 'gpusparse_searches_total{engine="we\\"ird\\\\"} 1' in text
+    assert 'gpusparse_engine_info{engine="unknown"} 1' in text and 'gpusparse_engine_info{engine="we' not in text

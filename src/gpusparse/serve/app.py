@@ -74,7 +74,9 @@ def create_app(
         check_vocab(encoder.vocab, index.vocab)
     metrics = Metrics(config.max_batch_size)
     batcher = DynamicBatcher(
-        lambda batch: search_requests(index, batch, encoder=encoder, search_kwargs=search_kwargs),
+        lambda batch: search_requests(
+            index, batch, encoder=encoder, search_kwargs=search_kwargs, on_engine=metrics.observe_engine
+        ),
         max_batch_size=config.max_batch_size,
         max_wait_s=config.max_wait_ms / 1000,
         queue_size=config.queue_size,

@@ -169,8 +169,11 @@ def search_requests(
     *,
     encoder: SpladeEncoder | None = None,
     search_kwargs: dict[str, Any] | None = None,
+    on_engine: Callable[[str], None] | None = None,
 ) -> None:
     """Serve ``batch``: encode its texts in one call, search once with the largest ``k``, trim, deliver.
+
+    ``on_engine``: called with the engine of each search (its results' ``engine``; metrics).
 
     When the search refuses the batch for bad input (:class:`InputError`, e.g. a query
     whose scores would overflow float32), each request is searched alone, so only the
@@ -206,10 +209,12 @@ def search_requests(
             raise
         for r in batch:
             try:
-                search_requests(index, [r], encoder=encoder, search_kwargs=search_kwargs)
+                search_requests(index, [r], encoder=encoder, search_kwargs=search_kwargs, on_engine=on_engine)
             except Exception as exc:
                 r.deliver(exc)
         return
+    if on_engine is not None:
+        on_engine(getattr(res, "engine", ""))
     scores, ids = res.scores.numpy(), res.ids.numpy()
     row = 0
     for r in batch:

@@ -38,6 +38,11 @@ class Histogram:
         return out
 
 
+def _label(value: str) -> str:
+    """A label value escaped for the text format (backslash, double quote, newline)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def _num(x: float) -> str:
     if isinstance(x, int) or (math.isfinite(x) and x == int(x) and abs(x) < 1e15):
         return str(int(x))
@@ -60,6 +65,14 @@ class Metrics:
             bounds.append(max_batch_size)
         self.batch_size = Histogram(bounds)
         self.latency = Histogram(LATENCY_BUCKETS)
+        self.engine: str | None = None  # the engine of the latest search; None before the first
+        self.searches: dict[str, int] = collections.Counter()  # searches (batches) by engine
+
+    def observe_engine(self, engine: str) -> None:
+        """A search ran with ``engine`` (its results' ``engine``; ``""`` reads as unknown)."""
+        with self._lock:
+            self.engine = engine or "unknown"
+            self.searches[self.engine] += 1
 
     def observe_batch(self, n_queries: int) -> None:
         with self._lock:
@@ -92,6 +105,12 @@ class Metrics:
                 "# HELP gpusparse_requests_reading_body Search requests whose body is still arriving.",
                 "# TYPE gpusparse_requests_reading_body gauge",
                 f"gpusparse_requests_reading_body {self.reading}",
+                "# HELP gpusparse_engine_info The engine of the latest search (after the first search).",
+                "# TYPE gpusparse_engine_info gauge",
+                *([f'gpusparse_engine_info{{engine="{_label(self.engine)}"}} 1'] if self.engine else []),
+                "# HELP gpusparse_searches_total Searches (batches of queries) run, by engine.",
+                "# TYPE gpusparse_searches_total counter",
+                *(f'gpusparse_searches_total{{engine="{_label(e)}"}} {n}' for e, n in sorted(self.searches.items())),
                 "# HELP gpusparse_batch_size Queries per search batch.",
                 "# TYPE gpusparse_batch_size histogram",
                 *self.batch_size.lines("gpusparse_batch_size"),

@@ -172,6 +172,7 @@ def add_status_routes(
             "documents": index.n_docs,
             "device": str(index.device),
             "encoder": None if encoder is None else encoder.name,
+            "engine": metrics.engine,  # of the latest search; null before the first
             "queue_depth": batcher.depth,
             "max_batch_size": config.max_batch_size,
             "max_wait_ms": config.max_wait_ms,

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from .. import engines
 from ..index import Index
 from ..search import SearchResults
 from ..segment_files import is_segmented
@@ -32,9 +33,12 @@ class ServedSegments:
         self.device = index._opts.get("device", torch.device("cpu"))
 
     def search(self, queries: object, k: int, **kwargs: Any) -> SearchResults:
-        """:meth:`SegmentedIndex.search`, as ``(scores, global numbers)``."""
+        """:meth:`SegmentedIndex.search`, as ``(scores, global numbers)``; ``engine`` is the one
+        each segment's search chooses (:func:`gpusparse.engines.choose` of ``kernel`` on the
+        snapshot's device)."""
         res = self.index.search(queries, k, **kwargs)
-        return SearchResults(res.scores, res.positions)
+        engine = engines.choose(kwargs.get("kernel", "auto"), self.device).name
+        return SearchResults(res.scores, res.positions, engine=engine)
 
 
 def served(index: Any) -> Any:
