@@ -22,6 +22,7 @@ import torch
 from .beir import Texts
 from .collection import SparseCollection
 from .encode import EncodeStats, SpladeEncoder
+from .errors import InputError
 from .index import Index
 from .search import SearchResults
 from .trec import write_trec_run
@@ -33,12 +34,14 @@ class TextPipeline:
     Args:
         corpus: the documents' ids and texts.
         queries: the queries' ids and texts (e.g. only the judged ones).
-        encoder: the SPLADE encoder of both.
+        encoder: the SPLADE encoder of both: a :class:`~gpusparse.encode.SpladeEncoder` or any
+            object with its ``encode(texts, ids, kind=..., prune_top=, prune_threshold=,
+            progress=, stats=)`` (e.g. :class:`gpusparse.integrations.sentence_transformers.SparseEncoderAdapter`).
         log: called with one line after each encoding (its :meth:`EncodeStats.summary`).
     """
 
     def __init__(
-        self, corpus: Texts, queries: Texts, encoder: SpladeEncoder, *, log: Callable[[str], None] | None = None
+        self, corpus: Texts, queries: Texts, encoder: SpladeEncoder | Any, *, log: Callable[[str], None] | None = None
     ) -> None:
         self.corpus, self.query_texts, self.encoder = corpus, queries, encoder
         self._log = log or (lambda line: None)
@@ -55,25 +58,47 @@ class TextPipeline:
     ) -> tuple[SparseCollection, SparseCollection]:
         """Encode the documents, then the queries; ``(documents, queries)`` as sparse vectors."""
         t0 = time.perf_counter()
-        out = []
-        for kind, texts, stats in (
-            ("document", self.corpus, self.doc_stats),
-            ("query", self.query_texts, self.query_stats),
-        ):
-            coll = self.encoder.encode(
-                texts.texts,
-                texts.ids,
-                kind=kind,  # type: ignore[arg-type]
-                prune_top=prune_top,
-                prune_threshold=prune_threshold,
-                progress=progress,
-                stats=stats,
-            )
-            self._log(stats.summary())
-            out.append(coll)
-        self.docs, self.queries = out
+        self.docs = self._encode("document", prune_top, prune_threshold, progress)
+        self.queries = self._encode("query", prune_top, prune_threshold, progress)
         self.encode_seconds = time.perf_counter() - t0
         return self.docs, self.queries
+
+    def encode_queries(
+        self, *, prune_top: int | None = None, prune_threshold: float | None = None, progress: bool = False
+    ) -> SparseCollection:
+        """Encode the queries alone (the documents come from :meth:`use_documents`, or are not needed)."""
+        t0 = time.perf_counter()
+        self.queries = self._encode("query", prune_top, prune_threshold, progress)
+        self.encode_seconds = time.perf_counter() - t0
+        return self.queries
+
+    def use_documents(self, docs: SparseCollection) -> None:
+        """Take already encoded document vectors instead of encoding the corpus (their ids must be its ids)."""
+        have = set(docs.ids)
+        if len(docs) != len(self.corpus) or not have.issuperset(self.corpus.ids):
+            missing = next((i for i in self.corpus.ids if i not in have), None)
+            what = f"document {missing!r} has no vector" if missing is not None else "they hold other documents too"
+            raise InputError(
+                f"not the vectors of the corpus {self.corpus.path}: {what} "
+                f"({len(docs):,} vectors, {len(self.corpus):,} documents)"
+            )
+        self.docs = docs
+
+    def _encode(
+        self, kind: str, prune_top: int | None, prune_threshold: float | None, progress: bool
+    ) -> SparseCollection:
+        texts, stats = (self.corpus, self.doc_stats) if kind == "document" else (self.query_texts, self.query_stats)
+        coll = self.encoder.encode(
+            texts.texts,
+            texts.ids,
+            kind=kind,
+            prune_top=prune_top,
+            prune_threshold=prune_threshold,
+            progress=progress,
+            stats=stats,
+        )
+        self._log(stats.summary())
+        return coll
 
     def build_index(self, device: str | torch.device, *, progress: bool = False) -> Index:
         """Index the encoded documents on ``device``."""

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from ..beir import BeirCollection
-from ..encode import SpladeEncoder
+from ..errors import GPUSparseError
+from ..integrations import encoders
 from ._common import F, device_option, warn
 
 # The encoder's defaults, spelled out so that ``--help`` does not load a model (a test checks them).
@@ -17,6 +20,18 @@ _ENCODE_DEFAULTS = {
 }
 
 
+def backend_option(fn: F) -> F:
+    """``--backend``: which library loads and runs the model (see :mod:`gpusparse.integrations.encoders`)."""
+    return click.option(
+        "--backend",
+        type=click.Choice(encoders.BACKENDS),
+        default="transformers",
+        show_default=True,
+        help="transformers: our SPLADE encoder (max/sum pooling, autocast); sentence-transformers: any "
+        "SparseEncoder model (asymmetric and inference-free query encoders too; pooling and dtype are the model's).",
+    )(fn)
+
+
 def encoder_options(fn: F) -> F:
     """Options shared by ``encode`` and ``pipeline`` (defaults: those of :mod:`gpusparse.encode`)."""
     options = [
@@ -26,6 +41,7 @@ def encoder_options(fn: F) -> F:
             show_default=True,
             help="SPLADE-style masked-LM model: a local folder or a hub id.",
         ),
+        backend_option,
         click.option(
             "--pooling",
             type=click.Choice(["max", "sum"]),
@@ -72,22 +88,41 @@ def encoder_options(fn: F) -> F:
 
 
 def make_encoder(
-    model: str, pooling: str, qlen: int, dlen: int, batch: int, device: str | None, dtype: str
-) -> SpladeEncoder:
-    """Load the encoder the options describe and say so on stderr."""
-    enc = SpladeEncoder(
-        model,
-        pooling=pooling,  # type: ignore[arg-type]
-        query_max_length=qlen,
-        doc_max_length=dlen,
-        batch_size=batch,
-        device=device_option(device),
-        dtype=dtype,  # type: ignore[arg-type]
-    )
+    model: str,
+    pooling: str,
+    qlen: int,
+    dlen: int,
+    batch: int,
+    device: str | None,
+    dtype: str,
+    backend: str = "transformers",
+) -> Any:  # SpladeEncoder | SparseEncoderAdapter
+    """Load the encoder the options describe (with ``backend``) and say so on stderr."""
+    if backend == "sentence-transformers" and (pooling != "max" or dtype != "auto"):
+        raise click.UsageError("--backend sentence-transformers takes pooling and dtype from the model: drop "
+                               "--pooling and --dtype")  # fmt: skip
+    try:
+        enc = encoders.make_encoder(
+            model,
+            backend,  # type: ignore[arg-type]
+            pooling=pooling,
+            query_max_length=qlen,
+            doc_max_length=dlen,
+            batch_size=batch,
+            device=device_option(device),
+            dtype=dtype,
+        )
+    except ImportError as exc:  # the backend's package is missing: the message names the extra
+        raise GPUSparseError(str(exc)) from None
+    how = "sentence-transformers SparseEncoder" if backend == "sentence-transformers" else f"{pooling} pooling"
     precision = (
-        "float32" if enc.autocast_dtype is None else f"{str(enc.autocast_dtype).removeprefix('torch.')} autocast"
+        "model dtype"
+        if backend == "sentence-transformers"
+        else "float32"
+        if enc.autocast_dtype is None
+        else f"{str(enc.autocast_dtype).removeprefix('torch.')} autocast"
     )
-    click.echo(f"loaded {enc.name} ({pooling} pooling, {enc.device}, {precision})", err=True)
+    click.echo(f"loaded {enc.name} ({how}, {enc.device}, {precision})", err=True)
     return enc
 
 

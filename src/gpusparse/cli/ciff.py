@@ -67,6 +67,13 @@ def import_ciff_cmd(ciff: Path, output: Path, quantize: str, scale: float | None
         bits = int(quantize)
     else:
         raise click.BadParameter(f"expected auto, none or 1..8, not {quantize!r}", param_hint="--quantize")
+    build_from_ciff(ciff, output, bits, scale, device, overwrite)
+
+
+def build_from_ciff(
+    ciff: Path, output: Path, bits: int | str | None, scale: float | None, device: str, overwrite: bool
+) -> None:
+    """``import-ciff`` and ``index --ciff``: the index folder ``output`` from the CIFF file ``ciff``."""
     _need_protobuf()
     head = read_ciff_header(ciff)
     index = index_from_ciff(ciff, quantize=bits, scale=scale, device=device_option(device) or "cpu")

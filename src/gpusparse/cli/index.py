@@ -18,10 +18,18 @@ from ..shards import document_ranges, is_sharded, read_sharded_manifest, save_sh
 from ..storage import read_manifest
 from ..vocab import Vocabulary
 from ._common import device_option, fail, friendly_errors, progress_option, unknown_option
+from .ciff import build_from_ciff
 
 
 @click.command("index")
-@click.argument("vectors", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("vectors", nargs=-1, type=click.Path(path_type=Path))
+@click.option(
+    "--ciff",
+    "ciff_path",
+    type=click.Path(path_type=Path),
+    help="Build from this CIFF file instead of VECTORS (as gpusparse import-ciff; without --quantize, "
+    "a GPUSparse export keeps its impact bits, any other file gives float32 weights).",
+)
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path), help="Index folder to create.")
 @click.option(
     "--vocab",
@@ -48,6 +56,7 @@ from ._common import device_option, fail, friendly_errors, progress_option, unkn
 @friendly_errors
 def index_cmd(
     vectors: tuple[Path, ...],
+    ciff_path: Path | None,
     output: Path,
     vocab: str,
     unknown_tokens: str,
@@ -61,9 +70,20 @@ def index_cmd(
 
     VECTORS are JsonVectorCollection (Anserini/Pyserini) or Seismic JSONL files, optionally
     gzipped, Seismic .bin files, or folders of them. Ids must be unique across all files.
+    With --ciff IN.ciff (.gz read too), the index is built from a CIFF file (PISA, Anserini
+    or GPUSparse exports) instead, as gpusparse import-ciff does.
     """
+    if ciff_path is not None and vectors:
+        raise click.UsageError("give VECTORS or --ciff, not both")
+    if ciff_path is None and not vectors:
+        raise click.UsageError("missing VECTORS (or --ciff IN.ciff)")
     if output.exists() and not overwrite:
         raise FileExistsError(f"{output} already exists (use --overwrite to replace it)")
+    if ciff_path is not None:
+        if shards is not None:
+            raise click.UsageError("--shards applies to VECTORS; import the CIFF file, then index its vectors")
+        build_from_ciff(ciff_path, output, "auto" if quantize is None else quantize, None, device, overwrite)
+        return
     t0 = time.perf_counter()
     stats = ReadStats()
     coll = read_vectors(vectors, Vocabulary.resolve(vocab), unknown=unknown_tokens, progress=progress, stats=stats)  # type: ignore[arg-type]

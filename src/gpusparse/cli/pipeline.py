@@ -12,9 +12,12 @@ import torch
 
 from .. import __version__
 from ..beir import read_beir
+from ..collection import SparseCollection
 from ..evaluate import evaluate, format_table, parse_measures
+from ..formats import ReadStats, read_vectors
 from ..pipeline import TextPipeline
 from ..vector_writers import write_jsonl
+from ..vocab import Vocabulary
 from ._common import default_device, friendly_errors, parse_size, progress_option, warn
 from ._text import echo_err, encoder_options, make_encoder, report_collection
 from .eval import DEFAULT_MEASURES
@@ -31,6 +34,13 @@ from .eval import DEFAULT_MEASURES
     type=click.Path(path_type=Path),
     help="Folder for run.trec and metrics.json [default: pipeline-<BEIR_DIR name>].",
 )
+@click.option(
+    "--vectors",
+    "vectors_path",
+    type=click.Path(path_type=Path),
+    help="Reuse these corpus vectors instead of encoding the corpus: a JSONL(.gz) file, or a folder "
+    "written by gpusparse encode (its corpus.jsonl.gz) or by --save-vectors. The queries are still encoded.",
+)
 @click.option("--save-vectors", is_flag=True, help="Also write the vectors (exact float32) to OUTPUT/vectors/.")
 @click.option("--save-index", is_flag=True, help="Also save the index to OUTPUT/index/.")
 @click.option("--device", help="Where to index and search: cpu or cuda[:N] [default: cuda if available].")
@@ -41,6 +51,7 @@ from .eval import DEFAULT_MEASURES
 def pipeline_cmd(
     beir_dir: Path,
     model: str,
+    backend: str,
     pooling: str,
     query_max_length: int,
     doc_max_length: int,
@@ -53,6 +64,7 @@ def pipeline_cmd(
     k: int,
     measures: str,
     output: Path | None,
+    vectors_path: Path | None,
     save_vectors: bool,
     save_index: bool,
     device: str | None,
@@ -64,7 +76,9 @@ def pipeline_cmd(
 
     One command for text -> SPLADE vectors -> index -> exact top-k -> ir_measures metrics.
     Writes OUTPUT/run.trec and OUTPUT/metrics.json (settings, counts, metrics, timings).
-    Only the queries judged in qrels/SPLIT.tsv are searched.
+    Only the queries judged in qrels/SPLIT.tsv are searched. With --vectors, the corpus is
+    not encoded: its vectors are read (they must be those of BEIR_DIR's documents, encoded
+    with the same model) and only the queries are encoded.
 
     Identical ids: query and document ids are separate namespaces, and no document is
     dropped for having its query's id (unlike BEIR's default ignore_identical_ids=True):
@@ -84,9 +98,16 @@ def pipeline_cmd(
     judged = beir.judged_queries()
     if not len(judged):
         raise click.UsageError(f"none of the queries of {beir.queries.path} is judged in {beir.qrels_path}")
-    enc = make_encoder(model, pooling, query_max_length, doc_max_length, encode_batch_size, encode_device, dtype)
+    enc = make_encoder(
+        model, pooling, query_max_length, doc_max_length, encode_batch_size, encode_device, dtype, backend
+    )
     pipe = TextPipeline(beir.corpus, judged, enc, log=echo_err)
-    docs, queries = pipe.encode(prune_top=prune_top, prune_threshold=prune_threshold, progress=progress)
+    if vectors_path is None:
+        docs, queries = pipe.encode(prune_top=prune_top, prune_threshold=prune_threshold, progress=progress)
+    else:
+        docs = _read_corpus_vectors(vectors_path, enc.vocab, progress)
+        pipe.use_documents(docs)
+        queries = pipe.encode_queries(prune_top=prune_top, prune_threshold=prune_threshold, progress=progress)
     output.mkdir(parents=True, exist_ok=True)
     if save_vectors:
         (output / "vectors").mkdir(exist_ok=True)
@@ -121,6 +142,8 @@ def pipeline_cmd(
             "prune_threshold": prune_threshold,
             "split": split,
             "k": k,
+            "backend": backend,
+            "vectors": None if vectors_path is None else str(vectors_path),
         },
         **pipe.summary(),
         **ev.as_dict(),
@@ -129,3 +152,14 @@ def pipeline_cmd(
     }
     (output / "metrics.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     click.echo(format_table([(beir.path.name, ev)], label="collection"))
+
+
+def _read_corpus_vectors(path: Path, vocab: Vocabulary, progress: bool) -> SparseCollection:
+    """``--vectors``: a vector file, a folder written by ``encode``/``--save-vectors`` (its
+    corpus.jsonl.gz, not its queries), or any folder of vector files; in the model's vocabulary."""
+    if path.is_dir() and (path / "corpus.jsonl.gz").is_file():
+        path = path / "corpus.jsonl.gz"
+    stats = ReadStats()
+    docs = read_vectors(path, vocab, progress=progress, stats=stats)
+    click.echo(f"read {stats.summary()} (corpus vectors; the corpus is not encoded)", err=True)
+    return docs

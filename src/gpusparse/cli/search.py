@@ -34,7 +34,7 @@ from ._common import (
     unknown_option,
     write_run,
 )
-from ._text import make_encoder
+from ._text import backend_option, make_encoder
 
 
 @click.command("search")
@@ -75,6 +75,7 @@ from ._text import make_encoder
     help="Encode text queries (BEIR queries.jsonl, Anserini JSONL or TSV topics) with this SPLADE model: "
     "a local folder or a hub id, the model that encoded the corpus.",
 )
+@backend_option
 @click.option(
     "--pooling", type=click.Choice(["max", "sum"]), default="max", show_default=True, help="With --model: pooling."
 )
@@ -112,6 +113,7 @@ def search_cmd(
     index_memory: str | None,
     pieces: int | None,
     model: str | None,
+    backend: str,
     pooling: str,
     query_max_length: int,
     encode_device: str | None,
@@ -162,7 +164,17 @@ def search_cmd(
             host, dev, kernel=kernel, index_memory=index_budget, pieces=pieces, memory_budget=budget
         )
     if text_queries:
-        qs = _encoded_queries(queries, index.vocab, model, pooling, query_max_length, encode_device, dtype, progress)  # type: ignore[arg-type]
+        qs = _encoded_queries(
+            queries,
+            index.vocab,
+            model,
+            backend,
+            pooling,
+            query_max_length,
+            encode_device,
+            dtype,
+            progress,  # type: ignore[arg-type]
+        )
     else:
         stats = ReadStats()
         qs = read_vectors(queries, index.vocab, unknown=unknown_tokens, progress=progress, stats=stats)  # type: ignore[arg-type]
@@ -189,6 +201,7 @@ def _encoded_queries(
     path: Path,
     vocab: Vocabulary,
     model: str,
+    backend: str,
     pooling: str,
     query_max_length: int,
     encode_device: str | None,
@@ -198,7 +211,7 @@ def _encoded_queries(
     """The text queries of ``path`` encoded with ``model``, checked against the index's vocabulary."""
     texts = read_query_texts(path)
     click.echo(f"read {len(texts):,} text queries from {path}", err=True)
-    enc = make_encoder(model, pooling, query_max_length, query_max_length, 32, encode_device, dtype)
+    enc = make_encoder(model, pooling, query_max_length, query_max_length, 32, encode_device, dtype, backend)
     t0 = time.perf_counter()
     qs = enc.encode_queries(texts.texts, texts.ids, progress=progress)
     click.echo(f"encoded {len(qs):,} queries in {time.perf_counter() - t0:.1f} s", err=True)
