@@ -152,6 +152,24 @@ class TextEncoder:
         """Encode documents (the encoder's document side and length); see :meth:`encode`."""
         return self.encode(texts, ids, kind="document", **kwargs)
 
+    def _token_lengths(self, texts: Sequence[str], max_length: int) -> list[int]:
+        """Token count (by ``self.tokenizer``) of each text capped at ``max_length + 1`` (so
+        ``> max_length`` means truncated); 0 = empty."""
+        out = [0] * len(texts)
+        idx = []
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                raise TypeError(f"text {i} is {type(t).__name__}, not str")
+            if t.strip():
+                idx.append(i)
+        step = 8192
+        for a in range(0, len(idx), step):
+            chunk = idx[a : a + step]
+            enc = self.tokenizer([texts[i] for i in chunk], truncation=True, max_length=max_length + 1)
+            for i, tokens in zip(chunk, enc["input_ids"], strict=True):
+                out[i] = len(tokens)
+        return out
+
 
 class SpladeEncoder(TextEncoder):
     """A SPLADE-style encoder: masked-LM logits → ``log(1 + relu)`` → max or sum pooling.
@@ -310,23 +328,6 @@ class SpladeEncoder(TextEncoder):
         return coll
 
     # -- internals ----------------------------------------------------------------------
-
-    def _token_lengths(self, texts: Sequence[str], max_length: int) -> list[int]:
-        """Token count of each text capped at ``max_length + 1`` (so ``> max_length`` means truncated); 0 = empty."""
-        out = [0] * len(texts)
-        idx = []
-        for i, t in enumerate(texts):
-            if not isinstance(t, str):
-                raise TypeError(f"text {i} is {type(t).__name__}, not str")
-            if t.strip():
-                idx.append(i)
-        step = 8192
-        for a in range(0, len(idx), step):
-            chunk = idx[a : a + step]
-            enc = self.tokenizer([texts[i] for i in chunk], truncation=True, max_length=max_length + 1)
-            for i, tokens in zip(chunk, enc["input_ids"], strict=True):
-                out[i] = len(tokens)
-        return out
 
     def _forward(self, texts: list[str], max_length: int) -> torch.Tensor:
         enc = self.tokenizer(texts, truncation=True, max_length=max_length, padding=True, return_tensors="pt")

@@ -165,23 +165,6 @@ class SparseEncoderAdapter(TextEncoder):
             probe = self.model.encode_document(["a"], convert_to_sparse_tensor=True, show_progress_bar=False)
         return int(probe.shape[-1])
 
-    def _token_lengths(self, texts: Sequence[str], max_length: int) -> list[int]:
-        """Tokens of each text capped at ``max_length + 1`` (``> max_length``: truncated); 0: empty text."""
-        out = [0] * len(texts)
-        idx = []
-        for i, t in enumerate(texts):
-            if not isinstance(t, str):
-                raise TypeError(f"text {i} is {type(t).__name__}, not str")
-            if t.strip():
-                idx.append(i)
-        step = 8192
-        for a in range(0, len(idx), step):
-            chunk = idx[a : a + step]
-            enc = self.tokenizer([texts[i] for i in chunk], truncation=True, max_length=max_length + 1)
-            for i, tokens in zip(chunk, enc["input_ids"], strict=True):
-                out[i] = len(tokens)
-        return out
-
 
 def _prune(
     rows: SparseCollection, top: int | None, threshold: float | None, stats: EncodeStats
