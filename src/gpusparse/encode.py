@@ -138,6 +138,10 @@ class TextEncoder:
     """What every text encoder of GPUSparse offers (our :class:`SpladeEncoder`, the
     sentence-transformers adapter): ``encode(texts, ids, kind=...)`` and its two shortcuts."""
 
+    query_max_length: int
+    doc_max_length: int
+    tokenizer: Any  # a Hugging Face tokenizer: counts tokens for the truncation statistics
+
     def encode(self, texts: Sequence[str], ids: Sequence[str] | None = None, **kwargs: Any) -> SparseCollection:
         """Encode ``texts`` (``kind="query"`` or ``"document"``) into a :class:`SparseCollection`."""
         raise NotImplementedError
@@ -151,6 +155,29 @@ class TextEncoder:
     ) -> SparseCollection:
         """Encode documents (the encoder's document side and length); see :meth:`encode`."""
         return self.encode(texts, ids, kind="document", **kwargs)
+
+    def _checked_length(
+        self,
+        texts: Sequence[str],
+        ids: Sequence[str] | None,
+        kind: str,
+        max_length: int | None,
+        prune_top: int | None,
+        prune_threshold: float | None,
+    ) -> int:
+        """Refuse bad :meth:`encode` arguments; the maximum length for ``kind`` (the encoder's
+        ``query_max_length`` / ``doc_max_length`` unless ``max_length`` is given)."""
+        if kind not in ("query", "document"):
+            raise ValueError(f"kind must be 'query' or 'document', not {kind!r}")
+        if max_length is None:
+            max_length = self.query_max_length if kind == "query" else self.doc_max_length
+        if prune_top is not None and (isinstance(prune_top, bool) or prune_top < 1):
+            raise ValueError(f"prune_top must be a positive integer, not {prune_top!r}")
+        if prune_threshold is not None and not prune_threshold >= 0:
+            raise ValueError(f"prune_threshold must be >= 0, not {prune_threshold!r}")
+        if ids is not None and len(ids) != len(texts):
+            raise ValueError(f"{len(ids)} ids for {len(texts)} texts")
+        return max_length
 
     def _token_lengths(self, texts: Sequence[str], max_length: int) -> list[int]:
         """Token count (by ``self.tokenizer``) of each text capped at ``max_length + 1`` (so
@@ -262,16 +289,7 @@ class SpladeEncoder(TextEncoder):
         Returns:
             Row ``i`` is the vector of ``texts[i]``; weights float32, ≥ 0.
         """
-        if kind not in ("query", "document"):
-            raise ValueError(f"kind must be 'query' or 'document', not {kind!r}")
-        if max_length is None:
-            max_length = self.query_max_length if kind == "query" else self.doc_max_length
-        if prune_top is not None and (isinstance(prune_top, bool) or prune_top < 1):
-            raise ValueError(f"prune_top must be a positive integer, not {prune_top!r}")
-        if prune_threshold is not None and not prune_threshold >= 0:
-            raise ValueError(f"prune_threshold must be >= 0, not {prune_threshold!r}")
-        if ids is not None and len(ids) != len(texts):
-            raise ValueError(f"{len(ids)} ids for {len(texts)} texts")
+        max_length = self._checked_length(texts, ids, kind, max_length, prune_top, prune_threshold)
         stats = EncodeStats() if stats is None else stats
         stats.kind, stats.max_length = kind, max_length
         t0 = time.perf_counter()

@@ -110,16 +110,7 @@ class SparseEncoderAdapter(TextEncoder):
 
         The arguments are those of :meth:`gpusparse.encode.SpladeEncoder.encode`.
         """
-        if kind not in ("query", "document"):
-            raise ValueError(f"kind must be 'query' or 'document', not {kind!r}")
-        if max_length is None:
-            max_length = self.query_max_length if kind == "query" else self.doc_max_length
-        if prune_top is not None and (isinstance(prune_top, bool) or prune_top < 1):
-            raise ValueError(f"prune_top must be a positive integer, not {prune_top!r}")
-        if prune_threshold is not None and not prune_threshold >= 0:
-            raise ValueError(f"prune_threshold must be >= 0, not {prune_threshold!r}")
-        if ids is not None and len(ids) != len(texts):
-            raise ValueError(f"{len(ids)} ids for {len(texts)} texts")
+        max_length = self._checked_length(texts, ids, kind, max_length, prune_top, prune_threshold)
         stats = EncodeStats() if stats is None else stats
         stats.kind, stats.max_length = kind, max_length
         t0 = time.perf_counter()
