@@ -2,8 +2,8 @@
 
 For float32 and 8-bit weights (``quantize=8``) and each residency mode
 (``EngineConfig.resident``: ``lists`` = padded lists + forward copy + tiled layout, as
-before; ``tiled`` = the tiled layout alone, fixed-point weights with their float32 copy;
-``tiled-float`` = the tiled layout alone with float32 weights, no fixed point), one worker
+before; ``tiled`` = the tiled layout alone, fixed-point products; ``tiled-float`` = the
+tiled layout alone, float64 products), and each ``--dense-min`` of the tiled modes, one worker
 process each: generate the calibrated synthetic collection on the device, build, search one
 batch at k = 1000 and 10 host to host (median ms), and report the peak over every allocator
 (PyTorch allocated and reserved, CuPy's pool, device-wide use from ``mem_get_info``), the
@@ -49,7 +49,8 @@ def worker(args: argparse.Namespace) -> dict:
     gen_s = time.perf_counter() - t0
     vocab = Vocabulary.bert()
     queries = SparseCollection(qcsr[0].cpu().numpy(), qcsr[1].cpu().numpy(), qcsr[2].cpu().numpy(), vocab=vocab)
-    with override_config(**MODES[args.mode]):
+    dense = {} if args.dense_min is None else {"dense_min": None if args.dense_min == 0 else args.dense_min}
+    with override_config(**MODES[args.mode], **dense):
         t0 = time.perf_counter()
         index = Index.from_csr(*docs, vocab, device=dev, quantize=args.quantize)
         sync()
@@ -83,7 +84,8 @@ def worker(args: argparse.Namespace) -> dict:
         report = index.memory(batch_size=args.batch, k=max(args.ks), n_sm=_n_sm(dev))
         out["index_memory"] = report
         out["peak"] = _peaks(dev) if cuda else {}
-    out["config"] = {"mode": args.mode, **MODES[args.mode], "quantize": args.quantize, "cap_gib": args.cap_gib}
+    out["config"] = {"mode": args.mode, **MODES[args.mode], "quantize": args.quantize, "cap_gib": args.cap_gib,
+                     "dense_min": args.dense_min}  # fmt: skip
     return out
 
 
@@ -119,13 +121,14 @@ def _git_head() -> str | None:
 def runs(args: argparse.Namespace) -> list[dict]:
     plan = []
     for quantize in () if args.cap_only else (None, 8):
-        for mode in MODES:
+        for mode in args.modes:
             if quantize is not None and mode == "tiled-float":
                 continue  # 8-bit levels are exact: one tiled mode
-            plan.append({"mode": mode, "quantize": quantize, "cap_gib": None})
+            for dense_min in args.dense_mins if mode != "lists" else [None]:
+                plan.append({"mode": mode, "quantize": quantize, "cap_gib": None, "dense_min": dense_min})
     if args.cap_gib:
-        capped = ((None, "tiled-float"), (None, "tiled"), (8, "tiled"))
-        plan += [{"mode": m, "quantize": q, "cap_gib": args.cap_gib} for q, m in capped]
+        capped = ((None, "tiled"), (8, "tiled"))
+        plan += [{"mode": m, "quantize": q, "cap_gib": args.cap_gib, "dense_min": None} for q, m in capped]
     return plan
 
 
@@ -139,6 +142,11 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--cap-gib", type=float, default=None, help="also run the tiled modes capped at this many GiB")
     ap.add_argument("--cap-only", action="store_true", help="with --cap-gib: only the capped runs")
+    ap.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
+    ap.add_argument(
+        "--dense-mins", type=float, nargs="+", default=[None], help="tiled modes: dense_min values (0: none)"
+    )
+    ap.add_argument("--dense-min", type=float, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--mode", choices=list(MODES), default="tiled", help=argparse.SUPPRESS)
     ap.add_argument("--quantize", type=int, default=None, help=argparse.SUPPRESS)
@@ -156,6 +164,8 @@ def main() -> None:
             cmd += ["--quantize", str(run["quantize"])]
         if run["cap_gib"]:
             cmd += ["--cap-gib", str(run["cap_gib"])]
+        if run["dense_min"] is not None:
+            cmd += ["--dense-min", str(run["dense_min"])]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
         lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
         if proc.returncode or not lines:
@@ -192,7 +202,9 @@ def _same(results: list[dict]) -> dict[str, bool]:
 
 def _row(r: dict) -> str:
     c = r["config"]
-    name = f"{'8-bit' if c['quantize'] else 'float32':8} {c['mode']:12} cap={c['cap_gib'] or '-':>4}"
+    dm = c.get("dense_min")
+    name = f"{'8-bit' if c['quantize'] else 'float32':8} {c['mode']:12} dense={'auto' if dm is None else dm:>5} "
+    name += f"cap={c['cap_gib'] or '-':>4}"
     if "error" in r:
         return f"{name} ERROR {r['error']}"
     speed = "  ".join(f"k={k} {v['median_ms']:.2f} ms" for k, v in r["rows"].items())

@@ -556,12 +556,13 @@ def test_tile_candidates_build_options() -> None:
     assert launch_shape(13, "u32") == (256, 4)
     assert launch_shape(13, "u32", threads=512, min_blocks=2) == (512, 2)
     assert launch_shape(13, "u32", threads=512)[1] == 3  # blocks per SM follow the threads given
-    opts = compile_options(13, 256, 4, 4, "u32", "unsigned char", True, ("PROFILE_SKIP_DENSE",))
+    opts = compile_options(13, 256, 4, 4, "u32", "unsigned char", True, False, ("PROFILE_SKIP_DENSE",))
     assert opts == (
         "--std=c++17", "-DTILE_BITS=13", "-DTHREADS=256", "-DUNROLL=4", "-DMIN_BLOCKS=4", "-DACC_MODE=1",
         "-DWT=unsigned_char", "-DINT_W=1", "-DFIXED_W=0", "-DPROFILE_SKIP_DENSE",
     )  # fmt: skip
-    assert compile_options(14, 512, 4, 3, "u32", "unsigned int", False)[-2:] == ("-DINT_W=0", "-DFIXED_W=1")
+    fixed = compile_options(14, 512, 4, 3, "u32", "float", False, True)
+    assert fixed[-3:] == ("-DWT=float", "-DINT_W=0", "-DFIXED_W=1")
 
 
 def test_check_tensors_refuses_wrong_dtype_device_and_layout() -> None:

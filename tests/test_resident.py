@@ -40,9 +40,10 @@ def test_tiled_exact_scores_match_the_canonical_ones(tile_bits, dense_min, fixed
     # queries longer than a warp (40-70 terms) and a few short ones
     queries = random_collection(rng, 9, 90, 60, quantized=quantized)
     index = Index.build(docs, quantize=8 if quantized else None)
-    layout = build_tiled(index, tile_bits, dense_min=dense_min, fixed=fixed, exact_weights=True, chunk=333)
+    layout = build_tiled(index, tile_bits, dense_min=dense_min, fixed=fixed, list_positions=False, chunk=333)
     if dense_min is not None:
-        assert layout.dense.shape[0] > 0
+        assert layout.n_dense > 0
+    assert layout.list_pos is None
     batch = query_batch(queries if not quantized else _quantized(queries, index), index.device)
     rows, cand = _pairs(rng, 400, len(queries), 1500)
     got = tiled_exact_scores(layout, batch, rows, cand, max_cells=1 << 10)  # several pieces
@@ -61,25 +62,26 @@ def _quantized(queries, index):
     return prepare_queries(queries, index.vocab, index.quantization, max_scores_host(index))
 
 
-def test_a_fixed_point_layout_without_exact_weights_refuses_to_rescore():
+def test_a_fixed_point_layout_stores_the_float32_weights():
+    """Fixed point is the kernel's arithmetic, not the storage: the layout keeps the weights."""
     rng = np.random.default_rng(1)
-    docs = random_collection(rng, 100, 20, 5)
-    index = Index.build(docs)
-    layout = build_tiled(index, 4, fixed=True)
-    assert layout.rescore_weights is None and layout.exact_wts is None
-    batch = query_batch(random_collection(rng, 2, 20, 4), index.device)
-    with pytest.raises(ValueError, match="exact weights"):
-        tiled_exact_scores(layout, batch, torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
+    index = Index.build(random_collection(rng, 100, 20, 5))
+    a, b = build_tiled(index, 4, dense_min=0.2, fixed=True), build_tiled(index, 4, dense_min=0.2)
+    assert a.weight_bits is not None and b.weight_bits is None
+    for name in ("seg", "offs", "wts", "dense_id", "dense_meta", "dense_wts"):
+        assert torch.equal(getattr(a, name), getattr(b, name)), name
+    assert a.wts.dtype == torch.float32 and a.nbytes == b.nbytes
 
 
 def test_layout_built_from_host_slabs_is_the_same():
     rng = np.random.default_rng(2)
     index = Index.build(random_collection(rng, 500, 60, 12, empty_fraction=0.1))
-    a = build_tiled(index, 5, dense_min=0.1, fixed=True, exact_weights=True, chunk=1 << 23)
-    b = build_tiled(index, 5, dense_min=0.1, fixed=True, exact_weights=True, chunk=61)
-    for name in ("seg", "offs", "wts", "dense_id", "dense", "list_pos", "exact_wts", "exact_dense"):
+    a = build_tiled(index, 5, dense_min=0.1, fixed=True, chunk=1 << 23)
+    b = build_tiled(index, 5, dense_min=0.1, fixed=True, chunk=61)
+    assert a.n_dense > 0
+    for name in ("seg", "offs", "wts", "dense_id", "dense_meta", "dense_wts", "list_pos"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
-    assert a.nbytes == b.nbytes > build_tiled(index, 5, dense_min=0.1, fixed=True).nbytes
+    assert a.nbytes == b.nbytes > build_tiled(index, 5, dense_min=0.1, fixed=True, list_positions=False).nbytes
 
 
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
@@ -106,7 +108,7 @@ def test_search_of_a_tiled_resident_view_is_exact(tile_bits, dense_min, acc, fix
         np.testing.assert_array_equal(i.cpu().numpy(), ref_i)
         np.testing.assert_array_equal(s.cpu().numpy(), ref_s)
     for layout in view.derived.layouts.values():
-        assert layout.forward is None and layout.rescore_weights is not None
+        assert layout.forward is None and layout.list_pos is None
         assert layout.seg.device.type == torch.device(device).type
 
 
@@ -146,7 +148,9 @@ def test_memory_reports_components_by_device():
     )
     report = index.memory(batch_size=4, k=10)
     names = [c["name"] for c in report["components"]]
-    assert any(n.startswith("tiled layout") for n in names) and any("exact weights" in n for n in names)
+    (layout,) = view.derived.layouts.values()
+    assert [c["bytes"] for c in report["components"] if c["name"].startswith("tiled layout")] == [layout.nbytes]
+    assert not any("exact weights" in n for n in names) and layout.list_pos is None
     assert report["by_device"]["cpu"] == sum(c["bytes"] for c in report["components"])
     assert report["search_bytes"] > 0
 

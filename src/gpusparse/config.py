@@ -34,9 +34,13 @@ class EngineConfig:
             copy, which rescoring reads instead of binary-searching the inverted lists
             (8 bytes a posting more on the GPU).
         resident: what the tiled engine keeps on a GPU: ``"tiled"``, the tiled layout alone
-            (the padded lists stay on the host, rescoring reads the layout; a fixed-point
-            layout keeps its float32 weights too), or ``"lists"`` (the default), the padded
-            lists, the forward copy (see ``forward_rescoring``) and the layout.
+            (the padded lists stay on the host, rescoring reads the layout), or ``"lists"``
+            (the default), the padded lists, the forward copy (see ``forward_rescoring``) and
+            the layout.
+        dense_min: the tiled layout stores a (tile, term) segment holding at least this
+            share of the tile's documents as a dense row (bitmap and weights), ``None``: no
+            dense rows; ``"auto"``: the measured best for the weight type
+            (:data:`gpusparse.layout.tiled.DEFAULT_LAYOUT`).
         graph_max_batch: batches of at most this many queries replay a captured CUDA graph.
         graph_cache: captured graphs kept per index (least recently used dropped first).
         pinned_results: results come back from a GPU through page-locked host memory
@@ -53,6 +57,7 @@ class EngineConfig:
     forward_rescoring: bool = True
     # "lists" until "tiled" has run on a GPU (its CUDA rescoring is new): see bench/NOTES.md.
     resident: str = "lists"
+    dense_min: float | str | None = "auto"
     graph_max_batch: int = 8
     graph_cache: int = 8
     pinned_results: bool = True
@@ -64,6 +69,8 @@ class EngineConfig:
             raise ValueError(f"accumulator must be 'u32' or 'carry', not {self.accumulator!r}")
         if self.resident not in RESIDENT_MODES:
             raise ValueError(f"resident must be one of {', '.join(map(repr, RESIDENT_MODES))}, not {self.resident!r}")
+        if not (self.dense_min is None or self.dense_min == "auto" or 0 < _number(self.dense_min) <= 1):
+            raise ValueError(f"dense_min must be 'auto', None or a share in (0, 1], not {self.dense_min!r}")
         for name in ("graph_max_batch", "graph_cache", "pinned_output_max"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -72,6 +79,10 @@ class EngineConfig:
     def as_dict(self) -> dict[str, Any]:
         """The settings by name (for benchmark results)."""
         return dataclasses.asdict(self)
+
+
+def _number(value: object) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else -1.0
 
 
 _DEFAULT = EngineConfig()

@@ -308,9 +308,9 @@ class Index(PostingLists):
             add(f"{prefix}forward copy", lists.device, d.forward or ())
             fwd = {t.data_ptr() for t in d.forward or ()}
             for key, layout in d.layouts.items():
-                own = [layout.seg, layout.offs, layout.wts, layout.dense_id, layout.dense, layout.list_pos]
+                own = [layout.seg, layout.offs, layout.wts, layout.dense_id, layout.dense_meta, layout.dense_wts,
+                       layout.list_pos]  # fmt: skip
                 add(f"{prefix}tiled layout {key}", lists.device, own)
-                add(f"{prefix}tiled exact weights {key}", lists.device, (layout.exact_wts, layout.exact_dense))
                 extra = [t for t in layout.forward or () if t.data_ptr() not in fwd]
                 add(f"{prefix}forward copy", lists.device, extra)
 

@@ -39,9 +39,8 @@ UNROLL = 4  # sparse postings per thread and step (the default of tiled_candidat
 # scale keeps its score bound at or below ``top`` (rounding adds at most n/2 units).
 ACC_MODES = {"carry": 0, "u32": 1}
 ACC_TOP = {"carry": 2.0**61, "u32": 2.0**31}
-# float32 weights; uint8 levels of a quantized index; int32 holding fixed-point float32
-# weights (read as unsigned, FIXED_W).
-_WEIGHT_TYPES = {torch.float32: "float", torch.uint8: "unsigned char", torch.int32: "unsigned int"}
+# float32 weights; uint8 levels of a quantized index.
+_WEIGHT_TYPES = {torch.float32: "float", torch.uint8: "unsigned char"}
 
 
 def launch_shape(
@@ -77,6 +76,7 @@ def compile_options(
     acc: str,
     weight_type: str,
     int_weights: bool,
+    fixed: bool = False,
     defines: Sequence[str] = (),
 ) -> tuple[str, ...]:
     """The NVRTC options of one build of the kernel (``defines``: extra ``-D`` names, profiling only)."""
@@ -88,8 +88,8 @@ def compile_options(
         f"-DMIN_BLOCKS={min_blocks}",
         f"-DACC_MODE={ACC_MODES[acc]}",
         f"-DWT={weight_type.replace(' ', '_')}",
-        f"-DINT_W={int(int_weights and weight_type != 'unsigned int')}",
-        f"-DFIXED_W={int(weight_type == 'unsigned int')}",
+        f"-DINT_W={int(int_weights and not fixed)}",
+        f"-DFIXED_W={int(fixed)}",
         *(f"-D{d}" for d in defines),
     )
 
@@ -110,7 +110,8 @@ def tiled_candidates(
     offs: torch.Tensor,
     wts: torch.Tensor,
     dense_id: torch.Tensor,
-    dense: torch.Tensor,
+    dense_meta: torch.Tensor,
+    dense_wts: torch.Tensor,
     q_terms: torch.Tensor,
     q_weights: torch.Tensor,
     q_scale: torch.Tensor,
@@ -125,6 +126,7 @@ def tiled_candidates(
     acc: str = "carry",
     int_weights: bool = False,
     q_shift: torch.Tensor | None = None,
+    weight_bits: int | None = None,
     theta: torch.Tensor,
     cand_count: torch.Tensor,
     cand_doc: torch.Tensor,
@@ -138,7 +140,8 @@ def tiled_candidates(
 
     All tensors must be contiguous on one CUDA device: ``seg`` int64 ``[n_tiles·V + 1]``,
     ``offs`` int16 (read as unsigned) and ``wts`` float32 or uint8 ``[P]``, ``dense_id`` int32
-    ``[n_tiles·V]``, ``dense`` (``wts``'s dtype) ``[n_dense, 2**tile_bits]``, ``q_terms`` int32 and
+    ``[n_tiles·V]``, the dense rows ``dense_meta`` int64 ``[n_dense, 1 + words]`` and
+    ``dense_wts`` (``wts``'s dtype; see :class:`~gpusparse.layout.tiled.TiledIndex`), ``q_terms`` int32 and
     ``q_weights`` float32 ``[B, T]``, ``q_scale`` float64 and ``q_delta`` int64 ``[B]``,
     ``theta`` int64 ``[B]`` (zeros, updated), ``cand_count`` int32 ``[B]`` (zeros, updated),
     ``cand_doc`` int32 and ``cand_val`` int64 ``[B, cap]`` (written). ``tiles = (first, count)``
@@ -147,9 +150,10 @@ def tiled_candidates(
     ``acc`` is the accumulator mode (:data:`ACC_MODES`); the caller's scales must keep every
     sum within its :data:`ACC_TOP`. ``int_weights`` (with "u32" only): every
     ``q_weights · q_scale`` is an integer (checked by the caller), so the kernel multiplies
-    integers. int32 ``wts`` are fixed-point float32 weights (FIXED_W, "u32" only): each query
-    weight is rounded to ``round(q_weights · q_scale)`` and each product shifted right by the
-    query's ``q_shift`` (int32 ``[B]``).
+    integers. ``weight_bits`` (float32 weights, "u32" only): fixed-point products (FIXED_W):
+    each stored weight is read as ``round(w · 2**weight_bits)``, each query weight rounded
+    to ``round(q_weights · q_scale)`` and each product shifted right by the query's
+    ``q_shift`` (int32 ``[B]``).
 
     Build knobs, for profiling: ``threads`` and ``min_blocks`` (default: :func:`launch_shape`'s
     choice), ``unroll`` (sparse postings per thread and step), ``defines`` (extra ``-D`` names:
@@ -164,7 +168,8 @@ def tiled_candidates(
         "offs": (offs, torch.int16),
         "wts": (wts, wts.dtype if wts.dtype in _WEIGHT_TYPES else torch.float32),
         "dense_id": (dense_id, torch.int32),
-        "dense": (dense, wts.dtype),
+        "dense_meta": (dense_meta, torch.int64),
+        "dense_wts": (dense_wts, wts.dtype),
         "q_terms": (q_terms, torch.int32),
         "q_weights": (q_weights, torch.float32),
         "q_scale": (q_scale, torch.float64),
@@ -179,9 +184,9 @@ def tiled_candidates(
         raise ValueError(f"acc must be one of {sorted(ACC_MODES)}")
     if int_weights and acc != "u32":
         raise ValueError('int_weights needs acc="u32"')
-    fixed = wts.dtype == torch.int32
-    if fixed and (acc != "u32" or q_shift is None):
-        raise ValueError('fixed-point weights need acc="u32" and q_shift')
+    fixed = weight_bits is not None
+    if fixed and (acc != "u32" or q_shift is None or wts.dtype != torch.float32):
+        raise ValueError('fixed-point products need float32 weights, acc="u32" and q_shift')
     expected["q_shift"] = (cand_count if q_shift is None else q_shift, torch.int32)  # None: any int32, not read
     check_tensors(expected, dev)
     q_shift = expected["q_shift"][0]
@@ -196,11 +201,17 @@ def tiled_candidates(
         return
     threads, min_blocks = launch_shape(tile_bits, acc, threads=threads, min_blocks=min_blocks)
     shared = shared_bytes(tile_bits, acc)
-    build = (tile_bits, threads, unroll, min_blocks, acc, _WEIGHT_TYPES[wts.dtype], int_weights, tuple(defines))
+    build = (tile_bits, threads, unroll, min_blocks, acc, _WEIGHT_TYPES[wts.dtype], int_weights, fixed, tuple(defines))
     kernel = _kernel(build, device_index(dev), variant_of(SOURCE))
-    if dense.numel() == 0:  # CuPy wants real memory behind every pointer
-        dense = torch.zeros((1, 1 << tile_bits), dtype=wts.dtype, device=dev)
-    args = [pointer(x) for x in (seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_delta, q_shift)]
+    # CuPy wants real memory behind every pointer
+    if dense_meta.numel() == 0:
+        dense_meta = torch.zeros(1, dtype=torch.int64, device=dev)
+    if dense_wts.numel() == 0:
+        dense_wts = torch.zeros(1, dtype=wts.dtype, device=dev)
+    if offs.numel() == 0:
+        offs, wts = torch.zeros(1, dtype=torch.int16, device=dev), torch.zeros(1, dtype=wts.dtype, device=dev)
+    tensors = (seg, offs, wts, dense_id, dense_meta, dense_wts, q_terms, q_weights, q_scale, q_delta, q_shift)
+    args = [pointer(x) for x in tensors] + [np.float32(2.0 ** (weight_bits or 0))]
     ints = [np.int32(t), np.int32(n_terms), np.int32(n_docs), np.int32(k), np.int32(first), np.int32(select)]
     outs = [pointer(x) for x in (theta, cand_count, cand_doc, cand_val)]
     launch(kernel, (b, count), (threads,), (*args, *ints, *outs, np.int32(cap)), device=dev, shared_mem=shared)

@@ -2,11 +2,12 @@
 
 Documents are cut into tiles of ``2**tile_bits``; postings are stored tile-major, then
 term-major, then by document: ``offs`` (int16 holding the unsigned 16-bit offset inside the
-tile) and ``wts`` (float32, 30-bit fixed-point integers, or 8-bit levels), with
+tile) and ``wts`` (float32, or 8-bit levels), with
 ``seg[tile * V + term]`` the start of each (tile, term) segment — 6 bytes a posting instead
-of the paper's 8, and no padding. Segments covering a large share of a tile are stored
-densely, one weight per document of the tile. The engine that searches it is
-:mod:`gpusparse.engines.tiled`.
+of the paper's 8, and no padding. Segments covering a large share of a tile are dense rows:
+a presence bitmap of the tile's documents and the present weights (about the bytes of a
+sparse segment), which the kernel adds in registers instead of with atomics. The engine that
+searches it is :mod:`gpusparse.engines.tiled`.
 """
 
 from __future__ import annotations
@@ -49,26 +50,31 @@ class TiledIndex:
     n_docs: int
     n_terms: int
     seg: torch.Tensor  # int64 [n_tiles * n_terms + 1]
-    offs: torch.Tensor  # int16 [P] (unsigned offset inside the tile)
+    offs: torch.Tensor  # int16 [P] (unsigned offset inside the tile), sparse postings only
     wts: torch.Tensor  # float32 [P], or uint8 levels (weight = level · step) of a quantized index
-    dense_id: torch.Tensor  # int32 [n_tiles * n_terms]: row of `dense`, or -1 for a sparse segment
-    dense: torch.Tensor  # wts's dtype [n_dense, 2**tile_bits]: weights by offset, 0 where absent
+    dense_id: torch.Tensor  # int32 [n_tiles * n_terms]: row of `dense_meta`, or -1 for a sparse segment
+    # Dense rows as bitmaps: int64 [n_dense, 1 + words] (words = max(1, 2**tile_bits / 32));
+    # [r, 0] is where row r's weights start in `dense_wts`, [r, 1 + w] holds the presence bits
+    # of offsets 32w..32w+31 (low 32 bits) and the number of present offsets before them in
+    # the row (high 32 bits). A thread owning some offsets finds their weights with one load
+    # and a popcount, and adds them without atomics.
+    dense_meta: torch.Tensor
+    dense_wts: torch.Tensor  # wts's dtype [postings of dense rows], by row, then offset
     step: float = 1.0  # what a stored weight is worth (1 for float32 weights)
-    # Fixed-point float32 weights (int32 storage): stored = round(weight · 2**weight_bits).
+    # Fixed-point arithmetic for float32 weights: the kernel multiplies the integers
+    # round(weight · 2**weight_bits), converted from the stored float32 bits as it reads
+    # them (exact: a power-of-two scaling, then round half to even), so the layout keeps
+    # the float32 weights themselves and rescoring reads them.
     weight_bits: int | None = None
     # int32 [n_tiles * n_terms]: real postings of each term in earlier tiles, i.e. where a
     # tile's share of the term's list starts in the index's own list; it narrows the binary
     # searches of canonical rescoring from the whole list (~22 steps) to one tile's share.
+    # Built only where rescoring reads the lists (``list_positions``).
     list_pos: torch.Tensor | None = None
     # The index's document-major copy (gpusparse.kernels.forward_index: indptr, terms,
     # weights), kept with a layout built on a GPU: rescoring reads a candidate's ~120
     # postings in order instead of binary-searching each query term's list (bench/NOTES.md).
     forward: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-    # The float32 weights of a fixed-point layout (float32 [P] and [n_dense, 2**tile_bits]),
-    # kept when rescoring reads the layout itself (no forward copy, no lists on the device):
-    # round(w · 2**weight_bits) drops the low bits of small weights.
-    exact_wts: torch.Tensor | None = None
-    exact_dense: torch.Tensor | None = None
 
     @property
     def n_tiles(self) -> int:
@@ -76,22 +82,53 @@ class TiledIndex:
         return (self.n_docs + (1 << self.tile_bits) - 1) >> self.tile_bits
 
     @property
-    def rescore_weights(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """``(sparse, dense)`` weights that give each posting's float32 weight exactly
-        (float32, or uint8 levels times :attr:`step`), or ``None`` for a fixed-point layout
-        built without :attr:`exact_wts`: rescoring from the layout needs them."""
-        if self.weight_bits is None:
-            return self.wts, self.dense
-        if self.exact_wts is not None and self.exact_dense is not None:
-            return self.exact_wts, self.exact_dense
-        return None
+    def n_dense(self) -> int:
+        """Number of dense rows."""
+        return self.dense_meta.shape[0]
 
     @property
     def nbytes(self) -> int:
         """Device bytes of the arrays."""
-        arrays = (self.seg, self.offs, self.wts, self.dense_id, self.dense, self.list_pos, *(self.forward or ()),
-                  self.exact_wts, self.exact_dense)  # fmt: skip
+        arrays = (self.seg, self.offs, self.wts, self.dense_id, self.dense_meta, self.dense_wts, self.list_pos,
+                  *(self.forward or ()))  # fmt: skip
         return sum(t.numel() * t.element_size() for t in arrays if t is not None)
+
+    def dense_rows(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Dense rows ``rows`` (default: all) as weights by offset (see :func:`expand_dense`)."""
+        return expand_dense(self.dense_meta, self.dense_wts, self.tile_bits, rows)
+
+
+def expand_dense(
+    dense_meta: torch.Tensor, dense_wts: torch.Tensor, tile_bits: int, rows: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Dense rows ``rows`` (default: all) expanded to ``[len(rows), 2**tile_bits]`` weights by
+    offset, 0 where absent (for tests and the PyTorch emulation of the kernel)."""
+    meta = dense_meta if rows is None else dense_meta[rows]
+    tile = 1 << tile_bits
+    out = torch.zeros((meta.shape[0], tile), dtype=dense_wts.dtype, device=meta.device)
+    if meta.shape[0] == 0:
+        return out
+    off = torch.arange(tile, device=meta.device)
+    words = meta[:, 1 + (off >> 5)]  # [R, tile]
+    bit = off & 31
+    present = ((words >> bit) & 1).bool()
+    at = meta[:, :1] + (words >> 32) + popcount32(words & ((1 << bit) - 1))
+    out[present] = dense_wts[at[present]]
+    return out
+
+
+def dense_words(tile_bits: int) -> int:
+    """Bitmap words of a dense row (32 offsets each, at least one)."""
+    return max(1, (1 << tile_bits) >> 5)
+
+
+def popcount32(x: torch.Tensor) -> torch.Tensor:
+    """Set bits of each value's low 32 bits (int64 in and out)."""
+    x = x & 0xFFFFFFFF
+    x = x - ((x >> 1) & 0x55555555)
+    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F
+    return ((x * 0x01010101) & 0xFFFFFFFF) >> 24
 
 
 def build_tiled(
@@ -100,9 +137,9 @@ def build_tiled(
     *,
     dense_min: float | None = DEFAULT_DENSE_MIN,
     fixed: bool = False,
-    exact_weights: bool = False,
+    list_positions: bool = True,
     device: torch.device | str | None = None,
-    chunk: int = 1 << 23,
+    chunk: int = 1 << 21,
 ) -> TiledIndex:
     """Regroup an index's postings by (tile, term), on ``device`` (default: the index's).
 
@@ -111,20 +148,20 @@ def build_tiled(
     (tile, term) segment start plus its rank inside that share. The padded lists are read in
     slabs of ``chunk`` positions (:func:`~gpusparse.layout.postings.posting_slabs`), copied
     to ``device`` one at a time when they live elsewhere (an index kept on the host); the
-    temporaries are bounded by ``chunk`` postings (~100 bytes each: 2**23 keep the build
-    within ~1 GB beside the layout) plus a few ``[n_tiles, V]`` count matrices.
+    temporaries are bounded by ``chunk`` postings (~100 bytes each: 2**21 keep the build
+    within ~0.2 GB beside the layout) plus ``[n_tiles, V]`` counts (released before the
+    layout's own arrays are allocated, but for an int32 copy).
 
-    Segments holding at least ``dense_min`` of a tile's documents are stored densely instead
-    (one weight per document of the tile): the kernel adds them with coalesced reads into
-    registers, without shared-memory atomics. ``None`` keeps every segment sparse.
+    Segments holding at least ``dense_min`` of a tile's documents are stored as dense rows
+    (a presence bitmap and the weights, see :class:`TiledIndex`): the kernel adds them in
+    registers, without shared-memory atomics, at about the bytes of a sparse segment.
+    ``None`` keeps every segment sparse.
 
     A quantized index (:mod:`gpusparse.quantize`) stores its weights as uint8 levels: 3
-    bytes a sparse posting, 1 a dense slot. ``fixed`` (float32 weights only) stores them in
-    fixed point, ``round(w · 2**b)`` with the largest weight below ``2**30``, so the kernel
-    multiplies integers; the rounding is covered by the fixed-point margin
-    (:func:`gpusparse.engines.tiled.fixed_point.fixed_point`). Fixed point loses the float32
-    weights' low bits, so ``exact_weights`` also keeps them (``exact_wts``/``exact_dense``,
-    4 bytes a posting more) for a rescoring that reads the layout instead of the lists.
+    bytes a sparse posting, 1 a dense one. ``fixed`` (float32 weights only) records the
+    fixed-point exponent ``b`` (the largest weight times ``2**b`` below ``2**30``) for the
+    kernel's integer products; the weights stay float32. ``list_positions``: also build
+    :attr:`TiledIndex.list_pos` (only rescoring from the lists reads it).
     """
     if not 1 <= tile_bits <= MAX_TILE_BITS:
         raise ValueError(f"tile_bits must be in 1..{MAX_TILE_BITS}")
@@ -133,55 +170,64 @@ def build_tiled(
     n_tiles = max(1, (n_docs + (1 << tile_bits) - 1) >> tile_bits)
     counts = torch.zeros(n_tiles * n_terms, dtype=torch.int64, device=dev)
     for term, doc, _, _ in posting_slabs(index, dev, chunk):
-        counts += torch.bincount((doc >> tile_bits) * n_terms + term, minlength=n_tiles * n_terms)
+        key = (doc >> tile_bits) * n_terms + term
+        counts.index_add_(0, key, torch.ones_like(key))  # no [n_tiles · V] temporary per slab
     is_dense = counts >= max(1, int(dense_min * (1 << tile_bits))) if dense_min is not None else counts < 0
     n_dense = int(is_dense.sum())
     quant = index.quantization
     fixed = fixed and quant is None
     wdtype, step = (torch.uint8, quant.step) if quant is not None else (torch.float32, 1.0)
-    weight_bits = None
-    if fixed:
-        wdtype, weight_bits = torch.int32, fixed_weight_bits(max_score(index))
+    weight_bits = fixed_weight_bits(max_score(index)) if fixed else None
 
     def stored(scores: torch.Tensor) -> torch.Tensor:
-        if weight_bits is not None:
-            return torch.round(scores.to(torch.float64) * 2.0**weight_bits).to(torch.int32)  # < 2**30
         if quant is None:
             return scores
         return levels(scores, step, quant.bits).to(torch.uint8)  # exact: scores are level · step
 
     dense_id = torch.full((n_tiles * n_terms,), -1, dtype=torch.int32, device=dev)
     dense_id[is_dense] = torch.arange(n_dense, dtype=torch.int32, device=dev)
-    dense = torch.zeros((n_dense, 1 << tile_bits), dtype=wdtype, device=dev)
+    words = dense_words(tile_bits)
+    dense_meta = torch.zeros((n_dense, 1 + words), dtype=torch.int64, device=dev)
+    row_len = counts[is_dense]
+    if n_dense:
+        dense_meta[1:, 0] = torch.cumsum(row_len, 0)[:-1]
+    dense_wts = torch.empty(int(row_len.sum()), dtype=wdtype, device=dev)
+    word_count = torch.zeros(n_dense * words, dtype=torch.int64, device=dev)
     sparse_counts = torch.where(is_dense, torch.zeros_like(counts), counts)
     seg = torch.zeros(n_tiles * n_terms + 1, dtype=torch.int64, device=dev)
     torch.cumsum(sparse_counts, 0, out=seg[1:])
+    del sparse_counts, row_len
     # Postings of term t in tiles before tile b: the rank offset of the (b, t) share.
-    before = torch.cumsum(counts.view(n_tiles, n_terms), 0) - counts.view(n_tiles, n_terms)
+    before = (torch.cumsum(counts.view(n_tiles, n_terms), 0) - counts.view(n_tiles, n_terms)).to(torch.int32)
+    del counts, is_dense
     n_sparse = int(seg[-1])
     offs = torch.empty(n_sparse, dtype=torch.int16, device=dev)
     wts = torch.empty(n_sparse, dtype=wdtype, device=dev)
-    keep = exact_weights and weight_bits is not None
-    exact_wts = torch.empty(n_sparse, dtype=torch.float32, device=dev) if keep else None
-    exact_dense = torch.zeros((n_dense, 1 << tile_bits), dtype=torch.float32, device=dev) if keep else None
     mask = (1 << tile_bits) - 1
+    bits_flat = torch.zeros(n_dense * words, dtype=torch.int64, device=dev)
     for term, doc, score, rank in posting_slabs(index, dev, chunk):
         tile = doc >> tile_bits
         key = tile * n_terms + term
         off = doc & mask
         did = dense_id[key].to(torch.int64)
+        in_share = rank - before[tile, term].to(torch.int64)  # rank inside the (tile, term) share
         d = did >= 0
-        dense[did[d], off[d]] = stored(score[d])
+        if bool(d.any()):
+            rd, od = did[d], off[d]
+            dense_wts[dense_meta[rd, 0] + in_share[d]] = stored(score[d])
+            word = rd * words + (od >> 5)
+            bits_flat.index_put_((word,), torch.ones_like(od) << (od & 31), accumulate=True)  # distinct bits: OR
+            word_count.index_add_(0, word, torch.ones_like(word))
         s = ~d
-        new = seg[key[s]] + rank[s] - before[tile[s], term[s]]
+        new = seg[key[s]] + in_share[s]
         offs[new] = torch.where(off[s] >= 1 << 15, off[s] - (1 << 16), off[s]).to(torch.int16)
         wts[new] = stored(score[s])
-        if keep:
-            exact_dense[did[d], off[d]] = score[d]  # type: ignore[index]
-            exact_wts[new] = score[s]  # type: ignore[index]
-    list_pos = before.reshape(-1).to(torch.int32)  # < n_docs
-    return TiledIndex(tile_bits, n_docs, n_terms, seg, offs, wts, dense_id, dense, step, weight_bits, list_pos,
-                      exact_wts=exact_wts, exact_dense=exact_dense)  # fmt: skip
+    if n_dense:
+        wc = word_count.view(n_dense, words)
+        dense_meta[:, 1:] = bits_flat.view(n_dense, words) | ((torch.cumsum(wc, 1) - wc) << 32)  # + offsets before
+    list_pos = before.reshape(-1) if list_positions else None  # < n_docs
+    return TiledIndex(tile_bits, n_docs, n_terms, seg, offs, wts, dense_id, dense_meta, dense_wts, step, weight_bits,
+                      list_pos)  # fmt: skip
 
 
 def fixed_weight_bits(max_weight: float) -> int:
@@ -208,7 +254,7 @@ def tiled_layout(
     fixed: bool = False,
     *,
     forward: bool = False,
-    exact_weights: bool = False,
+    list_positions: bool = True,
 ) -> TiledIndex:
     """The index's tiled layout, built once per index object and kept in its derived state.
 
@@ -217,8 +263,8 @@ def tiled_layout(
     (see :func:`build_tiled`). ``forward``: a layout built now also holds the index's forward
     copy (:func:`~gpusparse.layout.forward.forward_copy`, 8 bytes a posting, shared with the
     doc-parallel kernel's) for rescoring; the engine asks for it on a GPU with the CUDA
-    kernels, not for a layout to be streamed. ``exact_weights``: a fixed-point layout built
-    now also keeps the float32 weights (:func:`build_tiled`), for rescoring from the layout.
+    kernels, not for a layout to be streamed. ``list_positions=False``: a layout built now
+    leaves out :attr:`TiledIndex.list_pos` (rescoring will read the layout, not the lists).
     Built on ``index.device``, which for a :class:`~gpusparse.layout.resident.TiledResident`
     view is the device searched, its lists staying on the host.
     """
@@ -229,7 +275,7 @@ def tiled_layout(
     key = (tile_bits, dense_min, fixed)
     layouts = index.derived.layouts
     if key not in layouts:
-        layout = build_tiled(index, tile_bits, dense_min=dense_min, fixed=fixed, exact_weights=exact_weights)
+        layout = build_tiled(index, tile_bits, dense_min=dense_min, fixed=fixed, list_positions=list_positions)
         if forward:
             layout = replace(layout, forward=forward_copy(index))
         layouts[key] = layout

@@ -7,6 +7,7 @@ import torch
 
 from ...exact import expand_ranges
 from ...kernels.tile_candidates import ACC_TOP
+from ...layout.tiled import expand_dense
 from .fixed_point import emission_threshold
 
 
@@ -15,7 +16,8 @@ def torch_tiled_candidates(
     offs: torch.Tensor,
     wts: torch.Tensor,
     dense_id: torch.Tensor,
-    dense: torch.Tensor,
+    dense_meta: torch.Tensor,
+    dense_wts: torch.Tensor,
     q_terms: torch.Tensor,
     q_weights: torch.Tensor,
     q_scale: torch.Tensor,
@@ -30,6 +32,7 @@ def torch_tiled_candidates(
     acc: str = "carry",
     int_weights: bool = False,
     q_shift: torch.Tensor | None = None,
+    weight_bits: int | None = None,
     theta: torch.Tensor,
     cand_count: torch.Tensor,
     cand_doc: torch.Tensor,
@@ -42,22 +45,23 @@ def torch_tiled_candidates(
     documents of the tile reach is a valid bound), the same emission rule. Candidates past a
     query's capacity are counted but not stored, as on the GPU. The sums are exact int64
     here, which every ``acc`` mode also gives within its range (checked); ``int_weights``
-    changes nothing here (the products are then integers anyway). int32 ``wts`` are
-    fixed-point weights: products ``(round(w_q · q_scale) · d) >> q_shift``, as on the GPU.
+    changes nothing here (the products are then integers anyway). ``weight_bits``: fixed-point
+    products ``(round(w_q · q_scale) · round(w_d · 2**weight_bits)) >> q_shift``, as on the GPU.
     """
     dev = seg.device
     b, cap, tile = q_terms.shape[0], cand_doc.shape[1], 1 << tile_bits
     rows, cols = (q_terms >= 0).nonzero(as_tuple=True)
     terms = q_terms[rows, cols].to(torch.int64)
     wq = q_weights[rows, cols].to(torch.float64) * q_scale[rows]
-    fixed = wts.dtype == torch.int32
+    fixed = weight_bits is not None
     if fixed:
         wq_int = torch.round(wq).to(torch.int64)
         sh = q_shift.to(torch.int64)[rows]
 
     def products(p: torch.Tensor | int, pair_weights: torch.Tensor) -> torch.Tensor:
         if fixed:  # < 2**31 · 2**30: exact in int64
-            return (wq_int[p] * pair_weights.to(torch.int64)) >> sh[p]
+            d = torch.round(pair_weights.to(torch.float64) * 2.0**weight_bits).to(torch.int64)
+            return (wq_int[p] * d) >> sh[p]
         return torch.round(wq[p] * pair_weights.to(torch.float64)).to(torch.int64)
 
     for t in range(tiles[0], tiles[0] + tiles[1]):
@@ -65,8 +69,10 @@ def torch_tiled_candidates(
         width = min(tile, n_docs - base)
         sums = torch.zeros(b * width, dtype=torch.int64, device=dev)
         did = dense_id[t * n_terms + terms].to(torch.int64)
-        for p in (did >= 0).nonzero().flatten().tolist():
-            col = products(p, dense[did[p], :width])
+        pairs = (did >= 0).nonzero().flatten()
+        rows_of = expand_dense(dense_meta, dense_wts, tile_bits, did[pairs])
+        for i, p in enumerate(pairs.tolist()):
+            col = products(p, rows_of[i, :width])
             sums[rows[p] * width : (rows[p] + 1) * width] += col
         lo, hi = seg[t * n_terms + terms], seg[t * n_terms + terms + 1]
         for pair, pos in expand_ranges(lo, hi, 1 << 22):

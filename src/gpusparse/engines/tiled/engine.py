@@ -71,12 +71,13 @@ def layout_for_search(
     rescoring (:attr:`~gpusparse.config.EngineConfig.forward_rescoring`); ``False`` for a
     layout to be streamed. An index whose lists are not on the device
     (:class:`~gpusparse.layout.resident.TiledResident`) rescores from the layout: no forward
-    copy, and a fixed-point layout keeps its exact float32 weights."""
+    copy and no list positions."""
     config = engine_config()
     acc = choose_acc(acc)
+    dense_min = config.dense_min if dense_min == AUTO else dense_min
     fixed = (config.fixed_point if fixed is None else fixed) and acc == "u32" and index.quantization is None
     if not index.lists_resident:
-        return tiled_layout(index, tile_bits, dense_min, fixed, exact_weights=True)
+        return tiled_layout(index, tile_bits, dense_min, fixed, list_positions=False)
     forward = forward and config.forward_rescoring and index.device.type == "cuda" and rescore.available()
     return tiled_layout(index, tile_bits, dense_min, fixed, forward=forward)
 

@@ -13,7 +13,7 @@ import torch
 from ...exact import exact_scores, pad_results
 from ...kernels import rescore
 from ...layout.postings import PostingLists
-from ...layout.tiled import TiledIndex
+from ...layout.tiled import TiledIndex, popcount32
 from ...queries import QueryBatch
 from ...topk import decode_keys, top_keys, topk_by_key
 from .fixed_point import FixedPoint
@@ -40,8 +40,8 @@ def rank_candidates(
     b = docs.shape[0]
     dev = docs.device
     from_tiles = not index.lists_resident
-    if from_tiles and (layout is None or layout.rescore_weights is None):
-        raise ValueError("rescoring without the lists on the device needs a layout with exact weights")
+    if from_tiles and layout is None:
+        raise ValueError("rescoring without the lists on the device needs the tiled layout")
     if docs.is_cuda and rescore.available():  # one launch over all slots, no host sync
         lists = (None,) * 4 if from_tiles else (index.doc_ids, index.scores, index.offsets, index.lengths)
         keys = rescore.candidate_keys_cuda(
@@ -85,14 +85,10 @@ def tiled_exact_scores(
     Document ``d`` lies in tile ``d >> tile_bits`` at offset ``o = d & mask``; its weight for
     a query term is in the dense row of the (tile, term) segment when it has one (0: absent),
     else found by binary search for ``o`` among the segment's ascending offsets. Weights are
-    the float32 ones (:attr:`~gpusparse.layout.tiled.TiledIndex.rescore_weights`; 8-bit
-    levels times the step, exact); the products are added in float64 in the query's term
-    order and rounded once. The PyTorch reference of ``canonical_tiled`` in ``rescore.cu``.
+    the stored ones (float32, or 8-bit levels times the step, exact); the products are added
+    in float64 in the query's term order and rounded once. The PyTorch reference of
+    ``canonical_tiled`` in ``rescore.cu``.
     """
-    source = layout.rescore_weights
-    if source is None:
-        raise ValueError("a fixed-point layout rescores only with its exact weights (build_tiled exact_weights=True)")
-    sparse_w, dense_w = source
     m = docs.numel()
     out = torch.zeros(m, dtype=torch.float32, device=docs.device)
     width = batch.padded_terms.shape[1]
@@ -116,8 +112,14 @@ def tiled_exact_scores(
         row = layout.dense_id[key].to(torch.int64)
         in_dense = valid & (row >= 0)
         w = torch.zeros(terms.shape, dtype=torch.float64, device=docs.device)
-        if dense_w.shape[0]:
-            w = torch.where(in_dense, weight(dense_w.reshape(-1), (row.clamp_min(0) << bits) + o), w)
+        if layout.n_dense:
+            flat = layout.dense_meta.reshape(-1)
+            row_at = row.clamp_min(0) * layout.dense_meta.shape[1]
+            word = flat[row_at + 1 + (o >> 5)]
+            bit = o & 31
+            present = in_dense & (((word >> bit) & 1) == 1)
+            at = flat[row_at] + (word >> 32) + popcount32(word & ((1 << bit) - 1))
+            w = torch.where(present, weight(layout.dense_wts, at.clamp_max(max(layout.dense_wts.numel() - 1, 0))), w)
         lo, hi = layout.seg[key], layout.seg[key + 1]
         lo = torch.where(valid & ~in_dense, lo, hi)  # empty range: nothing to find
         end = hi
@@ -130,7 +132,7 @@ def tiled_exact_scores(
         at = lo.clamp_max(max(offs.numel() - 1, 0))
         found = (lo < end) & (offs[at] == o) if offs.numel() else torch.zeros_like(valid)
         if offs.numel():
-            w = torch.where(found, weight(sparse_w, at), w)
+            w = torch.where(found, weight(layout.wts, at), w)
         prod = w * qw[r]  # absent terms: weight 0, product +0, the sum unchanged
         acc = torch.zeros(r.numel(), dtype=torch.float64, device=docs.device)
         for j in range(width):  # sequential: the canonical summation order

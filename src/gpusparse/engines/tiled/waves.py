@@ -93,10 +93,11 @@ def candidates(
         overflow = False
         for first, n in plan:
             launch(
-                layout.seg, layout.offs, layout.wts, layout.dense_id, layout.dense, terms32, weights, q_scale, fp.delta,
+                layout.seg, layout.offs, layout.wts, layout.dense_id, layout.dense_meta, layout.dense_wts, terms32,
+                weights, q_scale, fp.delta,
                 n_docs=layout.n_docs, n_terms=layout.n_terms, tile_bits=layout.tile_bits, k=k, tiles=(first, n),
                 select=first == 0,
-                acc=acc, int_weights=int_weights, q_shift=q_shift,
+                acc=acc, int_weights=int_weights, q_shift=q_shift, weight_bits=layout.weight_bits,
                 theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
             )  # fmt: skip
             most = int(count.max()) if b else 0

@@ -12,6 +12,7 @@ typedef unsigned int unsigned_int;
 #define THREADS 512
 #endif
 #define TILE (1 << TILE_BITS)
+#define WORDS (TILE >= 32 ? TILE / 32 : 1)  // presence-bit words of a dense row
 #define PER (TILE / THREADS)  // documents each thread owns in the dense phase
 typedef unsigned long long u64;
 // How a document's fixed-point sum is held in shared memory (see ACC_MODES in Python):
@@ -39,13 +40,15 @@ typedef unsigned long long u64;
 #ifndef INT_W
 #define INT_W 0
 #endif
-// FIXED_W (mode 1 only): float32 weights stored as fixed point, d = round(w · 2**b) (WT is
-// unsigned int); each query weight becomes q = round(w_q · mult) and a product is
+// FIXED_W (mode 1 only): float32 weights multiplied in fixed point: each stored weight is
+// read as d = round(w · 2**b) (FIXED_OF: an exact power-of-two scaling, then round half to
+// even, as torch.round), each query weight becomes q = round(w_q · mult) and a product is
 // (q · d) >> shift[query], integer arithmetic throughout; the rounding errors are in the
 // margin (see fixed_point in gpusparse.engines.tiled.fixed_point).
 #ifndef FIXED_W
 #define FIXED_W 0
 #endif
+#define FIXED_OF(x) __float2uint_rn((x) * w_scale)
 #define INT_PRODUCTS (INT_W || FIXED_W)
 typedef long long i64;
 
@@ -54,9 +57,8 @@ typedef long long i64;
 #define UNROLL 4
 #endif
 
-// Dense rows are read VEC weights at a time (one vector load).
+// A thread owns VEC consecutive offsets in each group of THREADS * VEC (one bitmap word).
 #define VEC (PER >= 4 ? 4 : PER)
-template <typename T, int N> struct alignas(sizeof(T) * N) Pack { T v[N]; };
 
 // Shared-memory metadata of a chunk of query terms, compacted (padding and empty segments
 // dropped): the dense rows [0, nd) and the non-empty sparse segments [0, ns). Weights as
@@ -157,13 +159,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     const i64* __restrict__ seg,              // [n_tiles * V + 1] start of each sparse (tile, term) segment
     const unsigned short* __restrict__ offs,  // [P] document offset inside the tile
     const WT* __restrict__ wts,               // [P] document weight
-    const int* __restrict__ dense_id,         // [n_tiles * V] row of `dense` for a dense segment, else -1
-    const WT* __restrict__ dense,             // [n_dense, TILE] weights by offset (0 = absent)
+    const int* __restrict__ dense_id,         // [n_tiles * V] row of `dense_meta` for a dense segment, else -1
+    const i64* __restrict__ dense_meta,       // [n_dense, 1 + WORDS] row start, then bits | (present before) << 32
+    const WT* __restrict__ dense_wts,         // [dense postings] weights by row, then offset
     const int* __restrict__ q_terms,          // [B, T] term ids, -1 padding at the end of a row
     const float* __restrict__ q_weights,      // [B, T]
     const double* __restrict__ q_scale,       // [B] power of two: fixed-point units per score unit
     const i64* __restrict__ q_delta,          // [B] error margin in units
     const int* __restrict__ q_shift,          // [B] FIXED_W: right shift of each product
+    const float w_scale,                      // FIXED_W: 2**b, stored weight to fixed point
     const int T, const int V, const int n_docs, const int k, const int tile0, const int select,
     u64* __restrict__ theta,                  // [B] running lower bound of the k-th best score
     int* __restrict__ cand_count,             // [B]
@@ -209,9 +213,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     // The query's terms are handled in chunks of MAXT: their metadata (weight, dense row,
     // sparse segment) is loaded by all threads at once into shared memory, instead of by
     // every thread one term after the other (a chain of dependent global loads).
-    // 1a. Dense segments: each thread owns VEC consecutive documents in each group of
-    //     THREADS * VEC and sums them in registers from coalesced vector reads; the sums
-    //     initialise the shared accumulators.
+    // 1a. Dense rows: each thread owns VEC consecutive documents in each group of
+    //     THREADS * VEC and sums them in registers (a warp's present weights are contiguous:
+    //     coalesced reads); the sums initialise the shared accumulators.
 #if ACC_MODE == 1 && INT_PRODUCTS
     unsigned int reg[PER];
 #elif ACC_MODE == 1
@@ -228,23 +232,33 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
         continue;
 #endif
         for (int d = 0; d < meta.nd; ++d) {
-            const Pack<WT, VEC>* col = reinterpret_cast<const Pack<WT, VEC>*>(dense + (i64)d_row[d] * TILE);
+            // The row's presence bits: one word (and the count of present offsets before it)
+            // covers the VEC offsets a thread owns in each group; their weights are packed.
+            const i64* rowm = dense_meta + (i64)d_row[d] * (1 + WORDS);
+            const i64 start = rowm[0];
             const double w = INT_PRODUCTS ? 0.0 : d_w[d];
             const unsigned int wi = d_wi[d];
 #pragma unroll
             for (int g = 0; g < PER / VEC; ++g) {
-                const Pack<WT, VEC> p = col[g * THREADS + tid];
+                const int i0 = (g * THREADS + tid) * VEC;
+                const u64 m = (u64)rowm[1 + (i0 >> 5)];
+                const unsigned int bits = (unsigned int)m;
+                const int b0 = i0 & 31;
+                i64 pos = start + (i64)(m >> 32) + __popc(bits & ((1u << b0) - 1u));
 #pragma unroll
                 for (int v = 0; v < VEC; ++v) {
+                    if ((bits >> (b0 + v)) & 1u) {
+                        const WT x = dense_wts[pos++];
 #if ACC_MODE == 1 && FIXED_W
-                    reg[g * VEC + v] += (unsigned int)(((u64)wi * (u64)p.v[v]) >> sh);
+                        reg[g * VEC + v] += (unsigned int)(((u64)wi * (u64)FIXED_OF(x)) >> sh);
 #elif ACC_MODE == 1 && INT_W
-                    reg[g * VEC + v] += wi * (unsigned int)p.v[v];
+                        reg[g * VEC + v] += wi * (unsigned int)x;
 #elif ACC_MODE == 1
-                    reg[g * VEC + v] = fma(w, (double)p.v[v], reg[g * VEC + v]);  // exact product
+                        reg[g * VEC + v] = fma(w, (double)x, reg[g * VEC + v]);  // exact product
 #else
-                    reg[g * VEC + v] += (u64)__double2ll_rn(w * (double)p.v[v]);
+                        reg[g * VEC + v] += (u64)__double2ll_rn(w * (double)x);
 #endif
+                    }
                 }
             }
         }
@@ -340,7 +354,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
                 // float32 x float32 is exact in float64 (wq holds w_q * scale, a power of two);
                 // one rounding to the integer unit.
 #if FIXED_W
-                const u64 v = ((u64)wqi[u] * (u64)wd[u]) >> sh;
+                const u64 v = ((u64)wqi[u] * (u64)FIXED_OF(wd[u])) >> sh;
 #elif INT_W
                 const u64 v = (u64)(wqi[u] * (unsigned int)wd[u]);
 #else
