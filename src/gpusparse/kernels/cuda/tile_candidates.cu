@@ -59,9 +59,6 @@ typedef long long i64;
 
 // Later phases read the accumulators VEC at a time (one vector load).
 #define VEC (PER >= 4 ? 4 : PER)
-// The dense phase: a thread's PER documents are SUBS bitmap words of NB bits each.
-#define NB (PER >= 32 ? 32 : PER)
-#define SUBS (PER / NB)
 
 // Shared-memory metadata of a chunk of query terms, compacted (padding and empty segments
 // dropped): the dense rows [0, nd) and the non-empty sparse segments [0, ns). Weights as
@@ -216,10 +213,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     // The query's terms are handled in chunks of MAXT: their metadata (weight, dense row,
     // sparse segment) is loaded by all threads at once into shared memory, instead of by
     // every thread one term after the other (a chain of dependent global loads).
-    // 1a. Dense rows: each thread owns PER consecutive documents (SUBS bitmap words of NB
-    //     bits, or a part of one word) and sums them in registers, without atomics. A row's
+    // 1a. Dense rows: each thread owns VEC consecutive documents in each group of
+    //     THREADS * VEC (a quarter or less of a bitmap word; a warp's present weights are
+    //     contiguous: coalesced reads) and sums them in registers, without atomics. A row's
     //     presence words are loaded one row ahead, so that each row costs one round trip to
-    //     memory (its weights), not two; a thread's present weights are contiguous.
+    //     memory (its weights), not two.
 #if ACC_MODE == 1 && INT_PRODUCTS
     unsigned int reg[PER];
 #elif ACC_MODE == 1
@@ -229,7 +227,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
 #endif
 #pragma unroll
     for (int r = 0; r < PER; ++r) reg[r] = 0;
-    const int own = tid * PER;  // first document owned
     for (int j0 = 0; j0 < T; j0 += MAXT) {
         const int nj = min(MAXT, T - j0);
         load_terms(terms + j0, qw + j0, nj, scale, did_tile, seg_tile, meta);
@@ -237,44 +234,43 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
         continue;
 #endif
         i64 start_next = 0;
-        u64 m_next[SUBS];
+        u64 m_next[PER / VEC];
         if (meta.nd > 0) {
             const i64* rowm = dense_meta + (i64)d_row[0] * (1 + WORDS);
             start_next = rowm[0];
 #pragma unroll
-            for (int s = 0; s < SUBS; ++s) m_next[s] = (u64)rowm[1 + ((own + s * 32) >> 5)];
+            for (int g = 0; g < PER / VEC; ++g) m_next[g] = (u64)rowm[1 + (((g * THREADS + tid) * VEC) >> 5)];
         }
         for (int d = 0; d < meta.nd; ++d) {
             const i64 start = start_next;
-            u64 m[SUBS];
+            u64 m[PER / VEC];
 #pragma unroll
-            for (int s = 0; s < SUBS; ++s) m[s] = m_next[s];
+            for (int g = 0; g < PER / VEC; ++g) m[g] = m_next[g];
             if (d + 1 < meta.nd) {  // the next row's words, in flight while this row's weights are read
                 const i64* rowm = dense_meta + (i64)d_row[d + 1] * (1 + WORDS);
                 start_next = rowm[0];
 #pragma unroll
-                for (int s = 0; s < SUBS; ++s) m_next[s] = (u64)rowm[1 + ((own + s * 32) >> 5)];
+                for (int g = 0; g < PER / VEC; ++g) m_next[g] = (u64)rowm[1 + (((g * THREADS + tid) * VEC) >> 5)];
             }
             const double w = INT_PRODUCTS ? 0.0 : d_w[d];
             const unsigned int wi = d_wi[d];
 #pragma unroll
-            for (int s = 0; s < SUBS; ++s) {
-                const int b0 = (own + s * 32) & 31;  // 0 unless a thread owns part of a word
-                const unsigned int word = (unsigned int)m[s];
-                const unsigned int bits = NB == 32 ? word : (word >> b0) & ((1u << NB) - 1u);
-                i64 pos = start + (i64)(m[s] >> 32) + __popc(word & ((1u << b0) - 1u));
+            for (int g = 0; g < PER / VEC; ++g) {
+                const int b0 = ((g * THREADS + tid) * VEC) & 31;
+                const unsigned int bits = (unsigned int)m[g];
+                i64 pos = start + (i64)(m[g] >> 32) + __popc(bits & ((1u << b0) - 1u));
 #pragma unroll
-                for (int v = 0; v < NB; ++v) {
-                    if ((bits >> v) & 1u) {
+                for (int v = 0; v < VEC; ++v) {
+                    if ((bits >> (b0 + v)) & 1u) {
                         const WT x = dense_wts[pos++];
 #if ACC_MODE == 1 && FIXED_W
-                        reg[s * NB + v] += (unsigned int)(((u64)wi * (u64)FIXED_OF(x)) >> sh);
+                        reg[g * VEC + v] += (unsigned int)(((u64)wi * (u64)FIXED_OF(x)) >> sh);
 #elif ACC_MODE == 1 && INT_W
-                        reg[s * NB + v] += wi * (unsigned int)x;
+                        reg[g * VEC + v] += wi * (unsigned int)x;
 #elif ACC_MODE == 1
-                        reg[s * NB + v] = fma(w, (double)x, reg[s * NB + v]);  // exact product
+                        reg[g * VEC + v] = fma(w, (double)x, reg[g * VEC + v]);  // exact product
 #else
-                        reg[s * NB + v] += (u64)__double2ll_rn(w * (double)x);
+                        reg[g * VEC + v] += (u64)__double2ll_rn(w * (double)x);
 #endif
                     }
                 }
@@ -282,15 +278,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
         }
     }
 #pragma unroll
-    for (int r = 0; r < PER; ++r) {
+    for (int g = 0; g < PER / VEC; ++g) {
+#pragma unroll
+        for (int v = 0; v < VEC; ++v) {
+            const int i = (g * THREADS + tid) * VEC + v;
 #if ACC_MODE == 0
-        lo[own + r] = (unsigned int)reg[r];
-        hi[own + r] = (unsigned int)(reg[r] >> 32);
+            lo[i] = (unsigned int)reg[g * VEC + v];
+            hi[i] = (unsigned int)(reg[g * VEC + v] >> 32);
 #elif INT_PRODUCTS
-        lo[own + r] = reg[r];
+            lo[i] = reg[g * VEC + v];
 #else
-        lo[own + r] = (unsigned int)__double2ll_rn(reg[r]);
+            lo[i] = (unsigned int)__double2ll_rn(reg[g * VEC + v]);
 #endif
+        }
     }
 
     // 1b. Sparse segments: one flat loop over all their postings, so that every thread has
