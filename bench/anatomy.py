@@ -51,7 +51,7 @@ def block_work(tl, batch) -> dict[str, float]:
     tt = torch.where(valid, terms, 0).to(torch.int64)
     sparse = dense_rows = dense_real = 0.0
     starts = tl.dense_meta[:, 0]
-    ends = torch.cat([starts[1:], torch.tensor([tl.dense_wts.numel()], device=starts.device)])
+    ends = torch.cat([starts[1:], torch.tensor([tl.dense_wts.numel() - 1], device=starts.device)])
     real_per_row = ends - starts if tl.n_dense else torch.zeros(1, dtype=torch.int64)
     real_per_row = real_per_row.to(terms.device)
     for t0 in range(0, nt, 64):  # [tiles, B, T] at a time, bounded

@@ -59,7 +59,7 @@ class TiledIndex:
     # the row (high 32 bits). A thread owning some offsets finds their weights with one load
     # and a popcount, and adds them without atomics.
     dense_meta: torch.Tensor
-    dense_wts: torch.Tensor  # wts's dtype [postings of dense rows], by row, then offset
+    dense_wts: torch.Tensor  # wts's dtype [postings of dense rows + 1 padding], by row, then offset
     step: float = 1.0  # what a stored weight is worth (1 for float32 weights)
     # Fixed-point arithmetic for float32 weights: the kernel multiplies the integers
     # round(weight · 2**weight_bits), converted from the stored float32 bits as it reads
@@ -191,7 +191,8 @@ def build_tiled(
     row_len = counts[is_dense]
     if n_dense:
         dense_meta[1:, 0] = torch.cumsum(row_len, 0)[:-1]
-    dense_wts = torch.empty(int(row_len.sum()), dtype=wdtype, device=dev)
+    # + 1 padding element: the kernel reads one slot past a row's last present weight
+    dense_wts = torch.zeros(int(row_len.sum()) + (1 if n_dense else 0), dtype=wdtype, device=dev)
     word_count = torch.zeros(n_dense * words, dtype=torch.int64, device=dev)
     sparse_counts = torch.where(is_dense, torch.zeros_like(counts), counts)
     seg = torch.zeros(n_tiles * n_terms + 1, dtype=torch.int64, device=dev)

@@ -215,9 +215,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     // every thread one term after the other (a chain of dependent global loads).
     // 1a. Dense rows: each thread owns VEC consecutive documents in each group of
     //     THREADS * VEC (a quarter or less of a bitmap word; a warp's present weights are
-    //     contiguous: coalesced reads) and sums them in registers, without atomics. A row's
-    //     presence words are loaded one row ahead, so that each row costs one round trip to
-    //     memory (its weights), not two.
+    //     contiguous: coalesced reads) and sums them in registers, without atomics.
 #if ACC_MODE == 1 && INT_PRODUCTS
     unsigned int reg[PER];
 #elif ACC_MODE == 1
@@ -233,46 +231,33 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
 #ifdef PROFILE_SKIP_DENSE  // profiling only (bench/profile_tiled.py): results are wrong
         continue;
 #endif
-        i64 start_next = 0;
-        u64 m_next[PER / VEC];
-        if (meta.nd > 0) {
-            const i64* rowm = dense_meta + (i64)d_row[0] * (1 + WORDS);
-            start_next = rowm[0];
-#pragma unroll
-            for (int g = 0; g < PER / VEC; ++g) m_next[g] = (u64)rowm[1 + (((g * THREADS + tid) * VEC) >> 5)];
-        }
         for (int d = 0; d < meta.nd; ++d) {
-            const i64 start = start_next;
-            u64 m[PER / VEC];
-#pragma unroll
-            for (int g = 0; g < PER / VEC; ++g) m[g] = m_next[g];
-            if (d + 1 < meta.nd) {  // the next row's words, in flight while this row's weights are read
-                const i64* rowm = dense_meta + (i64)d_row[d + 1] * (1 + WORDS);
-                start_next = rowm[0];
-#pragma unroll
-                for (int g = 0; g < PER / VEC; ++g) m_next[g] = (u64)rowm[1 + (((g * THREADS + tid) * VEC) >> 5)];
-            }
+            const i64* rowm = dense_meta + (i64)d_row[d] * (1 + WORDS);
+            const i64 start = rowm[0];
             const double w = INT_PRODUCTS ? 0.0 : d_w[d];
             const unsigned int wi = d_wi[d];
 #pragma unroll
             for (int g = 0; g < PER / VEC; ++g) {
-                const int b0 = ((g * THREADS + tid) * VEC) & 31;
-                const unsigned int bits = (unsigned int)m[g];
-                i64 pos = start + (i64)(m[g] >> 32) + __popc(bits & ((1u << b0) - 1u));
+                const int i0 = (g * THREADS + tid) * VEC, b0 = i0 & 31;
+                const u64 m = (u64)rowm[1 + (i0 >> 5)];
+                const unsigned int bits = (unsigned int)m;
+                i64 pos = start + (i64)(m >> 32) + __popc(bits & ((1u << b0) - 1u));
+                // Branch-free: every slot loads (an absent one reads the next present weight,
+                // or the layout's one padding element) and adds 0 unless present.
 #pragma unroll
                 for (int v = 0; v < VEC; ++v) {
-                    if ((bits >> (b0 + v)) & 1u) {
-                        const WT x = dense_wts[pos++];
+                    const unsigned int hit = (bits >> (b0 + v)) & 1u;
+                    const WT x = dense_wts[pos];
+                    pos += hit;
 #if ACC_MODE == 1 && FIXED_W
-                        reg[g * VEC + v] += (unsigned int)(((u64)wi * (u64)FIXED_OF(x)) >> sh);
+                    reg[g * VEC + v] += hit ? (unsigned int)(((u64)wi * (u64)FIXED_OF(x)) >> sh) : 0u;
 #elif ACC_MODE == 1 && INT_W
-                        reg[g * VEC + v] += wi * (unsigned int)x;
+                    reg[g * VEC + v] += hit ? wi * (unsigned int)x : 0u;
 #elif ACC_MODE == 1
-                        reg[g * VEC + v] = fma(w, (double)x, reg[g * VEC + v]);  // exact product
+                    reg[g * VEC + v] = fma(hit ? w : 0.0, (double)x, reg[g * VEC + v]);  // exact product
 #else
-                        reg[g * VEC + v] += (u64)__double2ll_rn(w * (double)x);
+                    reg[g * VEC + v] += hit ? (u64)__double2ll_rn(w * (double)x) : 0ull;
 #endif
-                    }
                 }
             }
         }
