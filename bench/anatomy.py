@@ -50,9 +50,7 @@ def block_work(tl, batch) -> dict[str, float]:
     valid = terms >= 0
     tt = torch.where(valid, terms, 0).to(torch.int64)
     sparse = dense_rows = dense_real = 0.0
-    starts = tl.dense_meta[:, 0]
-    ends = torch.cat([starts[1:], torch.tensor([tl.dense_wts.numel() - 1], device=starts.device)])
-    real_per_row = ends - starts if tl.n_dense else torch.zeros(1, dtype=torch.int64)
+    real_per_row = (tl.dense != 0).sum(1) if tl.dense.numel() else torch.zeros(1, dtype=torch.int64)
     real_per_row = real_per_row.to(terms.device)
     for t0 in range(0, nt, 64):  # [tiles, B, T] at a time, bounded
         t1 = min(nt, t0 + 64)
@@ -127,7 +125,7 @@ def main() -> None:
         return
     card = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     out = {"card": card, "commit": args.commit, "n_docs": args.n, "batch": args.batch}
-    out["layout"] = {"tile_bits": tl.tile_bits, "dense_rows": tl.n_dense, "sparse_postings": tl.offs.numel()}
+    out["layout"] = {"tile_bits": tl.tile_bits, "dense_rows": tl.dense.shape[0], "sparse_postings": tl.offs.numel()}
     out["work"] = block_work(tl, batch)
     print(json.dumps(out["layout"]), json.dumps(out["work"]), flush=True)
     sources = [("current", None)] + [(Path(b).name, Path(b)) for b in args.baseline]

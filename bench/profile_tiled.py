@@ -67,8 +67,8 @@ def run_kernel(tl, batch, terms32, fp, k, bufs, acc, **build) -> None:
     count.zero_()
     q_scale = kernel_scale(tl, fp)
     tile_candidates.tiled_candidates(
-        tl.seg, tl.offs, tl.wts, tl.dense_id, tl.dense_meta, tl.dense_wts, terms32, batch.padded_weights, q_scale,
-        fp.delta, n_docs=tl.n_docs, n_terms=tl.n_terms, tile_bits=tl.tile_bits, k=k, acc=acc, q_shift=fp.shift,
+        tl.seg, tl.offs, tl.wts, tl.dense_id, tl.dense, terms32, batch.padded_weights, q_scale, fp.delta,
+        n_docs=tl.n_docs, n_terms=tl.n_terms, tile_bits=tl.tile_bits, k=k, acc=acc, q_shift=fp.shift,
         weight_bits=tl.weight_bits,
         int_weights=tl.wts.dtype == torch.uint8,
         theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val, **build,
@@ -193,7 +193,7 @@ def main() -> None:
                                 "n_docs": n,
                                 "tile_bits": tb,
                                 "dense_min": dm,
-                                "dense_segments": tl.n_dense,
+                                "dense_segments": tl.dense.shape[0],
                                 "threads": threads,
                                 "unroll": unroll,
                                 "min_blocks": min_blocks,

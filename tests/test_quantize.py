@@ -98,8 +98,8 @@ def test_tiled_layout_stores_levels_and_stays_exact(rng, acc, device, quantized_
     queries = random_collection(rng, 7, 120, 9)
     index = Index.build(docs, device=device, quantize=8)
     tl = tiled_layout(index, 6, 0.05)
-    assert tl.wts.dtype == torch.uint8 and tl.dense_wts.dtype == torch.uint8 and tl.step == index.quantization.step
-    assert tl.n_dense > 0 and tl.wts.numel() > 0  # both phases are exercised
+    assert tl.wts.dtype == torch.uint8 and tl.dense.dtype == torch.uint8 and tl.step == index.quantization.step
+    assert tl.dense.shape[0] > 0 and tl.wts.numel() > 0  # both phases are exercised
     qq = quantize_queries(queries, 8) if quantized_queries else queries
     scores = dense_scores(SparseCollection.from_scipy(index_matrix(index)), qq)
     batch = query_batch(qq, index.device)

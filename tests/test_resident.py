@@ -68,7 +68,7 @@ def test_a_fixed_point_layout_stores_the_float32_weights():
     index = Index.build(random_collection(rng, 100, 20, 5))
     a, b = build_tiled(index, 4, dense_min=0.2, fixed=True), build_tiled(index, 4, dense_min=0.2)
     assert a.weight_bits is not None and b.weight_bits is None
-    for name in ("seg", "offs", "wts", "dense_id", "dense_meta", "dense_wts"):
+    for name in ("seg", "offs", "wts", "dense_id", "dense"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
     assert a.wts.dtype == torch.float32 and a.nbytes == b.nbytes
 
@@ -79,7 +79,7 @@ def test_layout_built_from_host_slabs_is_the_same():
     a = build_tiled(index, 5, dense_min=0.1, fixed=True, chunk=1 << 23)
     b = build_tiled(index, 5, dense_min=0.1, fixed=True, chunk=61)
     assert a.n_dense > 0
-    for name in ("seg", "offs", "wts", "dense_id", "dense_meta", "dense_wts", "list_pos"):
+    for name in ("seg", "offs", "wts", "dense_id", "dense", "list_pos"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
     assert a.nbytes == b.nbytes > build_tiled(index, 5, dense_min=0.1, fixed=True, list_positions=False).nbytes
 

@@ -34,9 +34,8 @@ def test_layout(rng, tile_bits, dense_min):
     tile = 1 << tile_bits
     seg = tl.seg.numpy()
     dense_id = tl.dense_id.numpy()
-    rows = tl.dense_rows()
+    rows = tl.dense
     n_dense_postings = int((rows != 0).sum())
-    assert n_dense_postings == tl.dense_wts.numel() - (tl.n_dense > 0)  # + one padding element
     assert seg[0] == 0 and seg[-1] == tl.offs.numel() == int(index.lengths.sum()) - n_dense_postings
     assert (np.diff(seg) >= 0).all()
     if dense_min is None:
@@ -59,15 +58,6 @@ def test_layout(rng, tile_bits, dense_min):
             d = t * tile + offs[a:b]
             np.testing.assert_array_equal(d, expected)
             np.testing.assert_array_equal(tl.wts.numpy()[a:b], dense[d, term])
-    # dense rows: weights packed by row then offset; each word's count of present offsets before it
-    meta = tl.dense_meta.numpy()
-    words = meta[:, 1:]
-    bits = words & 0xFFFFFFFF
-    pop = np.array([[bin(int(x)).count("1") for x in r] for r in bits], dtype=np.int64).reshape(bits.shape)
-    np.testing.assert_array_equal(words >> 32, np.cumsum(pop, 1) - pop)
-    np.testing.assert_array_equal(meta[:, 0], np.cumsum(pop.sum(1)) - pop.sum(1))
-    if tile < 32:
-        assert (bits >> tile == 0).all()  # no bits past the tile
 
 
 @pytest.mark.parametrize("weights", ["unit", "tiny", "huge"])
@@ -290,9 +280,9 @@ def test_cuda_compaction_equals_the_pytorch_one(rng):
                 assert torch.equal(d[r, :n], cpu[2][r, :n]) and torch.equal(v[r, :n], cpu[3][r, :n]), (k, spread, r)
 
 
-def fake_kernel(seg, offs, wts, dense_id, dense_meta, dense_wts, q_terms, q_weights, q_scale, q_delta, *, n_docs,
-                n_terms, tile_bits, k, tiles, select, acc, int_weights, q_shift, weight_bits, theta, cand_count,
-                cand_doc, cand_val):  # fmt: skip
+def fake_kernel(seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_delta, *, n_docs, n_terms, tile_bits,
+                k, tiles, select, acc, int_weights, q_shift, weight_bits, theta, cand_count, cand_doc,
+                cand_val):  # fmt: skip
     """The CUDA kernel's contract in PyTorch, block by block, so the host's waves run on a CPU."""
 
     def products(w: float, q: int, stored: torch.Tensor) -> torch.Tensor:
@@ -300,15 +290,6 @@ def fake_kernel(seg, offs, wts, dense_id, dense_meta, dense_wts, q_terms, q_weig
             fixed = torch.round(stored.to(torch.float64) * 2.0**weight_bits).to(torch.int64)
             return (round(w) * fixed) >> int(q_shift[q])
         return torch.round(w * stored.to(torch.float64)).to(torch.int64)
-
-    def dense_row(did: int, width: int) -> torch.Tensor:  # decoded offset by offset from the bitmap
-        meta = dense_meta[did].tolist()
-        out = torch.zeros(width, dtype=dense_wts.dtype)
-        for o in range(width):
-            word = meta[1 + o // 32]
-            if (word >> (o % 32)) & 1:
-                out[o] = dense_wts[meta[0] + (word >> 32) + bin(word & ((1 << (o % 32)) - 1)).count("1")]
-        return out
 
     b, t = q_terms.shape
     cap = cand_doc.shape[1]
@@ -325,7 +306,7 @@ def fake_kernel(seg, offs, wts, dense_id, dense_meta, dense_wts, q_terms, q_weig
                 did = int(dense_id[tl_idx * n_terms + term])
                 if did >= 0:
                     w = float(q_weights[q, j]) * float(q_scale[q])
-                    acc += products(w, q, dense_row(did, width))
+                    acc += products(w, q, dense[did, :width])
                     continue
                 a, e = int(seg[tl_idx * n_terms + term]), int(seg[tl_idx * n_terms + term + 1])
                 w = float(q_weights[q, j]) * float(q_scale[q])

@@ -160,24 +160,23 @@ def candidate_keys_cuda(
         expected |= {f"forward {name}": (x, dtypes[name]) for name, x in zip(dtypes, forward, strict=True)}
         if forward[1].shape != forward[2].shape or forward[0].numel() < 1:
             raise ValueError("forward must be the index's (indptr, terms, weights)")
-    t_args: list = [np.uint64(0)] * 8 + [np.float32(1.0)]
+    t_args: list = [np.uint64(0)] * 7 + [np.float32(1.0)]
     if tiled is not None:
-        wdtype = tiled.wts.dtype
-        if wdtype not in (torch.float32, torch.uint8) or tiled.dense_wts.dtype != wdtype:
-            raise ValueError("the layout's weights must be float32 or uint8 levels")
+        source = (tiled.wts, tiled.dense)
+        wdtype = source[0].dtype
+        if wdtype not in (torch.float32, torch.uint8) or source[1].dtype != wdtype:
+            raise ValueError("the layout's rescoring weights must be float32 or uint8 levels")
         expected |= {
             "tiled seg": (tiled.seg, torch.int64),
             "tiled offs": (tiled.offs, torch.int16),
             "tiled dense_id": (tiled.dense_id, torch.int32),
-            "tiled dense_meta": (tiled.dense_meta, torch.int64),
-            "tiled weights": (tiled.wts, wdtype),
-            "tiled dense weights": (tiled.dense_wts, wdtype),
+            "tiled weights": (source[0], wdtype),
+            "tiled dense": (source[1], wdtype),
         }
         if tiled.dense_id.numel() != tiled.n_tiles * v or tiled.seg.numel() != tiled.dense_id.numel() + 1:
             raise ValueError("the tiled layout's seg and dense_id must hold one entry per (tile, term)")
-        source = (tiled.wts, tiled.dense_wts)
         fl, lv = (source, (None, None)) if wdtype == torch.float32 else ((None, None), source)
-        t_args = [pointer(tiled.seg), pointer(tiled.offs), pointer(tiled.dense_id), pointer(tiled.dense_meta)]
+        t_args = [pointer(tiled.seg), pointer(tiled.offs), pointer(tiled.dense_id)]
         t_args += [pointer(x) if x is not None else np.uint64(0) for x in (*fl, *lv)]
         t_args.append(np.float32(tiled.step))
     check_tensors(expected, dev)

@@ -110,8 +110,7 @@ def tiled_candidates(
     offs: torch.Tensor,
     wts: torch.Tensor,
     dense_id: torch.Tensor,
-    dense_meta: torch.Tensor,
-    dense_wts: torch.Tensor,
+    dense: torch.Tensor,
     q_terms: torch.Tensor,
     q_weights: torch.Tensor,
     q_scale: torch.Tensor,
@@ -140,8 +139,7 @@ def tiled_candidates(
 
     All tensors must be contiguous on one CUDA device: ``seg`` int64 ``[n_tiles·V + 1]``,
     ``offs`` int16 (read as unsigned) and ``wts`` float32 or uint8 ``[P]``, ``dense_id`` int32
-    ``[n_tiles·V]``, the dense rows ``dense_meta`` int64 ``[n_dense, 1 + words]`` and
-    ``dense_wts`` (``wts``'s dtype; see :class:`~gpusparse.layout.tiled.TiledIndex`), ``q_terms`` int32 and
+    ``[n_tiles·V]``, ``dense`` (``wts``'s dtype) ``[n_dense, 2**tile_bits]``, ``q_terms`` int32 and
     ``q_weights`` float32 ``[B, T]``, ``q_scale`` float64 and ``q_delta`` int64 ``[B]``,
     ``theta`` int64 ``[B]`` (zeros, updated), ``cand_count`` int32 ``[B]`` (zeros, updated),
     ``cand_doc`` int32 and ``cand_val`` int64 ``[B, cap]`` (written). ``tiles = (first, count)``
@@ -168,8 +166,7 @@ def tiled_candidates(
         "offs": (offs, torch.int16),
         "wts": (wts, wts.dtype if wts.dtype in _WEIGHT_TYPES else torch.float32),
         "dense_id": (dense_id, torch.int32),
-        "dense_meta": (dense_meta, torch.int64),
-        "dense_wts": (dense_wts, wts.dtype),
+        "dense": (dense, wts.dtype),
         "q_terms": (q_terms, torch.int32),
         "q_weights": (q_weights, torch.float32),
         "q_scale": (q_scale, torch.float64),
@@ -203,15 +200,10 @@ def tiled_candidates(
     shared = shared_bytes(tile_bits, acc)
     build = (tile_bits, threads, unroll, min_blocks, acc, _WEIGHT_TYPES[wts.dtype], int_weights, fixed, tuple(defines))
     kernel = _kernel(build, device_index(dev), variant_of(SOURCE))
-    # CuPy wants real memory behind every pointer
-    if dense_meta.numel() == 0:
-        dense_meta = torch.zeros(1, dtype=torch.int64, device=dev)
-    if dense_wts.numel() == 0:
-        dense_wts = torch.zeros(1, dtype=wts.dtype, device=dev)
-    if offs.numel() == 0:
-        offs, wts = torch.zeros(1, dtype=torch.int16, device=dev), torch.zeros(1, dtype=wts.dtype, device=dev)
-    tensors = (seg, offs, wts, dense_id, dense_meta, dense_wts, q_terms, q_weights, q_scale, q_delta, q_shift)
-    args = [pointer(x) for x in tensors] + [np.float32(2.0 ** (weight_bits or 0))]
+    if dense.numel() == 0:  # CuPy wants real memory behind every pointer
+        dense = torch.zeros((1, 1 << tile_bits), dtype=wts.dtype, device=dev)
+    args = [pointer(x) for x in (seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_delta, q_shift)]
+    args.append(np.float32(2.0 ** (weight_bits or 0)))
     ints = [np.int32(t), np.int32(n_terms), np.int32(n_docs), np.int32(k), np.int32(first), np.int32(select)]
     outs = [pointer(x) for x in (theta, cand_count, cand_doc, cand_val)]
     launch(kernel, (b, count), (threads,), (*args, *ints, *outs, np.int32(cap)), device=dev, shared_mem=shared)

@@ -4,10 +4,10 @@ Documents are cut into tiles of ``2**tile_bits``; postings are stored tile-major
 term-major, then by document: ``offs`` (int16 holding the unsigned 16-bit offset inside the
 tile) and ``wts`` (float32, or 8-bit levels), with
 ``seg[tile * V + term]`` the start of each (tile, term) segment — 6 bytes a posting instead
-of the paper's 8, and no padding. Segments covering a large share of a tile are dense rows:
-a presence bitmap of the tile's documents and the present weights (about the bytes of a
-sparse segment), which the kernel adds in registers instead of with atomics. The engine that
-searches it is :mod:`gpusparse.engines.tiled`.
+of the paper's 8, and no padding. Segments covering a large share of a tile are stored
+densely, one weight per document of the tile (0 where absent), which the kernel adds in
+registers instead of with atomics. The engine that searches it is
+:mod:`gpusparse.engines.tiled`.
 """
 
 from __future__ import annotations
@@ -52,14 +52,8 @@ class TiledIndex:
     seg: torch.Tensor  # int64 [n_tiles * n_terms + 1]
     offs: torch.Tensor  # int16 [P] (unsigned offset inside the tile), sparse postings only
     wts: torch.Tensor  # float32 [P], or uint8 levels (weight = level · step) of a quantized index
-    dense_id: torch.Tensor  # int32 [n_tiles * n_terms]: row of `dense_meta`, or -1 for a sparse segment
-    # Dense rows as bitmaps: int64 [n_dense, 1 + words] (words = max(1, 2**tile_bits / 32));
-    # [r, 0] is where row r's weights start in `dense_wts`, [r, 1 + w] holds the presence bits
-    # of offsets 32w..32w+31 (low 32 bits) and the number of present offsets before them in
-    # the row (high 32 bits). A thread owning some offsets finds their weights with one load
-    # and a popcount, and adds them without atomics.
-    dense_meta: torch.Tensor
-    dense_wts: torch.Tensor  # wts's dtype [postings of dense rows + 1 padding], by row, then offset
+    dense_id: torch.Tensor  # int32 [n_tiles * n_terms]: row of `dense`, or -1 for a sparse segment
+    dense: torch.Tensor  # wts's dtype [n_dense, 2**tile_bits]: weights by offset, 0 where absent
     step: float = 1.0  # what a stored weight is worth (1 for float32 weights)
     # Fixed-point arithmetic for float32 weights: the kernel multiplies the integers
     # round(weight · 2**weight_bits), converted from the stored float32 bits as it reads
@@ -84,51 +78,13 @@ class TiledIndex:
     @property
     def n_dense(self) -> int:
         """Number of dense rows."""
-        return self.dense_meta.shape[0]
+        return self.dense.shape[0]
 
     @property
     def nbytes(self) -> int:
         """Device bytes of the arrays."""
-        arrays = (self.seg, self.offs, self.wts, self.dense_id, self.dense_meta, self.dense_wts, self.list_pos,
-                  *(self.forward or ()))  # fmt: skip
+        arrays = (self.seg, self.offs, self.wts, self.dense_id, self.dense, self.list_pos, *(self.forward or ()))
         return sum(t.numel() * t.element_size() for t in arrays if t is not None)
-
-    def dense_rows(self, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Dense rows ``rows`` (default: all) as weights by offset (see :func:`expand_dense`)."""
-        return expand_dense(self.dense_meta, self.dense_wts, self.tile_bits, rows)
-
-
-def expand_dense(
-    dense_meta: torch.Tensor, dense_wts: torch.Tensor, tile_bits: int, rows: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Dense rows ``rows`` (default: all) expanded to ``[len(rows), 2**tile_bits]`` weights by
-    offset, 0 where absent (for tests and the PyTorch emulation of the kernel)."""
-    meta = dense_meta if rows is None else dense_meta[rows]
-    tile = 1 << tile_bits
-    out = torch.zeros((meta.shape[0], tile), dtype=dense_wts.dtype, device=meta.device)
-    if meta.shape[0] == 0:
-        return out
-    off = torch.arange(tile, device=meta.device)
-    words = meta[:, 1 + (off >> 5)]  # [R, tile]
-    bit = off & 31
-    present = ((words >> bit) & 1).bool()
-    at = meta[:, :1] + (words >> 32) + popcount32(words & ((1 << bit) - 1))
-    out[present] = dense_wts[at[present]]
-    return out
-
-
-def dense_words(tile_bits: int) -> int:
-    """Bitmap words of a dense row (32 offsets each, at least one)."""
-    return max(1, (1 << tile_bits) >> 5)
-
-
-def popcount32(x: torch.Tensor) -> torch.Tensor:
-    """Set bits of each value's low 32 bits (int64 in and out)."""
-    x = x & 0xFFFFFFFF
-    x = x - ((x >> 1) & 0x55555555)
-    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
-    x = (x + (x >> 4)) & 0x0F0F0F0F
-    return ((x * 0x01010101) & 0xFFFFFFFF) >> 24
 
 
 def build_tiled(
@@ -152,13 +108,12 @@ def build_tiled(
     within ~0.2 GB beside the layout) plus ``[n_tiles, V]`` counts (released before the
     layout's own arrays are allocated, but for an int32 copy).
 
-    Segments holding at least ``dense_min`` of a tile's documents are stored as dense rows
-    (a presence bitmap and the weights, see :class:`TiledIndex`): the kernel adds them in
-    registers, without shared-memory atomics, at about the bytes of a sparse segment.
-    ``None`` keeps every segment sparse.
+    Segments holding at least ``dense_min`` of a tile's documents are stored densely instead
+    (one weight per document of the tile): the kernel adds them with coalesced reads into
+    registers, without shared-memory atomics. ``None`` keeps every segment sparse.
 
     A quantized index (:mod:`gpusparse.quantize`) stores its weights as uint8 levels: 3
-    bytes a sparse posting, 1 a dense one. ``fixed`` (float32 weights only) records the
+    bytes a sparse posting, 1 a dense slot. ``fixed`` (float32 weights only) records the
     fixed-point exponent ``b`` (the largest weight times ``2**b`` below ``2**30``) for the
     kernel's integer products; the weights stay float32. ``list_positions``: also build
     :attr:`TiledIndex.list_pos` (only rescoring from the lists reads it).
@@ -186,18 +141,11 @@ def build_tiled(
 
     dense_id = torch.full((n_tiles * n_terms,), -1, dtype=torch.int32, device=dev)
     dense_id[is_dense] = torch.arange(n_dense, dtype=torch.int32, device=dev)
-    words = dense_words(tile_bits)
-    dense_meta = torch.zeros((n_dense, 1 + words), dtype=torch.int64, device=dev)
-    row_len = counts[is_dense]
-    if n_dense:
-        dense_meta[1:, 0] = torch.cumsum(row_len, 0)[:-1]
-    # + 1 padding element: the kernel reads one slot past a row's last present weight
-    dense_wts = torch.zeros(int(row_len.sum()) + (1 if n_dense else 0), dtype=wdtype, device=dev)
-    word_count = torch.zeros(n_dense * words, dtype=torch.int64, device=dev)
+    dense = torch.zeros((n_dense, 1 << tile_bits), dtype=wdtype, device=dev)
     sparse_counts = torch.where(is_dense, torch.zeros_like(counts), counts)
     seg = torch.zeros(n_tiles * n_terms + 1, dtype=torch.int64, device=dev)
     torch.cumsum(sparse_counts, 0, out=seg[1:])
-    del sparse_counts, row_len
+    del sparse_counts
     # Postings of term t in tiles before tile b: the rank offset of the (b, t) share.
     before = (torch.cumsum(counts.view(n_tiles, n_terms), 0) - counts.view(n_tiles, n_terms)).to(torch.int32)
     del counts, is_dense
@@ -205,7 +153,6 @@ def build_tiled(
     offs = torch.empty(n_sparse, dtype=torch.int16, device=dev)
     wts = torch.empty(n_sparse, dtype=wdtype, device=dev)
     mask = (1 << tile_bits) - 1
-    bits_flat = torch.zeros(n_dense * words, dtype=torch.int64, device=dev)
     for term, doc, score, rank in posting_slabs(index, dev, chunk):
         tile = doc >> tile_bits
         key = tile * n_terms + term
@@ -213,22 +160,13 @@ def build_tiled(
         did = dense_id[key].to(torch.int64)
         in_share = rank - before[tile, term].to(torch.int64)  # rank inside the (tile, term) share
         d = did >= 0
-        if bool(d.any()):
-            rd, od = did[d], off[d]
-            dense_wts[dense_meta[rd, 0] + in_share[d]] = stored(score[d])
-            word = rd * words + (od >> 5)
-            bits_flat.index_put_((word,), torch.ones_like(od) << (od & 31), accumulate=True)  # distinct bits: OR
-            word_count.index_add_(0, word, torch.ones_like(word))
+        dense[did[d], off[d]] = stored(score[d])
         s = ~d
         new = seg[key[s]] + in_share[s]
         offs[new] = torch.where(off[s] >= 1 << 15, off[s] - (1 << 16), off[s]).to(torch.int16)
         wts[new] = stored(score[s])
-    if n_dense:
-        wc = word_count.view(n_dense, words)
-        dense_meta[:, 1:] = bits_flat.view(n_dense, words) | ((torch.cumsum(wc, 1) - wc) << 32)  # + offsets before
     list_pos = before.reshape(-1) if list_positions else None  # < n_docs
-    return TiledIndex(tile_bits, n_docs, n_terms, seg, offs, wts, dense_id, dense_meta, dense_wts, step, weight_bits,
-                      list_pos)  # fmt: skip
+    return TiledIndex(tile_bits, n_docs, n_terms, seg, offs, wts, dense_id, dense, step, weight_bits, list_pos)
 
 
 def fixed_weight_bits(max_weight: float) -> int:

@@ -94,7 +94,7 @@ def _device_steps(
     redo = torch.zeros(b, dtype=torch.bool, device=dev)
     for first, n in plan:
         tile_candidates.tiled_candidates(
-            layout.seg, layout.offs, layout.wts, layout.dense_id, layout.dense_meta, layout.dense_wts, terms32, weights,
+            layout.seg, layout.offs, layout.wts, layout.dense_id, layout.dense, terms32, weights,
             q_scale, fp.delta,
             n_docs=layout.n_docs, n_terms=layout.n_terms, tile_bits=layout.tile_bits, k=k, tiles=(first, n),
             select=first == 0,

@@ -7,7 +7,6 @@ import torch
 
 from ...exact import expand_ranges
 from ...kernels.tile_candidates import ACC_TOP
-from ...layout.tiled import expand_dense
 from .fixed_point import emission_threshold
 
 
@@ -16,8 +15,7 @@ def torch_tiled_candidates(
     offs: torch.Tensor,
     wts: torch.Tensor,
     dense_id: torch.Tensor,
-    dense_meta: torch.Tensor,
-    dense_wts: torch.Tensor,
+    dense: torch.Tensor,
     q_terms: torch.Tensor,
     q_weights: torch.Tensor,
     q_scale: torch.Tensor,
@@ -69,10 +67,8 @@ def torch_tiled_candidates(
         width = min(tile, n_docs - base)
         sums = torch.zeros(b * width, dtype=torch.int64, device=dev)
         did = dense_id[t * n_terms + terms].to(torch.int64)
-        pairs = (did >= 0).nonzero().flatten()
-        rows_of = expand_dense(dense_meta, dense_wts, tile_bits, did[pairs])
-        for i, p in enumerate(pairs.tolist()):
-            col = products(p, rows_of[i, :width])
+        for p in (did >= 0).nonzero().flatten().tolist():
+            col = products(p, dense[did[p], :width])
             sums[rows[p] * width : (rows[p] + 1) * width] += col
         lo, hi = seg[t * n_terms + terms], seg[t * n_terms + terms + 1]
         for pair, pos in expand_ranges(lo, hi, 1 << 22):

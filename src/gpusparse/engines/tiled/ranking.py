@@ -13,7 +13,7 @@ import torch
 from ...exact import exact_scores, pad_results
 from ...kernels import rescore
 from ...layout.postings import PostingLists
-from ...layout.tiled import TiledIndex, popcount32
+from ...layout.tiled import TiledIndex
 from ...queries import QueryBatch
 from ...topk import decode_keys, top_keys, topk_by_key
 from .fixed_point import FixedPoint
@@ -89,6 +89,7 @@ def tiled_exact_scores(
     in float64 in the query's term order and rounded once. The PyTorch reference of
     ``canonical_tiled`` in ``rescore.cu``.
     """
+    sparse_w, dense_w = layout.wts, layout.dense
     m = docs.numel()
     out = torch.zeros(m, dtype=torch.float32, device=docs.device)
     width = batch.padded_terms.shape[1]
@@ -112,14 +113,8 @@ def tiled_exact_scores(
         row = layout.dense_id[key].to(torch.int64)
         in_dense = valid & (row >= 0)
         w = torch.zeros(terms.shape, dtype=torch.float64, device=docs.device)
-        if layout.n_dense:
-            flat = layout.dense_meta.reshape(-1)
-            row_at = row.clamp_min(0) * layout.dense_meta.shape[1]
-            word = flat[row_at + 1 + (o >> 5)]
-            bit = o & 31
-            present = in_dense & (((word >> bit) & 1) == 1)
-            at = flat[row_at] + (word >> 32) + popcount32(word & ((1 << bit) - 1))
-            w = torch.where(present, weight(layout.dense_wts, at.clamp_max(max(layout.dense_wts.numel() - 1, 0))), w)
+        if dense_w.shape[0]:
+            w = torch.where(in_dense, weight(dense_w.reshape(-1), (row.clamp_min(0) << bits) + o), w)
         lo, hi = layout.seg[key], layout.seg[key + 1]
         lo = torch.where(valid & ~in_dense, lo, hi)  # empty range: nothing to find
         end = hi
@@ -132,7 +127,7 @@ def tiled_exact_scores(
         at = lo.clamp_max(max(offs.numel() - 1, 0))
         found = (lo < end) & (offs[at] == o) if offs.numel() else torch.zeros_like(valid)
         if offs.numel():
-            w = torch.where(found, weight(layout.wts, at), w)
+            w = torch.where(found, weight(sparse_w, at), w)
         prod = w * qw[r]  # absent terms: weight 0, product +0, the sum unchanged
         acc = torch.zeros(r.numel(), dtype=torch.float64, device=docs.device)
         for j in range(width):  # sequential: the canonical summation order

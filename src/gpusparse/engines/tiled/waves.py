@@ -93,7 +93,7 @@ def candidates(
         overflow = False
         for first, n in plan:
             launch(
-                layout.seg, layout.offs, layout.wts, layout.dense_id, layout.dense_meta, layout.dense_wts, terms32,
+                layout.seg, layout.offs, layout.wts, layout.dense_id, layout.dense, terms32,
                 weights, q_scale, fp.delta,
                 n_docs=layout.n_docs, n_terms=layout.n_terms, tile_bits=layout.tile_bits, k=k, tiles=(first, n),
                 select=first == 0,

@@ -125,8 +125,7 @@ __device__ __forceinline__ float canonical_fwd(
 
 // canonical() from the tiled layout (gpusparse.layout.tiled), for an index whose lists are
 // not on the device: document d lies in tile d >> tile_bits at offset o; lane j finds query
-// term j's weight in d in the (tile, term) segment's dense row when it has one (its presence
-// bit, then the packed weight; 0: absent),
+// term j's weight in d in the (tile, term) segment's dense row when it has one (0: absent),
 // else by binary search for o among the segment's ascending 16-bit offsets (a segment holds
 // one tile's share of the list: a few steps). Weights are float32 (t_wf, t_df) or 8-bit
 // levels times `step` (t_wq, t_dq; exact: step is a power of two); the products are added
@@ -134,7 +133,6 @@ __device__ __forceinline__ float canonical_fwd(
 // (gpusparse.engines.tiled.ranking.tiled_exact_scores is the PyTorch reference).
 __device__ __forceinline__ float canonical_tiled(
     const i64* __restrict__ t_seg, const short* __restrict__ t_offs, const int* __restrict__ t_dense_id,
-    const i64* __restrict__ t_dmeta,
     const float* __restrict__ t_wf, const float* __restrict__ t_df,
     const unsigned char* __restrict__ t_wq, const unsigned char* __restrict__ t_dq, const float step,
     const int tile_bits, const int V,
@@ -143,7 +141,6 @@ __device__ __forceinline__ float canonical_tiled(
     const int lane = threadIdx.x & 31;
     const i64 tile = d >> tile_bits;
     const int o = d & ((1 << tile_bits) - 1);
-    const int words = tile_bits >= 5 ? 1 << (tile_bits - 5) : 1;  // bitmap words of a dense row
     const bool levels = t_wq != nullptr;
     double acc = 0.0;
     for (int j0 = 0; j0 < T; j0 += 32) {
@@ -153,14 +150,9 @@ __device__ __forceinline__ float canonical_tiled(
         if (t >= 0) {
             const i64 key = tile * V + t;
             const int row = t_dense_id[key];
-            if (row >= 0) {  // a dense row: presence bit, then the packed weight
-                const i64* rowm = t_dmeta + (i64)row * (1 + words);
-                const unsigned long long m = (unsigned long long)rowm[1 + (o >> 5)];
-                const int bit = o & 31;
-                if ((m >> bit) & 1ull) {
-                    const i64 at = rowm[0] + (i64)(m >> 32) + __popc((unsigned int)m & ((1u << bit) - 1u));
-                    w = levels ? (float)t_dq[at] * step : t_df[at];
-                }
+            if (row >= 0) {
+                const i64 at = ((i64)row << tile_bits) + o;
+                w = levels ? (float)t_dq[at] * step : t_df[at];
             } else {
                 i64 lo = t_seg[key], hi = t_seg[key + 1];
                 const i64 end = hi;
@@ -216,7 +208,6 @@ extern "C" __global__ void __launch_bounds__(256, KEYS_MIN_BLOCKS) candidate_key
     const i64* __restrict__ fwd_off, const int* __restrict__ fwd_terms, const float* __restrict__ fwd_w,
     const int use_table,
     const i64* __restrict__ t_seg, const short* __restrict__ t_offs, const int* __restrict__ t_dense_id,
-    const i64* __restrict__ t_dmeta,
     const float* __restrict__ t_wf, const float* __restrict__ t_df,
     const unsigned char* __restrict__ t_wq, const unsigned char* __restrict__ t_dq, const float t_step,
     i64* __restrict__ keys)
@@ -261,7 +252,7 @@ extern "C" __global__ void __launch_bounds__(256, KEYS_MIN_BLOCKS) candidate_key
                             ? canonical_fwd(fwd_off, fwd_terms, fwd_w, q_terms + r * T, q_weights + r * T, T, (int)d,
                                             table)
                             : t_seg != nullptr
-                            ? canonical_tiled(t_seg, t_offs, t_dense_id, t_dmeta, t_wf, t_df, t_wq, t_dq, t_step, tile_bits, V,
+                            ? canonical_tiled(t_seg, t_offs, t_dense_id, t_wf, t_df, t_wq, t_dq, t_step, tile_bits, V,
                                               q_terms + r * T, q_weights + r * T, T, (int)d)
                             : canonical(doc_ids, scores, offsets, lengths, q_terms + r * T, q_weights + r * T, T,
                                         (int)d, list_pos, tile_bits, V, n_tiles);

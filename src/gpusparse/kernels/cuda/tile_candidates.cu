@@ -12,7 +12,6 @@ typedef unsigned int unsigned_int;
 #define THREADS 512
 #endif
 #define TILE (1 << TILE_BITS)
-#define WORDS (TILE >= 32 ? TILE / 32 : 1)  // presence-bit words of a dense row
 #define PER (TILE / THREADS)  // documents each thread owns in the dense phase
 typedef unsigned long long u64;
 // How a document's fixed-point sum is held in shared memory (see ACC_MODES in Python):
@@ -57,8 +56,9 @@ typedef long long i64;
 #define UNROLL 4
 #endif
 
-// Later phases read the accumulators VEC at a time (one vector load).
+// Dense rows are read VEC weights at a time (one vector load).
 #define VEC (PER >= 4 ? 4 : PER)
+template <typename T, int N> struct alignas(sizeof(T) * N) Pack { T v[N]; };
 
 // Shared-memory metadata of a chunk of query terms, compacted (padding and empty segments
 // dropped): the dense rows [0, nd) and the non-empty sparse segments [0, ns). Weights as
@@ -159,9 +159,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     const i64* __restrict__ seg,              // [n_tiles * V + 1] start of each sparse (tile, term) segment
     const unsigned short* __restrict__ offs,  // [P] document offset inside the tile
     const WT* __restrict__ wts,               // [P] document weight
-    const int* __restrict__ dense_id,         // [n_tiles * V] row of `dense_meta` for a dense segment, else -1
-    const i64* __restrict__ dense_meta,       // [n_dense, 1 + WORDS] row start, then bits | (present before) << 32
-    const WT* __restrict__ dense_wts,         // [dense postings] weights by row, then offset
+    const int* __restrict__ dense_id,         // [n_tiles * V] row of `dense` for a dense segment, else -1
+    const WT* __restrict__ dense,             // [n_dense, TILE] weights by offset (0 = absent)
     const int* __restrict__ q_terms,          // [B, T] term ids, -1 padding at the end of a row
     const float* __restrict__ q_weights,      // [B, T]
     const double* __restrict__ q_scale,       // [B] power of two: fixed-point units per score unit
@@ -213,9 +212,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     // The query's terms are handled in chunks of MAXT: their metadata (weight, dense row,
     // sparse segment) is loaded by all threads at once into shared memory, instead of by
     // every thread one term after the other (a chain of dependent global loads).
-    // 1a. Dense rows: each thread owns VEC consecutive documents in each group of
-    //     THREADS * VEC (a quarter or less of a bitmap word; a warp's present weights are
-    //     contiguous: coalesced reads) and sums them in registers, without atomics.
+    // 1a. Dense segments: each thread owns VEC consecutive documents in each group of
+    //     THREADS * VEC and sums them in registers from coalesced vector reads; the sums
+    //     initialise the shared accumulators.
 #if ACC_MODE == 1 && INT_PRODUCTS
     unsigned int reg[PER];
 #elif ACC_MODE == 1
@@ -232,31 +231,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
         continue;
 #endif
         for (int d = 0; d < meta.nd; ++d) {
-            const i64* rowm = dense_meta + (i64)d_row[d] * (1 + WORDS);
-            const i64 start = rowm[0];
+            const Pack<WT, VEC>* col = reinterpret_cast<const Pack<WT, VEC>*>(dense + (i64)d_row[d] * TILE);
             const double w = INT_PRODUCTS ? 0.0 : d_w[d];
             const unsigned int wi = d_wi[d];
 #pragma unroll
             for (int g = 0; g < PER / VEC; ++g) {
-                const int i0 = (g * THREADS + tid) * VEC, b0 = i0 & 31;
-                const u64 m = (u64)rowm[1 + (i0 >> 5)];
-                const unsigned int bits = (unsigned int)m;
-                i64 pos = start + (i64)(m >> 32) + __popc(bits & ((1u << b0) - 1u));
-                // Branch-free: every slot loads (an absent one reads the next present weight,
-                // or the layout's one padding element) and adds 0 unless present.
+                const Pack<WT, VEC> p = col[g * THREADS + tid];
 #pragma unroll
                 for (int v = 0; v < VEC; ++v) {
-                    const unsigned int hit = (bits >> (b0 + v)) & 1u;
-                    const WT x = dense_wts[pos];
-                    pos += hit;
 #if ACC_MODE == 1 && FIXED_W
-                    reg[g * VEC + v] += hit ? (unsigned int)(((u64)wi * (u64)FIXED_OF(x)) >> sh) : 0u;
+                    reg[g * VEC + v] += (unsigned int)(((u64)wi * (u64)FIXED_OF(p.v[v])) >> sh);
 #elif ACC_MODE == 1 && INT_W
-                    reg[g * VEC + v] += hit ? wi * (unsigned int)x : 0u;
+                    reg[g * VEC + v] += wi * (unsigned int)p.v[v];
 #elif ACC_MODE == 1
-                    reg[g * VEC + v] = fma(hit ? w : 0.0, (double)x, reg[g * VEC + v]);  // exact product
+                    reg[g * VEC + v] = fma(w, (double)p.v[v], reg[g * VEC + v]);  // exact product
 #else
-                    reg[g * VEC + v] += hit ? (u64)__double2ll_rn(w * (double)x) : 0ull;
+                    reg[g * VEC + v] += (u64)__double2ll_rn(w * (double)p.v[v]);
 #endif
                 }
             }
