@@ -200,3 +200,91 @@ def test_the_limit_is_checked():
         pass
     with override_config(device_memory_limit=1 << 30) as config:
         assert config.device_memory_limit == 1 << 30
+
+
+# -- the CLI -----------------------------------------------------------------------------------------
+
+
+def test_info_predicts_gpu_memory_without_a_gpu(collection, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from gpusparse.cli import main
+
+    Index.build(collection).save(tmp_path / "idx")
+    args = ["info", str(tmp_path / "idx"), "--device", "cuda", "--batch-size", "8", "-k", "20"]
+    res = CliRunner().invoke(main, [*args, "--device-memory-limit", "1GiB"])
+    assert res.exit_code == 0, res.output
+    assert "GPU memory" in res.output and "peak" in res.output and "under a 1.07 GB limit: lists fits" in res.output
+    res = CliRunner().invoke(main, [*args, "--json"])
+    report = json.loads(res.output)["gpu_memory"]
+    assert set(report["modes"]) == {"lists", "tiled", "scatter"} and report["batch_size"] == 8
+    assert report["modes"]["lists"]["peak"] > report["modes"]["lists"]["resident"] > 0
+    res = CliRunner().invoke(main, [*args, "--device-memory-limit", "1MiB"])
+    assert res.exit_code == 0 and "refused: a search of batches of 8" in res.output
+    res = CliRunner().invoke(main, ["info", str(tmp_path / "idx"), "--device-memory-limit", "lots"])
+    assert res.exit_code == 2
+
+
+# -- on a GPU ----------------------------------------------------------------------------------------
+
+
+def cuda_kernel_available() -> bool:
+    from gpusparse.kernels import cupy_launch
+
+    return torch.cuda.is_available() and cupy_launch.available()
+
+
+@pytest.fixture
+def uncapped():
+    """Lift the caps a limited search set on this process's allocators, after the test."""
+    yield
+    torch.cuda.set_per_process_memory_fraction(1.0)
+    try:
+        import cupy
+
+        cupy.get_default_memory_pool().set_limit(size=0)
+    except ImportError:
+        pass
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda_kernel_available(), reason="needs a CUDA device and CuPy")
+def test_under_a_limit_the_search_falls_back_and_matches(collection, uncapped):
+    queries = random_collection(np.random.default_rng(5), 40, 20, 6)
+    free = Index.build(collection).search(queries, 100, device="cuda")
+    index = Index.build(collection)
+    p = peaks(IndexShape(index), batch_size=40, k=100)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        capped = index.search(queries, 100, device="cuda", batch_size=40, device_memory_limit=limit_for(p["tiled"]))
+    assert [str(w.message) for w in caught if w.category is DeviceMemoryWarning]
+    assert torch.equal(capped.ids, free.ids) and torch.equal(capped.scores, free.scores)
+    assert index.search_device is not None and index.device.type == "cpu"  # the lists stayed on the host
+    assert torch.cuda.max_memory_allocated() <= p["tiled"]  # the prediction held
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda_kernel_available(), reason="needs a CUDA device and CuPy")
+def test_a_limit_nothing_fits_is_refused_before_allocating(collection, uncapped):
+    queries = random_collection(np.random.default_rng(6), 10, 20, 6)
+    index = Index.build(collection)
+    before = torch.cuda.memory_allocated()
+    with pytest.raises(DeviceMemoryError, match="does not fit"):
+        index.search(queries, 100, device="cuda", device_memory_limit=2 << 20)
+    assert torch.cuda.memory_allocated() == before
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda_kernel_available(), reason="needs a CUDA device and CuPy")
+def test_the_limit_caps_pytorch(collection, uncapped):
+    from gpusparse.device_memory import device_memory, enforce
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    shares = enforce(dev, 1 << 30, device_memory(dev))
+    assert shares["torch"] + shares["cupy"] == 1 << 30
+    with pytest.raises(torch.OutOfMemoryError):
+        torch.empty(2 << 30, dtype=torch.uint8, device=dev)
