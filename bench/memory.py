@@ -8,8 +8,10 @@ process each: generate the calibrated synthetic collection on the device, build,
 batch at k = 1000 and 10 host to host (median ms), and report the peak over every allocator
 (PyTorch allocated and reserved, CuPy's pool, device-wide use from ``mem_get_info``), the
 index's own :meth:`~gpusparse.Index.memory` report and a checksum of the results (identical
-across modes of one weight type). ``--cap-gib 16`` also runs the tiled modes with the process
-capped (``torch.cuda.set_per_process_memory_fraction``) from the search on (the collection
+across modes of one weight type). Each row also records the prediction made from the lists before
+the first search builds anything (:func:`gpusparse.footprint.predict` of the run's mode):
+``predicted`` (components, temporaries, peak) beside the measured ``peak``. ``--cap-gib 16``
+also runs the tiled modes with the process capped (``torch.cuda.set_per_process_memory_fraction``) from the search on (the collection
 is generated and indexed before the cap).
 
     python bench/memory.py --out bench/results/<date>-<card>-memory.json
@@ -55,6 +57,7 @@ def worker(args: argparse.Namespace) -> dict:
         sync()
         build_s = time.perf_counter() - t0
         del docs, qcsr
+        predicted = _prediction(index, args, dev)  # before anything is built from the lists
         if cuda and args.mode != "lists":
             index.release_to_host()  # what the first search does; timed apart from it
         if cuda:
@@ -83,8 +86,18 @@ def worker(args: argparse.Namespace) -> dict:
         report = index.memory(batch_size=args.batch, k=max(args.ks), n_sm=_n_sm(dev))
         out["index_memory"] = report
         out["peak"] = _peaks(dev) if cuda else {}
+        out["predicted"] = predicted
     out["config"] = {"mode": args.mode, **MODES[args.mode], "quantize": args.quantize, "cap_gib": args.cap_gib}
     return out
+
+
+def _prediction(index, args: argparse.Namespace, dev) -> dict:
+    """The footprint predicted for this run's mode from the index's lists alone, before the first
+    search builds anything (:func:`gpusparse.footprint.predict`, the settings in force)."""
+    from gpusparse.footprint import IndexShape, predict
+
+    mode = "lists" if args.mode == "lists" else "tiled"
+    return predict(IndexShape(index), mode, batch_size=args.batch, k=max(args.ks), n_sm=_n_sm(dev)).as_dict()
 
 
 def _n_sm(dev) -> int:
@@ -199,6 +212,9 @@ def _row(r: dict) -> str:
     peak = r["peak"].get("all_allocators")
     gpu = sum(n for d, n in r["index_memory"]["by_device"].items() if d != "cpu")
     mem = f"resident {gpu / 1e9:.2f} GB" + (f", peak (all allocators) {peak / 1e9:.2f} GB" if peak else "")
+    pred = r.get("predicted")
+    if pred:
+        mem += f", predicted resident {pred['resident'] / 1e9:.2f} / peak {pred['peak'] / 1e9:.2f} GB"
     return f"{name} {speed}  {mem}  sums {'/'.join(v['checksum'][:8] for v in r['rows'].values())}"
 
 
