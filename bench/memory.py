@@ -11,8 +11,8 @@ index's own :meth:`~gpusparse.Index.memory` report and a checksum of the results
 across modes of one weight type). Each row also records the prediction made from the lists before
 the first search builds anything (:func:`gpusparse.footprint.predict` of the run's mode):
 ``predicted`` (components, temporaries, peak) beside the measured ``peak``. ``--cap-gib 16``
-also runs the tiled modes with the process capped (``torch.cuda.set_per_process_memory_fraction``) from the search on (the collection
-is generated and indexed before the cap).
+also runs the tiled modes with the process capped (``torch.cuda.set_per_process_memory_fraction``)
+from the search on (the collection is generated and indexed before the cap).
 
     python bench/memory.py --out bench/results/<date>-<card>-memory.json
     python bench/memory.py --docs 20000 --device cpu --reps 2   # a smoke run anywhere
