@@ -17,7 +17,7 @@ import torch
 from . import engines
 from .collection import SparseCollection
 from .config import engine_config
-from .device_memory import DeviceMemoryWarning, search_plan
+from .device_memory import DeviceMemoryWarning, is_out_of_memory, out_of_memory_error, search_plan
 from .engines.base import DEFAULT_MEMORY_BUDGET, BatchResult, SearchPlan
 from .engines.tiled.engine import layout_for_search
 from .layout.postings import PostingLists
@@ -96,11 +96,16 @@ class StreamedIndex:
         self.check_kernel(kernel)
         q = prepare_queries(queries, self.vocab, self.quantization, self.term_max_scores)
         kk = search_width(k, self.n_docs)
-        res = search_batches(
-            lambda part, plan: BatchResult(*self.search_pieces(part, kk, plan)),
-            q, kk, self.n_docs, self.device, budget=budget, batch_size=batch_size, progress=progress,
-            engine=self.kernel,
-        )  # fmt: skip
+        try:
+            res = search_batches(
+                lambda part, plan: BatchResult(*self.search_pieces(part, kk, plan)),
+                q, kk, self.n_docs, self.device, budget=budget, batch_size=batch_size, progress=progress,
+                engine=self.kernel,
+            )  # fmt: skip
+        except Exception as exc:
+            if is_out_of_memory(exc):
+                raise out_of_memory_error(self.device, batch_size=batch_size, k=k) from exc
+            raise
         return padded(res, result_width(k, self.n_docs))
 
     def check_kernel(self, kernel: str) -> None:

@@ -38,7 +38,10 @@ def limit_option(text: str | None) -> int | None:
     """``--device-memory-limit`` in bytes (``None``: no limit)."""
     if text is None:
         return None
-    limit = parse_size(text)
+    try:
+        limit = sizes.parse_size(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--device-memory-limit") from None
     if limit < 1 << 20:
         raise click.BadParameter("must be at least 1MiB", param_hint="--device-memory-limit")
     return limit

@@ -151,19 +151,22 @@ def search_cmd(
     if distributed:
         if text_queries:
             raise click.UsageError("--distributed searches vector queries: encode them first (gpusparse encode)")
-        with device_memory_scope(limit):
-            _search_distributed(
-                index_dir, queries, k, output, batch_size, device, kernel, budget, tag, unknown_tokens, verify,
-                index_budget, pieces, progress,
-            )  # fmt: skip
+        if limit is not None:
+            raise click.UsageError("--device-memory-limit applies to one process (--distributed: use --index-memory)")
+        _search_distributed(
+            index_dir, queries, k, output, batch_size, device, kernel, budget, tag, unknown_tokens, verify,
+            index_budget, pieces, progress,
+        )  # fmt: skip
         return
     dev = default_device(device)
     engine_name = check_kernel(kernel, dev)
     # An index updated with add/delete/compact is a segmented folder: search its snapshot.
     segmented = is_segmented(index_dir)
     if segmented:
-        if index_budget is not None or pieces is not None:
-            raise click.UsageError("--index-memory and --pieces apply to plain and sharded index folders")
+        if index_budget is not None or pieces is not None or limit is not None:
+            raise click.UsageError(
+                "--index-memory, --pieces and --device-memory-limit apply to plain and sharded index folders"
+            )
         index: Any = SegmentedIndex.load(index_dir, device=dev, verify=verify)
     else:
         host, _, _ = load_shard(index_dir, verify=verify)
