@@ -12,7 +12,11 @@ across modes of one weight type). Each row also records the prediction made from
 the first search builds anything (:func:`gpusparse.footprint.predict` of the run's mode):
 ``predicted`` (components, temporaries, peak) beside the measured ``peak``. ``--cap-gib 16``
 also runs the tiled modes with the process capped (``torch.cuda.set_per_process_memory_fraction``)
-from the search on (the collection is generated and indexed before the cap).
+from the search on (the collection is generated and indexed before the cap). ``--limit-gib 16``
+also runs the default mode (``lists``), float32 and 8-bit, under
+``EngineConfig.device_memory_limit`` (:mod:`gpusparse.device_memory`): the search plans
+within the limit (falling back to a mode that fits), enforces it on PyTorch and CuPy, and the
+row records the plan (``plan``: mode chosen, its predicted peak, the warning) beside the peak.
 
     python bench/memory.py --out bench/results/<date>-<card>-memory.json
     python bench/memory.py --docs 20000 --device cpu --reps 2   # a smoke run anywhere
@@ -51,7 +55,9 @@ def worker(args: argparse.Namespace) -> dict:
     gen_s = time.perf_counter() - t0
     vocab = Vocabulary.bert()
     queries = SparseCollection(qcsr[0].cpu().numpy(), qcsr[1].cpu().numpy(), qcsr[2].cpu().numpy(), vocab=vocab)
-    with override_config(**MODES[args.mode]):
+    limit_gib = getattr(args, "limit_gib", None)
+    limit = int(limit_gib * 2**30) if limit_gib else None
+    with override_config(**MODES[args.mode], device_memory_limit=limit):
         t0 = time.perf_counter()
         index = Index.from_csr(*docs, vocab, device=dev, quantize=args.quantize)
         sync()
@@ -87,7 +93,11 @@ def worker(args: argparse.Namespace) -> dict:
         out["index_memory"] = report
         out["peak"] = _peaks(dev) if cuda else {}
         out["predicted"] = predicted
-    out["config"] = {"mode": args.mode, **MODES[args.mode], "quantize": args.quantize, "cap_gib": args.cap_gib}
+        plans = index.__dict__.get("_memory_plans", {}).values()
+        out["plan"] = [{"mode": d.chosen.mode, "kernel": d.kernel, "peak": d.chosen.peak, "usable": d.usable,
+                        "warning": d.message() if d.fallback else None} for d in plans]  # fmt: skip
+    out["config"] = {"mode": args.mode, **MODES[args.mode], "quantize": args.quantize, "cap_gib": args.cap_gib,
+                     "limit_gib": limit_gib}  # fmt: skip
     return out
 
 
@@ -135,10 +145,13 @@ def runs(args: argparse.Namespace) -> list[dict]:
         for mode in MODES:
             if quantize is not None and mode == "tiled-float":
                 continue  # 8-bit levels are exact: one tiled mode
-            plan.append({"mode": mode, "quantize": quantize, "cap_gib": None})
+            plan.append({"mode": mode, "quantize": quantize, "cap_gib": None, "limit_gib": None})
     if args.cap_gib:
         capped = ((None, "tiled-float"), (None, "tiled"), (8, "tiled"))
-        plan += [{"mode": m, "quantize": q, "cap_gib": args.cap_gib} for q, m in capped]
+        plan += [{"mode": m, "quantize": q, "cap_gib": args.cap_gib, "limit_gib": None} for q, m in capped]
+    limit = getattr(args, "limit_gib", None)
+    if limit:
+        plan += [{"mode": "lists", "quantize": q, "cap_gib": None, "limit_gib": limit} for q in (None, 8)]
     return plan
 
 
@@ -151,7 +164,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--cap-gib", type=float, default=None, help="also run the tiled modes capped at this many GiB")
-    ap.add_argument("--cap-only", action="store_true", help="with --cap-gib: only the capped runs")
+    ap.add_argument("--cap-only", action="store_true", help="with --cap-gib: only the capped (and limited) runs")
+    ap.add_argument("--limit-gib", type=float, default=None, help="also run the default mode under this device limit")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--mode", choices=list(MODES), default="tiled", help=argparse.SUPPRESS)
     ap.add_argument("--quantize", type=int, default=None, help=argparse.SUPPRESS)
@@ -169,6 +183,8 @@ def main() -> None:
             cmd += ["--quantize", str(run["quantize"])]
         if run["cap_gib"]:
             cmd += ["--cap-gib", str(run["cap_gib"])]
+        if run["limit_gib"]:
+            cmd += ["--limit-gib", str(run["limit_gib"])]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
         lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
         if proc.returncode or not lines:
@@ -206,6 +222,7 @@ def _same(results: list[dict]) -> dict[str, bool]:
 def _row(r: dict) -> str:
     c = r["config"]
     name = f"{'8-bit' if c['quantize'] else 'float32':8} {c['mode']:12} cap={c['cap_gib'] or '-':>4}"
+    name += f" limit={c.get('limit_gib') or '-':>4}"
     if "error" in r:
         return f"{name} ERROR {r['error']}"
     speed = "  ".join(f"k={k} {v['median_ms']:.2f} ms" for k, v in r["rows"].items())
@@ -215,6 +232,8 @@ def _row(r: dict) -> str:
     pred = r.get("predicted")
     if pred:
         mem += f", predicted resident {pred['resident'] / 1e9:.2f} / peak {pred['peak'] / 1e9:.2f} GB"
+    for p in r.get("plan", []):
+        mem += f", planned {p['mode']} ({p['kernel']}) peak {p['peak'] / 1e9:.2f} GB"
     return f"{name} {speed}  {mem}  sums {'/'.join(v['checksum'][:8] for v in r['rows'].values())}"
 
 

@@ -39,11 +39,14 @@ def test_the_plan_covers_both_weight_types_and_the_cap(memory_bench):
     assert all(p["mode"] != "lists" for p in plan if p["cap_gib"])
     capped = memory_bench.runs(argparse.Namespace(cap_gib=16.0, cap_only=True))
     assert capped == [p for p in plan if p["cap_gib"]]  # --cap-only: the capped runs alone
+    limited = memory_bench.runs(argparse.Namespace(cap_gib=None, cap_only=True, limit_gib=16.0))
+    assert limited == [{"mode": "lists", "quantize": q, "cap_gib": None, "limit_gib": 16.0} for q in (None, 8)]
 
 
 def test_each_row_records_the_prediction(memory_bench):
     args = argparse.Namespace(docs=1500, batch=6, ks=[10], reps=1, seed=3, device="cpu", mode="tiled", quantize=None,
-                              cap_gib=None)  # fmt: skip
+                              cap_gib=None, limit_gib=4.0)  # fmt: skip
     r = memory_bench.worker(args)
     assert r["predicted"]["mode"] == "tiled" and r["predicted"]["peak"] > r["predicted"]["resident"] > 0
     assert "predicted resident" in memory_bench._row(r)
+    assert r["plan"] == []  # a limit plans only for a GPU
