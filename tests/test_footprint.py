@@ -75,6 +75,13 @@ def test_index_memory_predicts_before_anything_is_built_and_agrees_after_a_searc
     assert built["padded lists"] == predicted["lists"]["components"]["padded lists"]
 
 
+def test_the_counts_of_a_device_index_agree(collection):
+    index = Index.build(collection)
+    whole = IndexShape(index).tile_counts(4)
+    assert whole.sum() == int(index.lengths.sum())
+    np.testing.assert_array_equal(IndexShape(index).tile_counts(4, chunk=1000, bounded=True), whole)
+
+
 def test_dense_rows_cost_one_function():
     assert dense_row_bytes(13, np.array([1, 8000]), 4).tolist() == [4 << 13, 4 << 13]
     assert int(dense_row_bytes(3, 5, 1)) == 8

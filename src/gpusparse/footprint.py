@@ -74,21 +74,29 @@ class IndexShape:
         self.quantized = index.quantization is not None
         self._counts: dict[int, np.ndarray] = {}
 
-    def tile_counts(self, tile_bits: int, chunk: int = 1 << 22) -> np.ndarray:
-        """int64 ``[n_tiles * n_terms]``: real postings of each (tile, term) pair, tile-major."""
+    def tile_counts(self, tile_bits: int, chunk: int = 1 << 22, *, bounded: bool | None = None) -> np.ndarray:
+        """int64 ``[n_tiles * n_terms]``: real postings of each (tile, term) pair, tile-major.
+        ``bounded`` (default: for an index on a GPU) counts each slab's distinct pairs instead
+        of a bincount, so that the device's temporaries stay bounded by ``chunk``."""
         if tile_bits not in self._counts:
             index, n_terms = self.index, self.n_terms
             n_tiles = max(1, -(-self.n_docs >> tile_bits))
             dev = index.doc_ids.device
+            bounded = dev.type != "cpu" if bounded is None else bounded
             offsets = index.offsets.to(dev, torch.int64)
-            counts = torch.zeros(n_tiles * n_terms, dtype=torch.int64, device=dev)
+            counts = np.zeros(n_tiles * n_terms, dtype=np.int64)  # on the host: no device memory
             for a in range(0, self.n_padded, chunk):
                 b = min(self.n_padded, a + chunk)
                 doc = index.doc_ids[a:b].to(torch.int64)
                 term = torch.searchsorted(offsets, torch.arange(a, b, device=dev), right=True) - 1
                 real = doc >= 0
-                counts += torch.bincount((doc[real] >> tile_bits) * n_terms + term[real], minlength=counts.numel())
-            self._counts[tile_bits] = counts.cpu().numpy()
+                key = (doc[real] >> tile_bits) * n_terms + term[real]
+                if not bounded:
+                    counts += torch.bincount(key, minlength=counts.size).numpy()
+                else:
+                    present, n = torch.unique(key, return_counts=True)
+                    np.add.at(counts, present.cpu().numpy(), n.cpu().numpy())
+            self._counts[tile_bits] = counts
         return self._counts[tile_bits]
 
 
