@@ -295,3 +295,20 @@ def test_the_limit_caps_pytorch(collection, uncapped):
     assert shares["torch"] + shares["cupy"] == 1 << 30
     with pytest.raises(torch.OutOfMemoryError):
         torch.empty(2 << 30, dtype=torch.uint8, device=dev)
+
+
+def test_serve_passes_the_limit_to_every_search(collection, tmp_path, monkeypatch):
+    pytest.importorskip("fastapi")
+    from click.testing import CliRunner
+
+    import gpusparse.serve
+    from gpusparse.cli import main
+
+    seen = {}
+    monkeypatch.setattr(gpusparse.serve, "create_app", lambda index, **kw: seen.update(kw) or "app")
+    monkeypatch.setattr(gpusparse.serve, "serve", lambda app, **kw: None)
+    Index.build(collection).save(tmp_path / "idx")
+    r = CliRunner().invoke(main, ["serve", str(tmp_path / "idx"), "--device", "cpu", "--device-memory-limit", "2GiB"])
+    assert r.exit_code == 0, r.output
+    # the server's worker thread does not see the CLI's settings: the limit goes with each search
+    assert seen["search_kwargs"]["device_memory_limit"] == 2 << 30
