@@ -8,9 +8,15 @@ process each: generate the calibrated synthetic collection on the device, build,
 batch at k = 1000 and 10 host to host (median ms), and report the peak over every allocator
 (PyTorch allocated and reserved, CuPy's pool, device-wide use from ``mem_get_info``), the
 index's own :meth:`~gpusparse.Index.memory` report and a checksum of the results (identical
-across modes of one weight type). ``--cap-gib 16`` also runs the tiled modes with the process
-capped (``torch.cuda.set_per_process_memory_fraction``) from the search on (the collection
-is generated and indexed before the cap).
+across modes of one weight type). Each row also records the prediction made from the lists before
+the first search builds anything (:func:`gpusparse.footprint.predict` of the run's mode):
+``predicted`` (components, temporaries, peak) beside the measured ``peak``. ``--cap-gib 16``
+also runs the tiled modes with the process capped (``torch.cuda.set_per_process_memory_fraction``)
+from the search on (the collection is generated and indexed before the cap). ``--limit-gib 16``
+also runs the default mode (``lists``), float32 and 8-bit, under
+``EngineConfig.device_memory_limit`` (:mod:`gpusparse.device_memory`): the search plans
+within the limit (falling back to a mode that fits), enforces it on PyTorch and CuPy, and the
+row records the plan (``plan``: mode chosen, its predicted peak, the warning) beside the peak.
 
     python bench/memory.py --out bench/results/<date>-<card>-memory.json
     python bench/memory.py --docs 20000 --device cpu --reps 2   # a smoke run anywhere
@@ -49,13 +55,17 @@ def worker(args: argparse.Namespace) -> dict:
     gen_s = time.perf_counter() - t0
     vocab = Vocabulary.bert()
     queries = SparseCollection(qcsr[0].cpu().numpy(), qcsr[1].cpu().numpy(), qcsr[2].cpu().numpy(), vocab=vocab)
-    dense = {} if args.dense_min is None else {"dense_min": None if args.dense_min == 0 else args.dense_min}
-    with override_config(**MODES[args.mode], **dense):
+    dense_min = getattr(args, "dense_min", None)
+    dense = {} if dense_min is None else {"dense_min": None if dense_min == 0 else dense_min}
+    limit_gib = getattr(args, "limit_gib", None)
+    limit = int(limit_gib * 2**30) if limit_gib else None
+    with override_config(**MODES[args.mode], **dense, device_memory_limit=limit):
         t0 = time.perf_counter()
         index = Index.from_csr(*docs, vocab, device=dev, quantize=args.quantize)
         sync()
         build_s = time.perf_counter() - t0
         del docs, qcsr
+        predicted = _prediction(index, args, dev)  # before anything is built from the lists
         if cuda and args.mode != "lists":
             index.release_to_host()  # what the first search does; timed apart from it
         if cuda:
@@ -84,9 +94,22 @@ def worker(args: argparse.Namespace) -> dict:
         report = index.memory(batch_size=args.batch, k=max(args.ks), n_sm=_n_sm(dev))
         out["index_memory"] = report
         out["peak"] = _peaks(dev) if cuda else {}
+        out["predicted"] = predicted
+        plans = index.__dict__.get("_memory_plans", {}).values()
+        out["plan"] = [{"mode": d.chosen.mode, "kernel": d.kernel, "peak": d.chosen.peak, "usable": d.usable,
+                        "warning": d.message() if d.fallback else None} for d in plans]  # fmt: skip
     out["config"] = {"mode": args.mode, **MODES[args.mode], "quantize": args.quantize, "cap_gib": args.cap_gib,
-                     "dense_min": args.dense_min}  # fmt: skip
+                     "limit_gib": limit_gib, "dense_min": dense_min}  # fmt: skip
     return out
+
+
+def _prediction(index, args: argparse.Namespace, dev) -> dict:
+    """The footprint predicted for this run's mode from the index's lists alone, before the first
+    search builds anything (:func:`gpusparse.footprint.predict`, the settings in force)."""
+    from gpusparse.footprint import IndexShape, predict
+
+    mode = "lists" if args.mode == "lists" else "tiled"
+    return predict(IndexShape(index), mode, batch_size=args.batch, k=max(args.ks), n_sm=_n_sm(dev)).as_dict()
 
 
 def _n_sm(dev) -> int:
@@ -125,10 +148,16 @@ def runs(args: argparse.Namespace) -> list[dict]:
             if quantize is not None and mode == "tiled-float":
                 continue  # 8-bit levels are exact: one tiled mode
             for dense_min in args.dense_mins if mode != "lists" else [None]:
-                plan.append({"mode": mode, "quantize": quantize, "cap_gib": None, "dense_min": dense_min})
+                plan.append({"mode": mode, "quantize": quantize, "cap_gib": None, "limit_gib": None,
+                             "dense_min": dense_min})  # fmt: skip
     if args.cap_gib:
         capped = ((None, "tiled"), (8, "tiled"))
-        plan += [{"mode": m, "quantize": q, "cap_gib": args.cap_gib, "dense_min": None} for q, m in capped]
+        plan += [{"mode": m, "quantize": q, "cap_gib": args.cap_gib, "limit_gib": None, "dense_min": None}
+                 for q, m in capped]  # fmt: skip
+    limit = getattr(args, "limit_gib", None)
+    if limit:
+        plan += [{"mode": "lists", "quantize": q, "cap_gib": None, "limit_gib": limit, "dense_min": None}
+                 for q in (None, 8)]  # fmt: skip
     return plan
 
 
@@ -141,7 +170,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--cap-gib", type=float, default=None, help="also run the tiled modes capped at this many GiB")
-    ap.add_argument("--cap-only", action="store_true", help="with --cap-gib: only the capped runs")
+    ap.add_argument("--cap-only", action="store_true", help="with --cap-gib: only the capped (and limited) runs")
+    ap.add_argument("--limit-gib", type=float, default=None, help="also run the default mode under this device limit")
     ap.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES))
     ap.add_argument(
         "--dense-mins", type=float, nargs="+", default=[None], help="tiled modes: dense_min values (0: none)"
@@ -166,6 +196,8 @@ def main() -> None:
             cmd += ["--cap-gib", str(run["cap_gib"])]
         if run["dense_min"] is not None:
             cmd += ["--dense-min", str(run["dense_min"])]
+        if run["limit_gib"]:
+            cmd += ["--limit-gib", str(run["limit_gib"])]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
         lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
         if proc.returncode or not lines:
@@ -204,13 +236,18 @@ def _row(r: dict) -> str:
     c = r["config"]
     dm = c.get("dense_min")
     name = f"{'8-bit' if c['quantize'] else 'float32':8} {c['mode']:12} dense={'auto' if dm is None else dm:>5} "
-    name += f"cap={c['cap_gib'] or '-':>4}"
+    name += f"cap={c['cap_gib'] or '-':>4} limit={c.get('limit_gib') or '-':>4}"
     if "error" in r:
         return f"{name} ERROR {r['error']}"
     speed = "  ".join(f"k={k} {v['median_ms']:.2f} ms" for k, v in r["rows"].items())
     peak = r["peak"].get("all_allocators")
     gpu = sum(n for d, n in r["index_memory"]["by_device"].items() if d != "cpu")
     mem = f"resident {gpu / 1e9:.2f} GB" + (f", peak (all allocators) {peak / 1e9:.2f} GB" if peak else "")
+    pred = r.get("predicted")
+    if pred:
+        mem += f", predicted resident {pred['resident'] / 1e9:.2f} / peak {pred['peak'] / 1e9:.2f} GB"
+    for p in r.get("plan", []):
+        mem += f", planned {p['mode']} ({p['kernel']}) peak {p['peak'] / 1e9:.2f} GB"
     return f"{name} {speed}  {mem}  sums {'/'.join(v['checksum'][:8] for v in r['rows'].values())}"
 
 

@@ -527,3 +527,16 @@ def test_every_kernel_writes_the_reference_run_file(rng, tmp_path, kernel):
         assert result.exit_code == 0, result.stderr
         runs[name] = out.read_bytes()
     assert runs["reference"] and runs[kernel] == runs["reference"]
+
+
+def test_search_takes_a_device_memory_limit(files, index_dir):
+    # on a CPU the limit has nothing to plan for: the run is the unlimited one
+    d, limit = files["dir"], "--device-memory-limit"
+    ok("search", index_dir, files["queries"], "-o", d / "limited.trec", "--device", "cpu", limit, "1GiB")
+    assert (d / "limited.trec").read_text(encoding="utf-8") == expected_run(files)
+    bad = run("search", index_dir, files["queries"], "-o", d / "x.trec", "--device-memory-limit", "lots")
+    assert bad.exit_code == 2 and "--device-memory-limit" in bad.output
+    tiny = run("search", index_dir, files["queries"], "-o", d / "x.trec", "--device-memory-limit", "100KB")
+    assert tiny.exit_code == 2 and "at least 1MiB" in tiny.output
+    dist = run("search", index_dir, files["queries"], "-o", d / "x.trec", "--distributed", limit, "1GB")
+    assert dist.exit_code == 2 and "--index-memory" in dist.output

@@ -50,6 +50,10 @@ class EngineConfig:
         shard_lower_bounds: shards exchange their candidates' lower bounds before rescoring
             (one all-reduce and a host sync per call; off: it costs more than it saves since
             rescoring reads the forward copy).
+        device_memory_limit: bytes of GPU memory a search may take over every allocator
+            (``None``: no limit). Before the first search on a device the need is predicted
+            (:mod:`gpusparse.footprint`); a mode that does not fit gives way to one that does,
+            with a warning, or the search is refused (:mod:`gpusparse.device_memory`).
     """
 
     fixed_point: bool = True
@@ -63,6 +67,7 @@ class EngineConfig:
     pinned_results: bool = True
     pinned_output_max: int = 1 << 28
     shard_lower_bounds: bool = False
+    device_memory_limit: int | None = None
 
     def __post_init__(self) -> None:
         if self.accumulator not in ("u32", "carry"):
@@ -75,6 +80,9 @@ class EngineConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be a non-negative integer, not {value!r}")
+        limit = self.device_memory_limit
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0):
+            raise ValueError(f"device_memory_limit must be a positive number of bytes or None, not {limit!r}")
 
     def as_dict(self) -> dict[str, Any]:
         """The settings by name (for benchmark results)."""

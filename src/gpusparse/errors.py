@@ -56,3 +56,9 @@ class InputError(GPUSparseError, ValueError):
 
 class IndexFormatError(GPUSparseError, ValueError):
     """An index folder that is missing, truncated, corrupted or from a newer version."""
+
+
+class DeviceMemoryError(GPUSparseError, MemoryError):
+    """A search that does not fit the device's memory (or the user's limit on it), refused
+    before allocating, or an out-of-memory error of PyTorch or CuPy during a search, with the
+    figures and what to change; its message is one line."""

@@ -8,6 +8,7 @@ the builders, persistence (:mod:`gpusparse.storage`, :mod:`gpusparse.shards`) an
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,10 @@ import torch
 
 from . import engines
 from .collection import SparseCollection, is_torch_sparse
-from .config import engine_config
+from .config import engine_config, override_config
+from .device_memory import is_out_of_memory, out_of_memory_error, search_plan
 from .engines.tiled.waves import search_bytes
+from .footprint import IndexShape, predict
 from .layout.derived import normalize_device
 from .layout.postings import DEFAULT_BUILD_CHUNK, PostingLists, build_inverted_index
 from .layout.resident import tiled_resident
@@ -28,6 +31,8 @@ from .search import SearchResults, search
 from .shards import is_sharded, load_sharded
 from .storage import load_index, readable_folder, save_index
 from .vocab import Vocabulary
+
+PREDICTED = ("lists", "tiled", "scatter")  # the modes Index.memory() predicts
 
 
 class Index(PostingLists):
@@ -167,7 +172,9 @@ class Index(PostingLists):
             device: where to search by default. The arrays go there too, except for a CUDA
                 device while :attr:`~gpusparse.config.EngineConfig.resident` is ``"tiled"``
                 (not the default): they stay on the host and the tiled engine builds only its
-                layout on the GPU (:meth:`search`).
+                layout on the GPU (:meth:`search`); or while
+                :attr:`~gpusparse.config.EngineConfig.device_memory_limit` is set: they stay on
+                the host until the first search has decided what fits.
             mmap: map the files instead of reading them (CPU only; they are copied to a
                 GPU anyway).
             verify: check every file's SHA-256 against the manifest (reads all bytes).
@@ -183,7 +190,9 @@ class Index(PostingLists):
         device = torch.device(device)
         # The tiled engine keeps only its layout on a GPU: the lists stay on the host
         # (EngineConfig.resident), and searches go to ``device`` by default.
-        home = torch.device("cpu") if device.type == "cuda" and engine_config().resident == "tiled" else device
+        config = engine_config()
+        on_host = config.resident == "tiled" or config.device_memory_limit is not None
+        home = torch.device("cpu") if device.type == "cuda" and on_host else device
         if is_sharded(path):
             index = cls.from_postings(load_sharded(path, device=home, mmap=mmap, verify=verify)[0])
         else:
@@ -210,6 +219,7 @@ class Index(PostingLists):
         kernel: str = "auto",
         memory_budget: int | None = None,
         progress: bool = False,
+        device_memory_limit: int | None = None,
     ) -> SearchResults:
         """Exact top-``k`` documents for each query.
 
@@ -230,6 +240,13 @@ class Index(PostingLists):
             kernel: ``"auto"`` or a kernel name (see :func:`gpusparse.engines.names`).
             memory_budget: bytes of temporaries allowed (default 1 GiB).
             progress: show a progress bar over query batches.
+            device_memory_limit: bytes of GPU memory the search may take, over every
+                allocator (default: :attr:`~gpusparse.config.EngineConfig.device_memory_limit`;
+                ``None``: no limit). Before the first search on a GPU the need is predicted
+                (:mod:`gpusparse.footprint`): a faster mode that does not fit gives way to one
+                that does, with a :class:`~gpusparse.device_memory.DeviceMemoryWarning`, or the
+                search is refused; then the limit is enforced on PyTorch and CuPy
+                (:mod:`gpusparse.device_memory`).
 
         Returns:
             :class:`~gpusparse.search.SearchResults` ``(scores, ids)``, both ``[n_queries, w]``
@@ -248,23 +265,39 @@ class Index(PostingLists):
                 score could overflow float32 (``Σ_t w[t] · max_t`` over the index's largest
                 weight of each term, in float64, reaches float32's largest value). The
                 message names the query's id.
+            DeviceMemoryError: the search does not fit ``device_memory_limit`` in any mode
+                (refused before allocating), or PyTorch or CuPy ran out of GPU memory (with the
+                figures and what to change).
         """
         dev = torch.device(device) if device is not None else (self.search_device or self.device)
-        target: Index | object = self
-        if dev.type == "cuda" and engine_config().resident == "tiled" and engines.choose(kernel, dev).name == "tiled":
-            if self.device.type == "cuda":
-                self.release_to_host()
-            target = tiled_resident(self, dev)
-        return search(
-            target,  # type: ignore[arg-type]
-            self._encoded(queries),
-            k,
-            batch_size=batch_size,
-            device=dev,
-            kernel=kernel,
-            memory_budget=memory_budget,
-            progress=progress,
-        )
+        limit = engine_config().device_memory_limit if device_memory_limit is None else device_memory_limit
+        plan = None
+        if dev.type == "cuda" and limit is not None:
+            plan = search_plan(self, dev, limit, kernel=kernel, batch_size=batch_size, k=k, memory_budget=memory_budget)
+            kernel = plan.kernel if plan.chosen.mode == "scatter" else kernel
+        scope = override_config(resident=plan.chosen.mode) if plan and plan.chosen.mode in ("lists", "tiled") else None
+        try:
+            with scope or contextlib.nullcontext():
+                target: Index | object = self
+                resident = dev.type == "cuda" and engine_config().resident == "tiled"
+                if resident and engines.choose(kernel, dev).name == "tiled":
+                    if self.device.type == "cuda":
+                        self.release_to_host()
+                    target = tiled_resident(self, dev)
+                return search(
+                    target,  # type: ignore[arg-type]
+                    self._encoded(queries),
+                    k,
+                    batch_size=batch_size,
+                    device=dev,
+                    kernel=kernel,
+                    memory_budget=memory_budget,
+                    progress=progress,
+                )
+        except Exception as exc:
+            if is_out_of_memory(exc):
+                raise out_of_memory_error(dev, batch_size=batch_size, k=k, decision=plan) from exc
+            raise
 
     # -- residency ----------------------------------------------------------------------
 
@@ -288,13 +321,16 @@ class Index(PostingLists):
         """Bytes of each component held for searching, by device, and a search's peak.
 
         Returns ``{"components": [{"name", "device", "bytes"}...], "by_device": {device: bytes},
-        "search_bytes": ..., "peak": {device: bytes}}``: the padded lists where they are,
+        "search_bytes": ..., "peak": {device: bytes}, "predicted": {mode: ...}}``: the padded lists where they are,
         what was built from them (forward copy, tiled layouts, the copy searched on another
         device, the tiled engine's views of a host index), the tiled engine's temporaries for a
         batch of ``batch_size`` at ``k`` (:func:`~gpusparse.engines.tiled.waves.search_bytes`,
         ``n_sm`` multiprocessors: 132 on an H100) and, per device holding a tiled layout,
         its resident bytes plus those temporaries. Only what was built so far is counted:
-        search once first (the layouts are built on the first search).
+        search once first (the layouts are built on the first search). ``predicted`` needs
+        nothing built: per way of searching on a GPU (``"lists"``, ``"tiled"``, ``"scatter"``:
+        :func:`gpusparse.footprint.predict` with the settings in force) the bytes of each
+        component, the temporaries and the peak a search of ``batch_size`` at ``k`` will take.
         """
         out: list[dict] = []
 
@@ -328,7 +364,11 @@ class Index(PostingLists):
         n_tiles = max(1, -(-self.n_docs >> 13))
         temp = search_bytes(n_tiles, batch_size, k, n_sm)
         peak = {dev: n + temp for dev, n in by_device.items() if dev != "cpu"}
-        return {"components": out, "by_device": by_device, "search_bytes": temp, "peak": peak}
+        shape = self.__dict__.get("_memory_shape")
+        if shape is None:
+            shape = self.__dict__["_memory_shape"] = IndexShape(self)
+        predicted = {m: predict(shape, m, batch_size=batch_size, k=k, n_sm=n_sm).as_dict() for m in PREDICTED}
+        return {"components": out, "by_device": by_device, "search_bytes": temp, "peak": peak, "predicted": predicted}
 
     def retrieve(
         self, queries: SparseCollection | object, k: int = 1000, **kwargs: object

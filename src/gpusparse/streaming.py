@@ -9,12 +9,15 @@ device the way shards' are. On a CPU the same loop runs without streams.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import fields, replace
 
 import torch
 
 from . import engines
 from .collection import SparseCollection
+from .config import engine_config
+from .device_memory import DeviceMemoryWarning, is_out_of_memory, out_of_memory_error, search_plan
 from .engines.base import DEFAULT_MEMORY_BUDGET, BatchResult, SearchPlan
 from .engines.tiled.engine import layout_for_search
 from .layout.postings import PostingLists
@@ -93,11 +96,16 @@ class StreamedIndex:
         self.check_kernel(kernel)
         q = prepare_queries(queries, self.vocab, self.quantization, self.term_max_scores)
         kk = search_width(k, self.n_docs)
-        res = search_batches(
-            lambda part, plan: BatchResult(*self.search_pieces(part, kk, plan)),
-            q, kk, self.n_docs, self.device, budget=budget, batch_size=batch_size, progress=progress,
-            engine=self.kernel,
-        )  # fmt: skip
+        try:
+            res = search_batches(
+                lambda part, plan: BatchResult(*self.search_pieces(part, kk, plan)),
+                q, kk, self.n_docs, self.device, budget=budget, batch_size=batch_size, progress=progress,
+                engine=self.kernel,
+            )  # fmt: skip
+        except Exception as exc:
+            if is_out_of_memory(exc):
+                raise out_of_memory_error(self.device, batch_size=batch_size, k=k) from exc
+            raise
         return padded(res, result_width(k, self.n_docs))
 
     def check_kernel(self, kernel: str) -> None:
@@ -179,18 +187,35 @@ def open_for_search(
     index_memory: int | None = None,
     pieces: int | None = None,
     memory_budget: int | None = None,
+    batch_size: int | None = None,
+    k: int = 1000,
 ) -> PostingLists | StreamedIndex:
     """``index`` on ``device``, or streamed from host memory when it does not fit.
 
-    ``pieces`` forces streaming in that many pieces. Otherwise the index is streamed when
-    it needs more than ``index_memory`` bytes (default for an index not yet on the GPU: 90%
-    of the GPU's free memory less ``memory_budget``; no limit on a CPU), in pieces small
-    enough for two to fit.
+    ``pieces`` forces streaming in that many pieces. Under a device memory limit
+    (:attr:`~gpusparse.config.EngineConfig.device_memory_limit`) on a GPU, the prediction for
+    searches of ``batch_size`` at ``k`` decides (:func:`gpusparse.device_memory.search_plan`:
+    resident lists, the tiled layout alone, streamed, the scatter kernel; an index to be
+    searched resident stays where it is until its first search). Otherwise the index is
+    streamed when it needs more than ``index_memory`` bytes (default for an index not yet on
+    the GPU: 90% of the GPU's free memory less ``memory_budget``; no limit on a CPU), in
+    pieces small enough for two to fit.
     """
     dev = torch.device(device)
     name = engines.choose(kernel, dev).name
     if pieces is not None and pieces < 1:
         raise ValueError("pieces must be at least 1")
+    limit = engine_config().device_memory_limit
+    if pieces is None and index_memory is None and limit is not None and dev.type == "cuda":
+        plan = search_plan(index, dev, limit, kernel=kernel, batch_size=batch_size, k=k, memory_budget=memory_budget,
+                           allow_streaming=True, warn=False)  # fmt: skip
+        if plan.chosen.mode != "streamed":
+            if hasattr(index, "search_device"):  # an Index: its search plans again (and warns) and uploads
+                index.search_device = dev  # type: ignore[attr-defined]
+                return index
+            return index.resident_on(dev)
+        warnings.warn(plan.message(), DeviceMemoryWarning, stacklevel=2)
+        return StreamedIndex(index, plan.chosen.pieces, dev, kernel=name)
     if pieces is None and (index_memory is not None or index.device != dev):
         budget = index_memory
         if budget is None and dev.type == "cuda":

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
 import tempfile
 import uuid
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import wraps
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -17,6 +18,8 @@ import click
 import torch
 
 from .. import engines, sizes
+from ..config import override_config
+from ..device_memory import DeviceMemoryWarning
 from ..errors import GPUSparseError
 from ..trec import write_trec_run
 
@@ -29,6 +32,44 @@ def parse_size(text: str) -> int:
         return sizes.parse_size(text)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+
+
+def limit_option(text: str | None) -> int | None:
+    """``--device-memory-limit`` in bytes (``None``: no limit)."""
+    if text is None:
+        return None
+    try:
+        limit = sizes.parse_size(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--device-memory-limit") from None
+    if limit < 1 << 20:
+        raise click.BadParameter("must be at least 1MiB", param_hint="--device-memory-limit")
+    return limit
+
+
+device_memory_limit_option = click.option(
+    "--device-memory-limit",
+    help="GPU memory a search may take over every allocator (16GiB, 24GB, bytes): a mode that does not fit "
+    "gives way to a slower one that does, with a warning, or the search is refused [default: no limit].",
+)
+
+
+@contextlib.contextmanager
+def device_memory_scope(limit: int | None) -> Iterator[None]:
+    """Searches in the block use ``limit`` (:attr:`~gpusparse.config.EngineConfig.device_memory_limit`);
+    their fallback warnings print as ``warning: ...`` lines."""
+    with override_config(device_memory_limit=limit), warnings.catch_warnings():
+        warnings.simplefilter("always", DeviceMemoryWarning)
+        shown = warnings.showwarning
+
+        def show(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
+            if issubclass(category, DeviceMemoryWarning):
+                warn(str(message))
+            else:
+                shown(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        yield
 
 
 def fail(message: str) -> NoReturn:

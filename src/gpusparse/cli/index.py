@@ -17,7 +17,16 @@ from ..segments import SegmentedIndex, read_ids
 from ..shards import document_ranges, is_sharded, read_sharded_manifest, save_sharded
 from ..storage import read_manifest
 from ..vocab import Vocabulary
-from ._common import device_option, fail, friendly_errors, progress_option, unknown_option
+from ._common import (
+    device_memory_limit_option,
+    device_option,
+    fail,
+    friendly_errors,
+    limit_option,
+    progress_option,
+    unknown_option,
+)
+from ._memory import memory_report, print_memory
 from .ciff import build_from_ciff
 
 
@@ -139,9 +148,28 @@ def _shard_index(part: Any, device: str, quantization: Quantization | None) -> I
 @click.command("info")
 @click.argument("index_dir", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the statistics as JSON.")
+@click.option(
+    "--device", help="Also predict the GPU memory a search on this device needs (cuda[:N]; no GPU is needed for this)."
+)
+@click.option("--batch-size", default=256, show_default=True, type=click.IntRange(min=1), help="With --device.")
+@click.option("-k", "--k", "k", default=1000, show_default=True, type=click.IntRange(min=1), help="With --device.")
+@device_memory_limit_option
 @friendly_errors
-def info_cmd(index_dir: Path, as_json: bool) -> None:
-    """Print an index's statistics: documents, terms, postings, padding, bytes."""
+def info_cmd(
+    index_dir: Path, as_json: bool, device: str | None, batch_size: int, k: int, device_memory_limit: str | None
+) -> None:
+    """Print an index's statistics: documents, terms, postings, padding, bytes.
+
+    With --device cuda, also the GPU memory a search of --batch-size queries at -k will need,
+    predicted from the saved index before anything is built or uploaded: per way of searching
+    the bytes of each resident component, the temporaries and the peak; with
+    --device-memory-limit, the way a search would take under it."""
+    limit = limit_option(device_memory_limit)
+    if device is not None and not device.startswith("cuda"):
+        raise click.BadParameter("predicts GPU memory: give cuda or cuda:N", param_hint="--device")
+    if device is not None and is_segmented(index_dir):
+        raise click.UsageError("--device applies to plain and sharded index folders")
+    memory = None if device is None else memory_report(index_dir, device, batch_size, k, limit)
     if is_segmented(index_dir):  # updated with add/delete/compact
         seg = SegmentedIndex.load(index_dir)
         info_seg = {
@@ -163,7 +191,7 @@ def info_cmd(index_dir: Path, as_json: bool) -> None:
         click.echo(f"postings       {info_seg['postings']:,} (deleted documents' included until compaction)")
         return
     if is_sharded(index_dir):
-        _info_sharded(index_dir, as_json)
+        _info_sharded(index_dir, as_json, memory)
         return
     m = read_manifest(index_dir)
     n_bytes = sum(f["bytes"] for f in m["files"].values())
@@ -180,6 +208,8 @@ def info_cmd(index_dir: Path, as_json: bool) -> None:
         "bytes_on_disk": n_bytes,
         "quantization": m.get("quantization"),
     }
+    if memory is not None:
+        info["gpu_memory"] = memory
     if as_json:
         click.echo(json.dumps(info, indent=2))
         return
@@ -191,9 +221,11 @@ def info_cmd(index_dir: Path, as_json: bool) -> None:
     if m.get("quantization"):
         qz = m["quantization"]
         click.echo(f"quantization   {qz['bits']}-bit impacts, step {qz['step']:g} (queries quantized alike)")
+    if memory is not None:
+        print_memory(memory)
 
 
-def _info_sharded(index_dir: Path, as_json: bool) -> None:
+def _info_sharded(index_dir: Path, as_json: bool, memory: dict | None) -> None:
     m = read_sharded_manifest(index_dir)
     shards = []
     for e in m["shards"]:
@@ -217,6 +249,8 @@ def _info_sharded(index_dir: Path, as_json: bool) -> None:
         "bytes_on_disk": sum(sh["bytes_on_disk"] for sh in shards),
         "shards": shards,
     }
+    if memory is not None:
+        info["gpu_memory"] = memory
     if as_json:
         click.echo(json.dumps(info, indent=2))
         return
@@ -232,6 +266,8 @@ def _info_sharded(index_dir: Path, as_json: bool) -> None:
             f"  {sh['name']}     documents {sh['offset']:,}-{last:,}, {sh['postings']:,} postings, "
             f"{sh['bytes_on_disk'] / 2**20:,.1f} MiB"
         )
+    if memory is not None:
+        print_memory(memory)
 
 
 # -- updates: add, delete, compact (gpusparse.segments) --------------------------------------

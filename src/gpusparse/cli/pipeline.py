@@ -18,7 +18,16 @@ from ..formats import ReadStats, read_vectors
 from ..pipeline import TextPipeline
 from ..vector_writers import write_jsonl
 from ..vocab import Vocabulary
-from ._common import default_device, friendly_errors, parse_size, progress_option, warn
+from ._common import (
+    default_device,
+    device_memory_limit_option,
+    device_memory_scope,
+    friendly_errors,
+    limit_option,
+    parse_size,
+    progress_option,
+    warn,
+)
 from ._text import echo_err, encoder_options, make_encoder, report_collection
 from .eval import DEFAULT_MEASURES
 
@@ -45,6 +54,7 @@ from .eval import DEFAULT_MEASURES
 @click.option("--save-index", is_flag=True, help="Also save the index to OUTPUT/index/.")
 @click.option("--device", help="Where to index and search: cpu or cuda[:N] [default: cuda if available].")
 @click.option("--memory-budget", default="1GiB", show_default=True, help="Bytes of search temporaries.")
+@device_memory_limit_option
 @click.option("--overwrite", is_flag=True, help="Replace the outputs of an earlier run in OUTPUT.")
 @progress_option
 @friendly_errors
@@ -69,6 +79,7 @@ def pipeline_cmd(
     save_index: bool,
     device: str | None,
     memory_budget: str,
+    device_memory_limit: str | None,
     overwrite: bool,
     progress: bool,
 ) -> None:
@@ -86,6 +97,7 @@ def pipeline_cmd(
     """
     parsed = parse_measures(measures)
     budget = parse_size(memory_budget)
+    limit = limit_option(device_memory_limit)
     output = output or Path(f"pipeline-{beir_dir.resolve().name}")
     if not overwrite:
         for path in (output / "run.trec", output / "metrics.json", output / "vectors", output / "index"):
@@ -113,14 +125,19 @@ def pipeline_cmd(
         (output / "vectors").mkdir(exist_ok=True)
         write_jsonl(docs, output / "vectors" / "corpus.jsonl.gz")
         write_jsonl(queries, output / "vectors" / "queries.jsonl.gz", contents=judged.texts)
-    index = pipe.build_index(dev, progress=progress)
+    # Under a limit the index is built on the host: its first search decides what goes to the GPU.
+    index = pipe.build_index("cpu" if limit is not None and dev.startswith("cuda") else dev, progress=progress)
+    if index.device.type != torch.device(dev).type:
+        index.search_device = torch.device(dev)
+        pipe.device = dev
     st = index.stats()
     click.echo(
         f"indexed {st.n_docs:,} documents, {st.n_postings:,} postings in {pipe.index_seconds:.1f} s on {dev}", err=True
     )
     if save_index:
         index.save(output / "index", overwrite=True)
-    pipe.search(k, memory_budget=budget, progress=progress)
+    with device_memory_scope(limit):
+        pipe.search(k, memory_budget=budget, progress=progress)
     run_path = output / "run.trec"
     n = pipe.write_run(run_path)
     click.echo(

@@ -25,9 +25,12 @@ from ._common import (
     check_kernel,
     check_output,
     default_device,
+    device_memory_limit_option,
+    device_memory_scope,
     fail,
     friendly_errors,
     kernel_choice,
+    limit_option,
     output_name,
     parse_size,
     progress_option,
@@ -70,6 +73,7 @@ from ._text import backend_option, make_encoder
     "host memory in pieces [default: 90% of the GPU's free memory; no limit on cpu].",
 )
 @click.option("--pieces", type=click.IntRange(min=1), help="Stream the index in N pieces (forces streaming).")
+@device_memory_limit_option
 @click.option(
     "--model",
     help="Encode text queries (BEIR queries.jsonl, Anserini JSONL or TSV topics) with this SPLADE model: "
@@ -112,6 +116,7 @@ def search_cmd(
     distributed: bool,
     index_memory: str | None,
     pieces: int | None,
+    device_memory_limit: str | None,
     model: str | None,
     backend: str,
     pooling: str,
@@ -134,6 +139,7 @@ def search_cmd(
     if budget < 1 << 16:
         raise click.BadParameter("must be at least 64KiB", param_hint="--memory-budget")
     index_budget = None if index_memory is None else parse_size(index_memory)
+    limit = limit_option(device_memory_limit)
     check_output(output, overwrite)
     if tag.split() != [tag]:
         raise click.BadParameter("must be one word", param_hint="--tag")
@@ -145,6 +151,8 @@ def search_cmd(
     if distributed:
         if text_queries:
             raise click.UsageError("--distributed searches vector queries: encode them first (gpusparse encode)")
+        if limit is not None:
+            raise click.UsageError("--device-memory-limit applies to one process (--distributed: use --index-memory)")
         _search_distributed(
             index_dir, queries, k, output, batch_size, device, kernel, budget, tag, unknown_tokens, verify,
             index_budget, pieces, progress,
@@ -155,14 +163,18 @@ def search_cmd(
     # An index updated with add/delete/compact is a segmented folder: search its snapshot.
     segmented = is_segmented(index_dir)
     if segmented:
-        if index_budget is not None or pieces is not None:
-            raise click.UsageError("--index-memory and --pieces apply to plain and sharded index folders")
+        if index_budget is not None or pieces is not None or limit is not None:
+            raise click.UsageError(
+                "--index-memory, --pieces and --device-memory-limit apply to plain and sharded index folders"
+            )
         index: Any = SegmentedIndex.load(index_dir, device=dev, verify=verify)
     else:
         host, _, _ = load_shard(index_dir, verify=verify)
-        index = open_for_search(
-            host, dev, kernel=kernel, index_memory=index_budget, pieces=pieces, memory_budget=budget
-        )
+        with device_memory_scope(limit):
+            index = open_for_search(
+                host, dev, kernel=kernel, index_memory=index_budget, pieces=pieces, memory_budget=budget,
+                batch_size=batch_size, k=k,
+            )  # fmt: skip
     if text_queries:
         qs = _encoded_queries(
             queries,
@@ -180,7 +192,8 @@ def search_cmd(
         qs = read_vectors(queries, index.vocab, unknown=unknown_tokens, progress=progress, stats=stats)  # type: ignore[arg-type]
         click.echo(f"read {stats.summary()}", err=True)
     t0 = time.perf_counter()
-    res = index.search(qs, k, batch_size=batch_size, kernel=kernel, memory_budget=budget, progress=progress)
+    with device_memory_scope(limit):
+        res = index.search(qs, k, batch_size=batch_size, kernel=kernel, memory_budget=budget, progress=progress)
     dt = time.perf_counter() - t0
     engine_name = getattr(res, "engine", "") or engine_name  # a segmented index's results do not carry it
     if segmented:

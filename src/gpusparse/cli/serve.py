@@ -9,9 +9,21 @@ import click
 # The module, not its functions: tests replace ``gpusparse.serve.serve`` to stop before listening.
 from .. import serve as server
 from ..encode import SpladeEncoder
+from ..index import Index
 from ..serve.config import DEFAULT_ALLOWED_HOSTS
 from ..serve.served import load_served
-from ._common import check_kernel, default_device, fail, friendly_errors, kernel_choice, parse_size, unknown_option
+from ._common import (
+    check_kernel,
+    default_device,
+    device_memory_limit_option,
+    device_memory_scope,
+    fail,
+    friendly_errors,
+    kernel_choice,
+    limit_option,
+    parse_size,
+    unknown_option,
+)
 
 
 @click.command("serve")
@@ -74,6 +86,7 @@ from ._common import check_kernel, default_device, fail, friendly_errors, kernel
     help="Open connections per client address; more get 429 (0: no cap; behind a proxy, raise it or 0).",
 )
 @click.option("--memory-budget", default="1GiB", show_default=True, help="Bytes of search temporaries.")
+@device_memory_limit_option
 @click.option("--verify/--no-verify", default=True, show_default=True, help="Check the index files' checksums.")
 @unknown_option
 @friendly_errors
@@ -97,6 +110,7 @@ def serve_cmd(
     body_timeout: float,
     max_connections_per_client: int,
     memory_budget: str,
+    device_memory_limit: str | None,
     verify: bool,
     unknown_tokens: str,
 ) -> None:
@@ -124,7 +138,14 @@ def serve_cmd(
     allowed_hosts = (*DEFAULT_ALLOWED_HOSTS, *bound, *allow_hosts)
     dev = default_device(device)
     check_kernel(kernel, dev)
-    index = load_served(index_dir, device=dev, verify=verify)  # plain, sharded or segmented
+    limit = limit_option(device_memory_limit)
+    with device_memory_scope(limit):  # under a limit the lists stay on the host until the first search plans
+        index = load_served(index_dir, device=dev, verify=verify)  # plain, sharded or segmented
+    search_kwargs = {"kernel": kernel, "memory_budget": budget}
+    if limit is not None:
+        if not isinstance(index, Index):
+            raise click.UsageError("--device-memory-limit applies to plain and sharded index folders")
+        search_kwargs["device_memory_limit"] = limit  # the worker thread does not see this thread's settings
     encoder = None
     if model is not None:
         try:
@@ -145,7 +166,7 @@ def serve_cmd(
         auth_token=auth_token or None,
         allowed_hosts=allowed_hosts,
         unknown_tokens=unknown_tokens,
-        search_kwargs={"kernel": kernel, "memory_budget": budget},
+        search_kwargs=search_kwargs,
     )
     texts = f"text queries encoded by {encoder.name}" if encoder is not None else "{token: weight} queries only"
     click.echo(

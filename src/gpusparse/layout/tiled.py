@@ -40,6 +40,7 @@ DEFAULT_TILE_BITS, DEFAULT_DENSE_MIN = DEFAULT_LAYOUT["fixed"]
 SMALL_TILES, SMALL_DENSE_MIN = 32, 0.5
 AUTO = "auto"
 MAX_TILE_BITS = 16  # offsets are 16-bit
+BUILD_CHUNK = 1 << 21  # postings per slab of build_tiled (~100 bytes of temporaries each)
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def build_tiled(
     fixed: bool = False,
     list_positions: bool = True,
     device: torch.device | str | None = None,
-    chunk: int = 1 << 21,
+    chunk: int = BUILD_CHUNK,
 ) -> TiledIndex:
     """Regroup an index's postings by (tile, term), on ``device`` (default: the index's).
 
@@ -141,7 +142,6 @@ def build_tiled(
 
     dense_id = torch.full((n_tiles * n_terms,), -1, dtype=torch.int32, device=dev)
     dense_id[is_dense] = torch.arange(n_dense, dtype=torch.int32, device=dev)
-    dense = torch.zeros((n_dense, 1 << tile_bits), dtype=wdtype, device=dev)
     sparse_counts = torch.where(is_dense, torch.zeros_like(counts), counts)
     seg = torch.zeros(n_tiles * n_terms + 1, dtype=torch.int64, device=dev)
     torch.cumsum(sparse_counts, 0, out=seg[1:])
@@ -149,6 +149,8 @@ def build_tiled(
     # Postings of term t in tiles before tile b: the rank offset of the (b, t) share.
     before = (torch.cumsum(counts.view(n_tiles, n_terms), 0) - counts.view(n_tiles, n_terms)).to(torch.int32)
     del counts, is_dense
+    # the layout's own arrays only now, without the count matrices beside them
+    dense = torch.zeros((n_dense, 1 << tile_bits), dtype=wdtype, device=dev)
     n_sparse = int(seg[-1])
     offs = torch.empty(n_sparse, dtype=torch.int16, device=dev)
     wts = torch.empty(n_sparse, dtype=wdtype, device=dev)
