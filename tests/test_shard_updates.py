@@ -277,6 +277,16 @@ def test_a_reader_redoes_a_read_that_an_update_raced(tmp_path, monkeypatch):
     assert Index.load(folder).ids == docs.ids[1:]
 
 
+def test_processes_that_loaded_different_states_all_refuse(tmp_path):
+    import torch.multiprocessing as mp
+
+    from .distributed_worker import snapshot_worker
+
+    mp.spawn(snapshot_worker, args=(2, str(tmp_path)), nprocs=2)
+    for rank in range(2):
+        assert (tmp_path / f"snapshot{rank}.txt").read_text() == "ok refused ok"
+
+
 # -- the command line ----------------------------------------------------------------------------
 
 
