@@ -163,3 +163,25 @@ def bound_worker(rank: int, world: int, tmp: str) -> None:
         torch.save(out, Path(tmp) / f"bound{rank}.pt")
     finally:
         dist.destroy_process_group()
+
+
+def snapshot_worker(rank: int, world: int, tmp: str) -> None:
+    """``same_snapshot`` on manifests that agree, then on ones that differ on one process:
+    writes ``tmp/snapshot{rank}.txt`` with what each call did (``ok`` or ``refused``)."""
+    from gpusparse.distributed import same_snapshot
+    from gpusparse.errors import InputError
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=world, timeout=timedelta(seconds=60)
+    )
+    seen = []
+    try:
+        for manifest in ({"generation": 3}, {"generation": 3 + (rank == world - 1)}, None):
+            try:
+                same_snapshot(manifest)
+                seen.append("ok")
+            except InputError as exc:
+                seen.append("refused" if "changed while the processes loaded it" in str(exc) else str(exc))
+    finally:
+        dist.destroy_process_group()
+    (Path(tmp) / f"snapshot{rank}.txt").write_text(" ".join(seen), encoding="utf-8")

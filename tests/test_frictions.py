@@ -192,14 +192,19 @@ def test_ctrl_c_exits_130_with_one_line(sample_index: Path, tmp_path: Path, monk
     assert "Traceback" not in r.output and "Aborted" not in r.output
 
 
-def test_add_refuses_a_sharded_folder_at_once(tmp_path: Path) -> None:
+def test_updates_of_a_sharded_folder(tmp_path: Path) -> None:
+    """Sharded folders take add/delete/compact (tests/test_shard_updates.py): a missing vector
+    file is one line, and compacting a folder as index --shards made it writes nothing."""
     out = tmp_path / "sh"
     r = CliRunner().invoke(main, ["index", str(SAMPLE / "corpus.jsonl.gz"), "--shards", "2", "-o", str(out)])
     assert r.exit_code == 0, r.output
-    for args in (["add", str(out), str(tmp_path / "missing.jsonl")], ["compact", str(out)]):
-        r = CliRunner().invoke(main, args)
-        assert r.exit_code == 1
-        assert len(r.stderr.splitlines()) == 1 and "sharded index" in r.stderr and "without --shards" in r.stderr
+    manifest = (out / "manifest.json").read_bytes()
+    r = CliRunner().invoke(main, ["add", str(out), str(tmp_path / "missing.jsonl")])
+    assert r.exit_code == 1
+    assert len(r.stderr.splitlines()) == 1 and "missing.jsonl" in r.stderr
+    r = CliRunner().invoke(main, ["compact", str(out)])
+    assert r.exit_code == 0 and "shard sizes already even" in r.stderr, r.stderr
+    assert (out / "manifest.json").read_bytes() == manifest
 
 
 # -- text queries ----------------------------------------------------------------------------

@@ -342,7 +342,7 @@ def test_cli_add_delete_compact(tmp_path):
     (tmp_path / "gone.txt").write_text("d1\nd2\n\nnope\n")
     res = _cli("delete", tmp_path / "idx", tmp_path / "gone.txt")
     assert res.exit_code == 0, res.stderr
-    assert "deleted 2 documents (1 ids not found)" in res.stderr
+    assert "deleted 2 documents (1 id not found: 'nope')" in res.stderr
     res = _cli("delete", tmp_path / "idx", "-", input="d3\n")
     assert "deleted 1 documents" in res.stderr
     res = _cli("compact", tmp_path / "idx")

@@ -24,9 +24,11 @@ errors are shared first (:func:`first_error`).
 from __future__ import annotations
 
 import functools
+import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -279,14 +281,38 @@ def first_error(error: str | None, group: dist.ProcessGroup | None = None) -> tu
     return None
 
 
-def load_shard(path: str | Path, rank: int = 0, world_size: int = 1, *, verify: bool = True) -> tuple[Index, int, int]:
+def load_shard(
+    path: str | Path,
+    rank: int = 0,
+    world_size: int = 1,
+    *,
+    verify: bool = True,
+    manifest: dict[str, Any] | None = None,
+) -> tuple[Index, int, int]:
     """The documents process ``rank`` of ``world_size`` searches in a sharded or plain index
     folder (a plain one is a single shard), loaded on the CPU (memory-mapped): ``(index,
-    global number of its first document, documents in the whole folder)``."""
+    global number of its first document, documents in the whole folder)``. ``manifest``: a
+    sharded folder's manifest as the caller read it, to load that state (see
+    :func:`same_snapshot`)."""
     if is_sharded(path):
-        m = read_sharded_manifest(path)
-        lists, offset = load_sharded(path, assign_shards(len(m["shards"]), world_size, rank), verify=verify)
+        m = manifest or read_sharded_manifest(path)
+        shards = assign_shards(len(m["shards"]), world_size, rank)
+        lists, offset = load_sharded(path, shards, verify=verify, manifest=m)
         return Index.from_postings(lists), offset, m["n_docs"]
     assign_shards(1, world_size, rank)
     index = Index.load(path, verify=verify)
     return index, 0, index.n_docs
+
+
+def same_snapshot(manifest: dict[str, Any] | None, group: dist.ProcessGroup | None = None) -> None:
+    """Refuse, on every process, a search whose processes loaded different states of a sharded
+    folder (``gpusparse add``/``delete``/``compact`` committed while they loaded it): their
+    shards would not be one collection. ``manifest``: the one each process loaded."""
+    token = None if manifest is None else json.dumps(manifest, sort_keys=True)
+    tokens: list[str | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(tokens, token, group=group)
+    if len(set(tokens)) > 1:
+        raise InputError(
+            "the index folder changed while the processes loaded it (gpusparse add, delete or compact "
+            "committed meanwhile): run the search again"
+        )

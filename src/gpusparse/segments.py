@@ -89,12 +89,14 @@ class SegmentedResults(NamedTuple):
 @dataclass(frozen=True)
 class UpdateReport:
     """What a write did: ``generation`` committed, documents ``added``, ``deleted``
-    (upserts included) and ``unknown`` ids asked to be deleted that were not live."""
+    (upserts included) and ``unknown`` ids asked to be deleted that were not live (those
+    ids in ``unknown_ids``)."""
 
     generation: int
     added: int = 0
     deleted: int = 0
     unknown: int = 0
+    unknown_ids: tuple[str, ...] = ()
 
 
 class SegmentedIndex:
@@ -157,7 +159,7 @@ class SegmentedIndex:
         with locked(path):
             entries = []
             if isinstance(documents, SparseCollection) and len(documents):
-                entries.append(write_segment(path, _build(documents, quantization, clip=True), 1))
+                entries.append(write_segment(path, build_segment(documents, quantization, clip=True), 1))
             commit(path, 1, entries, vocab, quantization)
         return cls.load(path, device=device)
 
@@ -297,14 +299,14 @@ class SegmentedIndex:
         (``(2**bits - 1) · step``) is refused (:class:`InputError`, nothing written) unless
         ``clip``, which stores it as that largest level; a new step needs a rebuild.
         """
-        documents = _in_vocab(documents, self.vocab)
+        documents = in_vocabulary(documents, self.vocab)
         # Quantized (and refused) before the lock and the conversion of a plain folder, so a
         # refusal writes nothing; redone below only if the folder was replaced meanwhile.
-        segment = _build(documents, self.quantization, clip=clip) if len(documents) else None
+        segment = build_segment(documents, self.quantization, clip=clip) if len(documents) else None
         with locked(self.path):
             gen, segs, quantization = self._latest()
             if segment is not None and quantization != self.quantization:
-                segment = _build(documents, quantization, clip=clip)
+                segment = build_segment(documents, quantization, clip=clip)
             live = _live_positions(segs)
             clash = [i for i in documents.ids if i in live]
             if clash and not upsert:
@@ -337,7 +339,8 @@ class SegmentedIndex:
             commit(self.path, gen + 1, entries, self.vocab, quantization)
             self.refresh()
             collect_garbage(self.path)
-        return UpdateReport(gen + 1, deleted=len(found), unknown=len(wanted) - len(found))
+        unknown = tuple(i for i in wanted if i not in live)
+        return UpdateReport(gen + 1, deleted=len(found), unknown=len(unknown), unknown_ids=unknown)
 
     def compact(self) -> UpdateReport:
         """Merge all segments into one, without the deleted documents (same search results;
@@ -350,7 +353,7 @@ class SegmentedIndex:
             if parts:
                 merged = SparseCollection.concat(parts) if len(parts) > 1 else parts[0]
                 # The weights are already levels times the step: quantizing again keeps them as they are.
-                entries.append(write_segment(self.path, _build(merged, quantization, clip=True), gen + 1))
+                entries.append(write_segment(self.path, build_segment(merged, quantization, clip=True), gen + 1))
             commit(self.path, gen + 1, entries, self.vocab, quantization)
             self.refresh()
             collect_garbage(self.path)
@@ -390,7 +393,9 @@ def read_ids(source: str | Path) -> list[str]:
 # -- writing ------------------------------------------------------------------------------
 
 
-def _in_vocab(documents: SparseCollection, vocab: Vocabulary) -> SparseCollection:
+def in_vocabulary(documents: SparseCollection, vocab: Vocabulary) -> SparseCollection:
+    """``documents`` over the index's vocabulary ``vocab`` (anonymous term ids are taken as
+    its ids); another vocabulary is refused (:class:`InputError`)."""
     if not isinstance(documents, SparseCollection):
         raise TypeError("documents must be a SparseCollection")
     if documents.vocab == vocab:
@@ -425,7 +430,7 @@ def _mark_deleted(segs: list[Segment], where: list[tuple[int, int]]) -> set[int]
     return changed
 
 
-def _build(documents: SparseCollection, quantization: Quantization | None, *, clip: bool) -> Index:
+def build_segment(documents: SparseCollection, quantization: Quantization | None, *, clip: bool) -> Index:
     """A segment's index: ``documents`` quantized with the index's bits and step, if any."""
     if quantization is None:
         return Index.build(documents)

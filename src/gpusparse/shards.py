@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
 from ._version import __version__
@@ -54,6 +55,7 @@ from .storage import (
 FORMAT = "gpusparse-sharded-index"
 FORMAT_VERSION = 1
 _CHUNK = 1 << 24  # postings moved per step when slicing or joining
+T = TypeVar("T")
 
 
 def document_ranges(n_docs: int, n_parts: int) -> list[tuple[int, int]]:
@@ -105,6 +107,73 @@ def concat_indexes(parts: Sequence[PostingLists]) -> PostingLists:
     n_empty = sum(empties) if all(e is not None for e in empties) else None  # type: ignore[misc]
     return PostingLists(
         arrays, ids=ids, vocab=vocab, n_docs=base, n_empty_docs=n_empty, quantization=parts[0].quantization
+    )
+
+
+def drop_documents(index: PostingLists, deleted: np.ndarray) -> PostingLists:
+    """``index`` without the documents where ``deleted`` (bool ``[n_docs]``) is set, the others
+    renumbered in order from 0, on the index's device: the same arrays, bit for bit, as a build
+    of the surviving documents (each list keeps its surviving postings, in order)."""
+    deleted = np.asarray(deleted, dtype=bool)
+    if deleted.shape != (index.n_docs,):
+        raise ValueError(f"deleted has shape {deleted.shape}, expected ({index.n_docs},)")
+    dev = index.device
+    gone = torch.from_numpy(deleted).to(dev)
+    shift = torch.cumsum(gone.to(torch.int64), 0) - gone.to(torch.int64)  # deleted documents before each
+    n_terms = len(index.vocab)
+    ends = torch.cumsum(index.padded_lengths.to(torch.int64), 0)
+    n_slots = int(ends[-1]) if n_terms else 0
+
+    def surviving(a: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The surviving postings among slots ``a .. a + _CHUNK - 1``: their slots and terms."""
+        slot = torch.arange(a, min(n_slots, a + _CHUNK), device=dev)
+        doc = index.doc_ids[slot].to(torch.int64)
+        slot = slot[(doc >= 0) & ~gone[doc.clamp_min(0)]]  # padding is -1
+        return slot, torch.searchsorted(ends, slot, right=True)
+
+    # Pass 1: the new list lengths (and which documents keep a posting); pass 2 places them.
+    lengths = torch.zeros(n_terms, dtype=torch.int64, device=dev)
+    present = torch.zeros(index.n_docs, dtype=torch.bool, device=dev)
+    for a in range(0, n_slots, _CHUNK):
+        slot, term = surviving(a)
+        lengths += torch.bincount(term, minlength=n_terms)
+        present[index.doc_ids[slot].to(torch.int64)] = True
+    padded = (lengths + (PAD - 1)) // PAD * PAD
+    offsets = torch.cumsum(padded, 0) - padded
+    total = int(padded.sum())
+    doc_ids = torch.full((total,), -1, dtype=torch.int32, device=dev)
+    scores = torch.zeros(total, dtype=torch.float32, device=dev)
+    max_scores = torch.zeros(n_terms, dtype=torch.float32, device=dev)
+    placed = torch.zeros(n_terms, dtype=torch.int64, device=dev)  # postings placed per list
+    for a in range(0, n_slots, _CHUNK):
+        slot, term = surviving(a)  # slots ascend, so terms ascend and each list keeps its order
+        counts = torch.bincount(term, minlength=n_terms)
+        first = torch.cumsum(counts, 0) - counts
+        dst = offsets[term] + placed[term] + torch.arange(term.numel(), device=dev) - first[term]
+        doc = index.doc_ids[slot].to(torch.int64)
+        doc_ids[dst] = (doc - shift[doc]).to(torch.int32)
+        w = index.scores[slot]
+        scores[dst] = w
+        max_scores.scatter_reduce_(0, term, w, reduce="amax")
+        placed += counts
+    arrays = {
+        "doc_ids": doc_ids,
+        "scores": scores,
+        "offsets": offsets,
+        "lengths": lengths.to(torch.int32),
+        "padded_lengths": padded.to(torch.int32),
+        "max_scores": max_scores,
+    }
+    survivors = np.flatnonzero(~deleted)
+    ids = [index.ids[j] for j in survivors] if index._ids is not None else None
+    n_empty = int((~present & ~gone).sum())
+    return PostingLists(
+        arrays,
+        ids=ids,
+        vocab=index.vocab,
+        n_docs=len(survivors),
+        n_empty_docs=n_empty,
+        quantization=index.quantization,
     )
 
 
@@ -161,43 +230,54 @@ def save_sharded(shards: Iterable[PostingLists], path: str | Path, *, overwrite:
     try:
         entries: list[dict[str, Any]] = []
         vocab = None
-        offset = n_postings = 0
+        offset = 0
         for i, shard in enumerate(shards):
             if vocab is not None and shard.vocab != vocab:
                 raise ValueError("all shards must share one vocabulary")
             vocab = shard.vocab
-            name = f"shard-{i:04d}"
-            save_index(shard, tmp / name)
-            st = shard.stats()
-            entries.append(
-                {
-                    "name": name,
-                    "offset": offset,
-                    "n_docs": st.n_docs,
-                    "n_postings": st.n_postings,
-                    "manifest_sha256": _sha256(tmp / name / MANIFEST),
-                }
-            )
-            offset += st.n_docs
-            n_postings += st.n_postings
+            entries.append(save_shard(shard, tmp, f"shard-{i:04d}", offset))
+            offset += shard.n_docs
         if vocab is None:
             raise ValueError("no shards to save")
-        manifest = {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "created_by": f"gpusparse {__version__}",
-            "n_docs": offset,
-            "n_terms": len(vocab),
-            "n_postings": n_postings,
-            "vocab_fingerprint": vocab.fingerprint,
-            "shards": entries,
-        }
-        _write_synced(tmp / MANIFEST, json.dumps(seal(manifest), indent=2).encode())
+        _write_synced(tmp / MANIFEST, json.dumps(sharded_manifest(entries, vocab), indent=2).encode())
         replace_folder(tmp, path, overwrite=overwrite)
     except BaseException:
         discard_folder(tmp)
         raise
     return entries
+
+
+def save_shard(shard: PostingLists, folder: Path, name: str, offset: int) -> dict[str, Any]:
+    """Write ``shard`` as the index folder ``folder / name`` (atomically, fsynced) and return
+    its manifest entry, its first document being global number ``offset``."""
+    save_index(shard, folder / name)
+    st = shard.stats()
+    return {
+        "name": name,
+        "offset": offset,
+        "n_docs": st.n_docs,
+        "n_postings": st.n_postings,
+        "manifest_sha256": _sha256(folder / name / MANIFEST),
+    }
+
+
+def sharded_manifest(entries: list[dict[str, Any]], vocab: Any, generation: int = 0) -> dict[str, Any]:
+    """The sealed manifest of a sharded folder whose shards are ``entries`` (in order, their
+    offsets consecutive). ``generation`` counts the updates (gpusparse add/delete/compact) it
+    went through; 0 (left out) for a folder as ``index --shards`` wrote it."""
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "created_by": f"gpusparse {__version__}",
+        "n_docs": sum(e["n_docs"] for e in entries),
+        "n_terms": len(vocab),
+        "n_postings": sum(e["n_postings"] for e in entries),
+        "vocab_fingerprint": vocab.fingerprint,
+        "shards": entries,
+    }
+    if generation:
+        manifest["generation"] = generation
+    return seal(manifest)
 
 
 def is_sharded(path: str | Path) -> bool:
@@ -241,6 +321,7 @@ def read_sharded_manifest(path: str | Path) -> dict[str, Any]:
         if not isinstance(e.get("manifest_sha256"), str):
             raise IndexFormatError(f"{mpath}: shard {e['name']} has no manifest_sha256 string")
         offset += e["n_docs"]
+    check_count(m.get("generation", 0), mpath, "generation")
     if not m["shards"] or offset != m["n_docs"]:
         raise IndexFormatError(f"{mpath}: the shards hold {offset} documents, the manifest says {m['n_docs']}")
     check_seal(m, mpath)
@@ -258,6 +339,26 @@ def assign_shards(n_shards: int, world_size: int, rank: int) -> range:
     return range(rank * n_shards // world_size, (rank + 1) * n_shards // world_size)
 
 
+LOAD_RETRIES = 20  # reads redone when an update (gpusparse add/delete/compact) replaced the folder's shards
+
+
+def read_snapshot(path: Path, read: Callable[[dict[str, Any]], T], manifest: dict[str, Any] | None) -> T:
+    """``read(manifest)`` of the folder's manifest (or of ``manifest``, pinned by the caller).
+    An update commits a new manifest, then removes the shards it replaced: a read that fails
+    while the manifest changed under it is redone on the new one, so a reader sees one
+    committed state, never a mix."""
+    if manifest is not None:
+        return read(manifest)
+    for attempt in range(LOAD_RETRIES):
+        m = read_sharded_manifest(path)
+        try:
+            return read(m)
+        except (IndexFormatError, OSError):
+            if attempt + 1 == LOAD_RETRIES or read_sharded_manifest(path) == m:
+                raise  # nothing moved under us: the files really are bad
+    raise AssertionError("unreachable")
+
+
 def load_sharded(
     path: str | Path,
     shards: range | None = None,
@@ -265,11 +366,23 @@ def load_sharded(
     device: str | torch.device = "cpu",
     mmap: bool = True,
     verify: bool = True,
+    manifest: dict[str, Any] | None = None,
 ) -> tuple[PostingLists, int]:
     """Load shards ``shards`` (default all) of a sharded folder as one index, and the global
-    number of its first document. Only those shards' files are read."""
+    number of its first document. Only those shards' files are read. ``manifest``: the
+    folder's manifest as the caller read it (:func:`read_sharded_manifest`), to read that
+    state and no later one (its shards may be gone after an update: an error, never a mix)."""
     path = Path(path)
-    m = read_sharded_manifest(path)
+
+    def read(m: dict[str, Any]) -> tuple[PostingLists, int]:
+        return _load_shards(path, m, shards, device=device, mmap=mmap, verify=verify)
+
+    return read_snapshot(path, read, manifest)
+
+
+def _load_shards(
+    path: Path, m: dict[str, Any], shards: range | None, *, device: str | torch.device, mmap: bool, verify: bool
+) -> tuple[PostingLists, int]:
     entries = m["shards"]
     shards = range(len(entries)) if shards is None else shards
     if not shards or shards.start < 0 or shards.stop > len(entries) or shards.step != 1:
@@ -293,11 +406,14 @@ def load_sharded(
     return index, entries[shards.start]["offset"]
 
 
-def shard_ids(path: str | Path, *, verify: bool = True) -> list[str]:
+def shard_ids(path: str | Path, *, verify: bool = True, manifest: dict[str, Any] | None = None) -> list[str]:
     """The string ids of all documents of a sharded folder, by global number (reads only the
-    shards' ``ids.txt``)."""
+    shards' ``ids.txt``); ``manifest`` as for :func:`load_sharded`."""
     path = Path(path)
-    m = read_sharded_manifest(path)
+    return read_snapshot(path, lambda m: _shard_ids(path, m, verify), manifest)
+
+
+def _shard_ids(path: Path, m: dict[str, Any], verify: bool) -> list[str]:
     ids: list[str] = []
     for e in m["shards"]:
         f = path / e["name"] / "ids.txt"

@@ -13,14 +13,14 @@ from ..formats import ReadStats, read_vectors
 from ..index import Index
 from ..quantize import Quantization, quantize_collection
 from ..segment_files import is_segmented
-from ..segments import SegmentedIndex, read_ids
+from ..segments import SegmentedIndex, UpdateReport, read_ids
+from ..shard_updates import add_sharded, compact_sharded, delete_sharded, vocabulary_and_quantization
 from ..shards import document_ranges, is_sharded, read_sharded_manifest, save_sharded
 from ..storage import read_manifest
 from ..vocab import Vocabulary
 from ._common import (
     device_memory_limit_option,
     device_option,
-    fail,
     friendly_errors,
     limit_option,
     progress_option,
@@ -278,29 +278,65 @@ def _segments_summary(index: SegmentedIndex) -> str:
     return f"{index.n_docs:,} live documents in {n:,} segment{'s' if n != 1 else ''} (generation {index.generation})"
 
 
+def _sharded_summary(index_dir: Path, generation: int) -> str:
+    m = read_sharded_manifest(index_dir)
+    n = len(m["shards"])
+    return f"{m['n_docs']:,} documents in {n:,} shard{'s' if n != 1 else ''} (generation {generation})"
+
+
+def _unknown(rep: UpdateReport) -> str:
+    """`` (2 ids not found: 'a', 'b')``, or nothing."""
+    if not rep.unknown:
+        return ""
+    listed = ", ".join(repr(i) for i in rep.unknown_ids[:5]) + (", ..." if rep.unknown > 5 else "")
+    return f" ({rep.unknown:,} id{'s' if rep.unknown != 1 else ''} not found: {listed})"
+
+
 @click.command("add")
 @click.argument("index_dir", type=click.Path(path_type=Path))
 @click.argument("vectors", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--upsert", is_flag=True, help="Replace documents whose ids are already in the index.")
+@click.option(
+    "--max-shard-docs",
+    type=click.IntRange(min=1),
+    help="Sharded folders: the most documents the last shard may hold after the add; more go to a new "
+    "shard [default: as many as the largest shard].",
+)
 @unknown_option
 @progress_option
 @friendly_errors
-def add_cmd(index_dir: Path, vectors: tuple[Path, ...], upsert: bool, unknown_tokens: str, progress: bool) -> None:
-    """Add the documents in VECTORS to INDEX_DIR as a new segment, without a rebuild.
+def add_cmd(
+    index_dir: Path,
+    vectors: tuple[Path, ...],
+    upsert: bool,
+    max_shard_docs: int | None,
+    unknown_tokens: str,
+    progress: bool,
+) -> None:
+    """Add the documents in VECTORS to INDEX_DIR, without a rebuild.
 
     An id already in the index is an error unless --upsert. The change is atomic: a crash
     leaves the index as it was before or after. A plain index folder is converted in place
-    to a segmented one on the first update. A sharded folder (index --shards) is refused:
-    rebuild it with the new documents.
+    to a segmented one on the first update (the documents go to a new segment). In a sharded
+    folder (index --shards) they go to the last shard, or to a new shard when the last one
+    would exceed --max-shard-docs.
     """
-    _refuse_sharded(index_dir, "add")
-    index = SegmentedIndex.load(index_dir)
+    sharded = is_sharded(index_dir)
+    if max_shard_docs is not None and not sharded:
+        raise click.UsageError("--max-shard-docs applies to sharded index folders (index --shards)")
+    index = None if sharded else SegmentedIndex.load(index_dir)
+    vocab = vocabulary_and_quantization(index_dir)[0] if index is None else index.vocab
     stats = ReadStats()
-    coll = read_vectors(vectors, index.vocab, unknown=unknown_tokens, progress=progress, stats=stats)  # type: ignore[arg-type]
+    coll = read_vectors(vectors, vocab, unknown=unknown_tokens, progress=progress, stats=stats)  # type: ignore[arg-type]
     click.echo(f"read {stats.summary()}", err=True)
-    rep = index.add(coll, upsert=upsert)
+    if index is None:
+        rep = add_sharded(index_dir, coll, upsert=upsert, max_shard_docs=max_shard_docs)
+        summary = _sharded_summary(index_dir, rep.generation)
+    else:
+        rep = index.add(coll, upsert=upsert)
+        summary = _segments_summary(index)
     replaced = f" ({rep.deleted:,} replaced)" if rep.deleted else ""
-    click.echo(f"added {rep.added:,} documents{replaced} -> {index_dir}: {_segments_summary(index)}", err=True)
+    click.echo(f"added {rep.added:,} documents{replaced} -> {index_dir}: {summary}", err=True)
 
 
 @click.command("delete")
@@ -310,37 +346,41 @@ def add_cmd(index_dir: Path, vectors: tuple[Path, ...], upsert: bool, unknown_to
 def delete_cmd(index_dir: Path, ids_file: Path) -> None:
     """Delete the documents whose ids are listed in IDS_FILE (one per line; '-' reads stdin).
 
-    Ids not in the index are counted, not an error. The documents stay on disk, marked
-    deleted, until `gpusparse compact`.
+    Ids not in the index are counted and listed, not an error. In a plain or segmented folder
+    the documents stay on disk, marked deleted, until `gpusparse compact`; in a sharded
+    folder the shards holding them are rewritten without them.
     """
-    _refuse_sharded(index_dir, "delete")
     ids = read_ids(ids_file)
-    index = SegmentedIndex.load(index_dir)
-    rep = index.delete(ids)
-    unknown = f" ({rep.unknown:,} ids not found)" if rep.unknown else ""
-    click.echo(f"deleted {rep.deleted:,} documents{unknown} -> {index_dir}: {_segments_summary(index)}", err=True)
+    if is_sharded(index_dir):
+        rep = delete_sharded(index_dir, ids)
+        summary = _sharded_summary(index_dir, rep.generation)
+    else:
+        index = SegmentedIndex.load(index_dir)
+        rep = index.delete(ids)
+        summary = _segments_summary(index)
+    click.echo(f"deleted {rep.deleted:,} documents{_unknown(rep)} -> {index_dir}: {summary}", err=True)
 
 
 @click.command("compact")
 @click.argument("index_dir", type=click.Path(path_type=Path))
 @friendly_errors
 def compact_cmd(index_dir: Path) -> None:
-    """Merge INDEX_DIR's segments into one and drop its deleted documents (same results)."""
-    _refuse_sharded(index_dir, "compact")
+    """Merge INDEX_DIR's segments into one and drop its deleted documents (same results).
+
+    A sharded folder's documents are spread evenly over its shards again (sizes within one,
+    as index --shards makes them; same results).
+    """
+    if is_sharded(index_dir):
+        m = read_sharded_manifest(index_dir)
+        rep = compact_sharded(index_dir)
+        what = "shard sizes already even" if rep.generation == m.get("generation", 0) else "spread the documents evenly"
+        click.echo(f"{what} -> {index_dir}: {_sharded_summary(index_dir, rep.generation)}", err=True)
+        return
     index = SegmentedIndex.load(index_dir)
-    before = len(index.segments)
+    before_n = len(index.segments)
     rep = index.compact()
     click.echo(
-        f"compacted {before:,} segments, dropped {rep.deleted:,} deleted documents -> {index_dir}: "
+        f"compacted {before_n:,} segments, dropped {rep.deleted:,} deleted documents -> {index_dir}: "
         f"{_segments_summary(index)}",
         err=True,
     )
-
-
-def _refuse_sharded(index_dir: Path, command: str) -> None:
-    """Updates work on plain and segmented folders; a sharded one is refused before any work."""
-    if is_sharded(index_dir):
-        fail(
-            f"{index_dir}: a sharded index (index --shards) cannot be updated by {command}: rebuild it with "
-            "gpusparse index --shards N over all the documents, or build it without --shards to update it"
-        )

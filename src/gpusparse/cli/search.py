@@ -12,12 +12,12 @@ import numpy as np
 import torch.distributed as dist
 
 from ..collection import SparseCollection
-from ..distributed import first_error, init_from_env, load_shard, search_sharded
-from ..errors import GPUSparseError
+from ..distributed import first_error, init_from_env, load_shard, same_snapshot, search_sharded
+from ..errors import GPUSparseError, InputError
 from ..formats import ReadStats, read_vectors
 from ..segment_files import is_segmented
 from ..segments import SegmentedIndex
-from ..shards import is_sharded, shard_ids
+from ..shards import is_sharded, read_sharded_manifest, shard_ids
 from ..streaming import open_for_search
 from ..topics import is_text_query_file, read_query_texts
 from ..vocab import Vocabulary
@@ -270,7 +270,8 @@ def _search_distributed(
         error = None
         try:
             check_kernel(kernel, str(dev))
-            host, offset, n_docs = load_shard(index_dir, rank, world, verify=verify)
+            snapshot = read_sharded_manifest(index_dir) if is_sharded(index_dir) else None
+            host, offset, n_docs = load_shard(index_dir, rank, world, verify=verify, manifest=snapshot)
             shard = open_for_search(
                 host, dev, kernel=kernel, index_memory=index_budget, pieces=pieces, memory_budget=budget
             )
@@ -278,7 +279,7 @@ def _search_distributed(
             qs = read_vectors(queries, shard.vocab, unknown=unknown_tokens, progress=False, stats=stats)  # type: ignore[arg-type]
             names: list[str] = []
             if rank == 0:
-                names = shard_ids(index_dir, verify=verify) if is_sharded(index_dir) else host.ids
+                names = shard_ids(index_dir, verify=verify, manifest=snapshot) if snapshot else host.ids
         except (GPUSparseError, OSError, click.BadParameter) as exc:
             where = f"{exc.filename}: " if isinstance(exc, OSError) and exc.filename else ""
             error = where + (exc.format_message() if isinstance(exc, click.BadParameter) else str(exc))
@@ -286,6 +287,12 @@ def _search_distributed(
         if failed is not None:
             if rank == 0:
                 fail(failed[1] if world == 1 else f"process {failed[0]}: {failed[1]}")
+            sys.exit(1)
+        try:
+            same_snapshot(snapshot)  # an update committed while the processes loaded: all refuse
+        except InputError as exc:
+            if rank == 0:
+                fail(str(exc))
             sys.exit(1)
         if rank == 0:
             click.echo(f"read {stats.summary()}", err=True)
