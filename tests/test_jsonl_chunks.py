@@ -176,11 +176,12 @@ def test_workers_do_not_fork_once_cuda_is_initialised(monkeypatch):
     assert formats_module._start_method() in ("forkserver", "spawn")
 
 
-def test_read_with_spawned_workers(tmp_path, monkeypatch):
-    # what a read does once CUDA is initialised: workers import the package afresh and get
-    # the token ids pickled (a few seconds: each worker imports torch)
+def test_read_with_workers_started_without_fork(tmp_path, monkeypatch):
+    # what a read does once CUDA is initialised: the forkserver (or each spawned worker)
+    # imports the package afresh and the token ids are pickled (seconds: it imports torch)
     monkeypatch.setattr(formats_module, "_CHUNK_BYTES", 3000)
-    monkeypatch.setattr(formats_module, "_start_method", lambda: "spawn")
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(is_initialized=lambda: True))
+    monkeypatch.setitem(sys.modules, "torch", fake)  # as if CUDA were initialised: no fork
     path = tmp_path / "a.jsonl"
     path.write_bytes(b"".join(_random_chunk(400 + j, n=30) for j in range(3)))
     got = read_vectors(path, progress=False, workers=2)

@@ -333,7 +333,8 @@ def _result(fut: Any) -> ChunkResult:
 def _start_method() -> str:
     """How worker processes start: ``fork`` (cheap: they share the vocabulary) unless CUDA is
     initialised in this process, where a forked child would inherit a CUDA context it cannot
-    use; then ``forkserver`` (or ``spawn``), whose workers import the package afresh."""
+    use; then ``forkserver`` (or ``spawn``), whose server (workers) import the package afresh.
+    The forkserver process then lives as long as this one, as multiprocessing's always does."""
     methods = mp.get_all_start_methods()
     torch = sys.modules.get("torch")  # never imported here: only asked if already loaded
     cuda_live = torch is not None and bool(torch.cuda.is_initialized())
@@ -349,7 +350,10 @@ def _worker_pool(workers: int, files: list[Path], ids_of: TokenIds, unknown: Unk
     if workers <= 1 or total <= _CHUNK_BYTES:
         yield None
         return
-    ctx = mp.get_context(_start_method())
+    method = _start_method()
+    ctx = mp.get_context(method)
+    if method == "forkserver":  # the server imports the package once; its children inherit it
+        ctx.set_forkserver_preload([__name__])
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(ids_of, unknown)) as pool:
         try:
             yield pool
