@@ -267,6 +267,16 @@ def _line_ranges(path: Path, size: int) -> list[tuple[int, int]]:
     return list(itertools.pairwise(bounds))
 
 
+def _plain_chunks(f: IO[bytes], prog: _RawProgress) -> Iterator[bytes]:
+    """Whole lines of an uncompressed file, about ``_CHUNK_BYTES`` at a time (one read each,
+    not a line at a time)."""
+    while data := f.read(_CHUNK_BYTES):
+        if not data.endswith(b"\n"):
+            data += f.readline()
+        yield data
+        prog.update()
+
+
 def _gz_chunks(f: IO[bytes], spath: str, prog: _RawProgress, lines_done: list[int]) -> Iterator[bytes]:
     """Whole lines of a decompressing stream, about ``_CHUNK_BYTES`` at a time; a gzip error
     becomes an :class:`InputError` naming the line it was reached on, after the lines before it."""
@@ -303,7 +313,7 @@ def _read_jsonl_into(
                 commit(res)
                 prog.bar.update(hi - lo)
         else:
-            chunks = _gz_chunks(f, spath, prog, [0])
+            chunks = _gz_chunks(f, spath, prog, [0]) if path.name.endswith(".gz") else _plain_chunks(f, prog)
             if pool is None:
                 for data in chunks:
                     commit(parse_chunk(data, ids_of, unknown))
