@@ -106,10 +106,6 @@ class _Builder:
         self.rec_line.append(line)
         self.rec_binary.append(record)
 
-    def row_of(self, entry: int) -> int:
-        """The record holding flat entry ``entry``."""
-        return int(np.searchsorted(np.frombuffer(self.indptr, dtype=np.int64), entry, side="right")) - 1
-
     def error(self, row: int, reason: str, field: str | None = "vector") -> InputError:
         """An error located at record ``row``."""
         return InputError(
