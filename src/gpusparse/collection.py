@@ -324,7 +324,10 @@ def check_weights(
             raise InputError(f"weight {float(values[np.argmax(bad)])!r} is not finite", **where)
     if (values < 0).any():
         raise InputError(f"weight {float(values[np.argmax(values < 0)])!r} is negative", **where)
-    big = np.abs(values.astype(np.float64, copy=False)) > _F32_MAX
+    if np.issubdtype(values.dtype, np.floating) and values.dtype.itemsize <= 4:
+        return  # a finite float32 (or narrower) is within float32's range
+    # Two comparisons, no float64 copy of the weights (a reader's float32 array can be 1e9 long).
+    big = (values > _F32_MAX) | (values < -_F32_MAX)
     if big.any():
         raise InputError(f"weight {float(values[np.argmax(big)])!r} overflows float32", **where)
 

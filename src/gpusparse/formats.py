@@ -22,6 +22,7 @@ import itertools
 import json
 import multiprocessing as mp
 import os
+import sys
 import zlib
 from array import array
 from collections import deque
@@ -37,13 +38,21 @@ from tqdm.auto import tqdm
 
 from .collection import SparseCollection
 from .errors import InputError
-from .jsonl_chunks import VECTOR_RECORD_KEYS, ChunkResult, decode_json_line, parse_chunk, record_dict
+from .jsonl_chunks import (
+    VECTOR_RECORD_KEYS,
+    WEIGHT_CHECKS,
+    ChunkResult,
+    TokenIds,
+    decode_json_line,
+    parse_chunk,
+    record_dict,
+    weight_problems,
+)
 from .vocab import Vocabulary
 
 Unknown = Literal["error", "skip"]
 __all__ = ["VECTOR_RECORD_KEYS", "ReadStats", "decode_json_line", "expand_vector_paths", "read_vectors", "record_dict"]
 VECTOR_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".bin")
-_F32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass
@@ -74,7 +83,11 @@ class _Builder:
     def __init__(self) -> None:
         self.indptr = array("q", [0])
         self.terms = array("i")
-        self.weights = array("d")
+        self.weights = array("f")  # float32: each chunk checked its float64 values first
+        # The first weight failing each of WEIGHT_CHECKS, as (row, value): reported when the
+        # whole read is done, as a check over all values would.
+        self.bad_weights: list[tuple[int, float] | None] = [None] * len(WEIGHT_CHECKS)
+        self.zero_weights = 0
         self.ids: list[str] = []
         self.seen: dict[str, int] = {}  # id -> row
         self.rec_file: list[str] = []
@@ -93,25 +106,32 @@ class _Builder:
         self.rec_line.append(line)
         self.rec_binary.append(record)
 
-    def row_of(self, entry: int) -> int:
-        """The record holding flat entry ``entry``."""
-        return int(np.searchsorted(np.frombuffer(self.indptr, dtype=np.int64), entry, side="right")) - 1
-
     def error(self, row: int, reason: str, field: str | None = "vector") -> InputError:
         """An error located at record ``row``."""
         return InputError(
             reason, path=self.rec_file[row], line=self.rec_line[row], field=field, record=bool(self.rec_binary[row])
         )
 
+    def add_postings(
+        self, first: int, terms: np.ndarray, weights: np.ndarray, bad_weights: Sequence[tuple[int, float] | None]
+    ) -> None:
+        """Append the postings (float32 ``weights``) of the records from row ``first`` on, and
+        the first weights of theirs that failed :data:`WEIGHT_CHECKS` (``weight_problems``)."""
+        for k, bad in enumerate(bad_weights):
+            if bad is not None and self.bad_weights[k] is None:
+                self.bad_weights[k] = (first + bad[0], bad[1])
+        self.zero_weights += int(weights.size - np.count_nonzero(weights))
+        self.terms.frombytes(memoryview(np.ascontiguousarray(terms, np.int32)).cast("B"))
+        self.weights.frombytes(memoryview(np.ascontiguousarray(weights, np.float32)).cast("B"))
+
     def finish(self, vocab: Vocabulary, stats: ReadStats) -> SparseCollection:
-        values = np.frombuffer(self.weights, dtype=np.float64) if len(self.weights) else np.zeros(0)
-        _check_values(values, self)
+        for what, bad in zip(WEIGHT_CHECKS, self.bad_weights, strict=True):
+            if bad is not None:
+                raise self.error(bad[0], f"weight {bad[1]!r} {what}")
         indptr = np.frombuffer(self.indptr, dtype=np.int64)
         terms = np.frombuffer(self.terms, dtype=np.int32) if len(self.terms) else np.zeros(0, np.int32)
-        values32 = values.astype(np.float32)
-        # Counted after the conversion: a weight below float32's range (1e-50) is dropped too.
-        stats.zero_weights_dropped += int(np.count_nonzero(values32 == 0))
-        self.weights = array("d")  # free the float64 copy before canonicalisation copies
+        values32 = np.frombuffer(self.weights, dtype=np.float32) if len(self.weights) else np.zeros(0, np.float32)
+        stats.zero_weights_dropped += self.zero_weights
         try:
             coll = SparseCollection(indptr, terms, values32, ids=self.ids, vocab=vocab, check_ids=False, copy=False)
         except InputError:
@@ -129,18 +149,6 @@ class _Builder:
 
 def _where(path: str, line: int, record: bool) -> str:
     return f"{path} record {line}" if record else f"{path}:{line}"
-
-
-def _check_values(values: np.ndarray, b: _Builder) -> None:
-    checks = (
-        (~np.isfinite(values), "is not finite"),
-        (values < 0, "is negative"),
-        (np.abs(values) > _F32_MAX, "overflows float32"),
-    )
-    for bad, what in checks:
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise b.error(b.row_of(i), f"weight {float(values[i])!r} {what}")
 
 
 # -- opening files ------------------------------------------------------------------------
@@ -208,14 +216,13 @@ class _Commit:
                 b.seen.update(zip(res.ids, range(first, first + n), strict=True))
                 b.ids.extend(res.ids)
                 b.rec_file.extend([path] * n)
-                b.rec_line.frombytes((np.frombuffer(res.lines, np.int64) + base).tobytes())
+                b.rec_line.frombytes((res.lines + base).tobytes())
                 b.rec_binary.frombytes(bytes(n))
             else:  # a repeated id: add one by one for the strict path's error
-                for doc_id, ln in zip(res.ids, res.lines, strict=True):
+                for doc_id, ln in zip(res.ids, res.lines.tolist(), strict=True):
                     b.add_id(doc_id, path, base + ln)
-            b.terms.extend(res.terms)
-            b.weights.extend(res.weights)
-            b.indptr.frombytes((b.indptr[-1] + np.cumsum(np.frombuffer(res.lengths, np.int64))).tobytes())
+            b.indptr.frombytes((b.indptr[-1] + np.cumsum(res.lengths)).tobytes())
+            b.add_postings(first, res.terms, res.weights, res.bad_weights)
         self.stats.unknown_tokens_skipped += res.unknown_skipped
         if res.error is not None:
             reason, ln, fld = res.error
@@ -223,22 +230,22 @@ class _Commit:
         self.base += res.newlines
 
 
-# Set in each worker process by _init_worker: the vocabulary's lookup and the unknown mode.
+# Set in each worker process by _init_worker: the token ids and the unknown mode.
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(vocab: Vocabulary, unknown: Unknown) -> None:
-    _WORKER.update(lookup=vocab.lookup, unknown=unknown)
+def _init_worker(ids_of: TokenIds, unknown: Unknown) -> None:
+    _WORKER.update(ids_of=ids_of, unknown=unknown)
 
 
 def _parse_bytes(data: bytes) -> ChunkResult:
-    return parse_chunk(data, _WORKER["lookup"], _WORKER["unknown"])
+    return parse_chunk(data, _WORKER["ids_of"], _WORKER["unknown"])
 
 
 def _parse_range(path: str, start: int, end: int) -> ChunkResult:
     with open(path, "rb") as f:
         f.seek(start)
-        return parse_chunk(f.read(end - start), _WORKER["lookup"], _WORKER["unknown"])
+        return parse_chunk(f.read(end - start), _WORKER["ids_of"], _WORKER["unknown"])
 
 
 def _line_ranges(path: Path, size: int) -> list[tuple[int, int]]:
@@ -254,6 +261,16 @@ def _line_ranges(path: Path, size: int) -> list[tuple[int, int]]:
             rest = f.readline()  # to the end of the line holding pos
             bounds.append(min(size, pos + len(rest)))
     return list(itertools.pairwise(bounds))
+
+
+def _plain_chunks(f: IO[bytes], prog: _RawProgress) -> Iterator[bytes]:
+    """Whole lines of an uncompressed file, about ``_CHUNK_BYTES`` at a time (one read each,
+    not a line at a time)."""
+    while data := f.read(_CHUNK_BYTES):
+        if not data.endswith(b"\n"):
+            data += f.readline()
+        yield data
+        prog.update()
 
 
 def _gz_chunks(f: IO[bytes], spath: str, prog: _RawProgress, lines_done: list[int]) -> Iterator[bytes]:
@@ -281,7 +298,7 @@ def _gz_chunks(f: IO[bytes], spath: str, prog: _RawProgress, lines_done: list[in
 
 
 def _read_jsonl_into(
-    path: Path, b: _Builder, vocab: Vocabulary, unknown: Unknown, stats: ReadStats, progress: bool, pool: Any
+    path: Path, b: _Builder, ids_of: TokenIds, unknown: Unknown, stats: ReadStats, progress: bool, pool: Any
 ) -> None:
     spath = str(path)
     commit = _Commit(spath, b, stats)
@@ -292,11 +309,10 @@ def _read_jsonl_into(
                 commit(res)
                 prog.bar.update(hi - lo)
         else:
-            chunks = _gz_chunks(f, spath, prog, [0])
+            chunks = _gz_chunks(f, spath, prog, [0]) if path.name.endswith(".gz") else _plain_chunks(f, prog)
             if pool is None:
-                lookup = vocab.lookup
                 for data in chunks:
-                    commit(parse_chunk(data, lookup, unknown))
+                    commit(parse_chunk(data, ids_of, unknown))
             else:
                 for res in _in_order(pool, _parse_bytes, ((data,) for data in chunks)):
                     commit(res)
@@ -320,16 +336,31 @@ def _result(fut: Any) -> ChunkResult:
     return res
 
 
+def _start_method() -> str:
+    """How worker processes start: ``fork`` (cheap: they share the vocabulary) unless CUDA is
+    initialised in this process, where a forked child would inherit a CUDA context it cannot
+    use; then ``forkserver`` (or ``spawn``), whose server (workers) import the package afresh.
+    The forkserver process then lives as long as this one, as multiprocessing's always does."""
+    methods = mp.get_all_start_methods()
+    torch = sys.modules.get("torch")  # never imported here: only asked if already loaded
+    cuda_live = torch is not None and bool(torch.cuda.is_initialized())
+    if "fork" in methods and not cuda_live:
+        return "fork"
+    return "forkserver" if "forkserver" in methods else "spawn"
+
+
 @contextmanager
-def _worker_pool(workers: int, files: list[Path], vocab: Vocabulary, unknown: Unknown) -> Iterator[Any]:
+def _worker_pool(workers: int, files: list[Path], ids_of: TokenIds, unknown: Unknown) -> Iterator[Any]:
     """A process pool when there are workers and data enough for more than one chunk."""
     total = sum(p.stat().st_size for p in files if not p.name.endswith(".bin"))
     if workers <= 1 or total <= _CHUNK_BYTES:
         yield None
         return
-    methods = mp.get_all_start_methods()
-    ctx = mp.get_context("fork" if "fork" in methods else "spawn")
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(vocab, unknown)) as pool:
+    method = _start_method()
+    ctx = mp.get_context(method)
+    if method == "forkserver":  # the server imports the package once; its children inherit it
+        ctx.set_forkserver_preload([__name__])
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(ids_of, unknown)) as pool:
         try:
             yield pool
         except BaseException:
@@ -374,13 +405,14 @@ def read_vectors(
     if workers < 1:
         raise ValueError(f"workers must be ≥ 1, not {workers}")
     b = _Builder()
-    with _worker_pool(workers, files, vocab, unknown) as pool:
+    ids_of = TokenIds(vocab)
+    with _worker_pool(workers, files, ids_of, unknown) as pool:
         for path in files:
             stats.files.append(str(path))
             if path.name.endswith(".bin"):
                 _read_seismic_bin_into(path, b, vocab, progress)
             else:
-                _read_jsonl_into(path, b, vocab, unknown, stats, progress, pool)
+                _read_jsonl_into(path, b, ids_of, unknown, stats, progress, pool)
     if not b.ids:
         # An empty input is a mistake (a failed export, the wrong file): a 0-document index
         # or an empty run would hide it.
@@ -495,7 +527,7 @@ def _read_seismic_bin_into(path: Path, b: _Builder, vocab: Vocabulary, progress:
                 field="components",
                 record=True,
             )
-        b.terms.frombytes(term_ids.astype(np.int32).tobytes())
-        b.weights.frombytes(weights.astype(np.float64).tobytes())
     base = b.indptr[-1]
     b.indptr.frombytes((base + np.cumsum(lengths)).astype(np.int64).tobytes())
+    if nnz:
+        b.add_postings(first, term_ids, weights, weight_problems(weights.astype(np.float64), lengths))

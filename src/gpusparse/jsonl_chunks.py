@@ -1,16 +1,19 @@
 """JSONL vectors parsed a chunk of lines at a time: a fast path, and the strict one behind it.
 
-:func:`parse_chunk` turns the bytes of whole lines into growing arrays (ids, line numbers,
-postings per record, term ids, float64 weights). It first tries the fast path: orjson
-decodes each line, and the per-posting work runs in C over the whole chunk (tokens → ids
-through the vocabulary's dict, weights into an ``array('d')`` in bulk). The fast path takes
-a chunk only when it is sure the strict path would read it the same; on any doubt or
-error it gives up and the chunk is parsed again, line by line, by the strict path
-(:func:`strict_line`), which produces the exact error message and stops there.
+:func:`parse_chunk` turns the bytes of whole lines into compact arrays (ids, line numbers,
+postings per record, int32 term ids, float32 weights: :class:`ChunkResult`). It first tries
+the fast path: orjson decodes each line, and the per-posting work runs in C over the whole
+chunk (all tokens → ids with one ``itemgetter`` call and one ``bytes.join``, all weights
+with one ``np.fromiter``). The fast path takes a chunk only when it is sure the strict path
+would read it the same; on any doubt or error it gives up and the chunk is parsed again,
+line by line, by the strict path (:func:`strict_line`), which produces the exact error
+message and stops there. Both paths parse weights as float64 (as ``json`` does), check them
+(:func:`weight_problems`) and convert them to float32 in the chunk, so a read never holds
+float64 weights beyond one chunk.
 
 Checks that depend on other chunks (duplicate ids across chunks, weight values over the
-whole read) are the caller's (:mod:`gpusparse.formats`), so chunks can be parsed in any
-order, in other processes, and give the same collection and the same errors.
+whole read) are reported by the caller (:mod:`gpusparse.formats`), so chunks can be parsed
+in any order, in other processes, and give the same collection and the same errors.
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import re
 import sys
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import chain
+from operator import itemgetter
 from typing import Any, Literal
 
 import numpy as np
@@ -30,9 +34,9 @@ import orjson
 
 from .collection import _short, check_id, id_problem, json_type_name
 from .errors import InputError
+from .vocab import Vocabulary
 
 Unknown = Literal["error", "skip"]
-_BOOL_VALUE = re.compile(rb":[ \t\r]*(?:true|false)")
 _F32_MAX = 3.4028234663852886e38
 
 
@@ -40,20 +44,80 @@ class _Fallback(Exception):
     """The fast path is not sure: parse the chunk with the strict path."""
 
 
+class TokenIds:
+    """A vocabulary's token -> term id map in the two forms the chunk parser uses.
+
+    ``get`` is :attr:`Vocabulary.lookup` (``None`` for an unknown token); ``packed`` maps each
+    token to its id as 4 little-endian bytes, so that a whole chunk's tokens become an int32
+    array with one ``itemgetter`` call and one ``bytes.join``, both in C (``None`` for an
+    integer vocabulary, whose tokens are parsed by ``get``). Pickled to worker processes.
+    """
+
+    def __init__(self, vocab: Vocabulary) -> None:
+        self.get = vocab.lookup
+        self.packed: dict[str, bytes] | None = None
+        if not vocab.is_integer:
+            packed: dict[str, bytes] = {}
+            for i, tok in enumerate(vocab.tokens()):
+                packed.setdefault(tok, i.to_bytes(4, "little"))  # the first of repeated tokens, as Vocabulary
+            self.packed = packed
+
+
+# A weight refused by the whole-read checks, in the order they are applied (see weight_problems).
+WEIGHT_CHECKS = ("is not finite", "is negative", "overflows float32")
+
+
 @dataclass
 class ChunkResult:
-    """Records of one chunk, line numbers relative to the chunk (0 = its first line)."""
+    """Records of one chunk, line numbers relative to the chunk (0 = its first line).
 
-    ids: list[str] = field(default_factory=list)
-    lines: array = field(default_factory=lambda: array("q"))
-    lengths: array = field(default_factory=lambda: array("q"))
-    terms: array = field(default_factory=lambda: array("i"))
-    weights: array = field(default_factory=lambda: array("d"))
+    Weights are float32 already (converted from the parsed float64 values, as every reader
+    does); the checks that need the float64 values ran before the conversion and left the
+    first offending weight of each kind in ``bad_weights``, for the caller to report once
+    the whole read is done.
+    """
+
+    ids: list[str]
+    lines: np.ndarray  # int64, relative line of each record
+    lengths: np.ndarray  # int64, postings of each record
+    terms: np.ndarray  # int32
+    weights: np.ndarray  # float32
+    bad_weights: tuple[tuple[int, float] | None, ...]  # per WEIGHT_CHECKS: (record in chunk, value)
     unknown_skipped: int = 0
     newlines: int = 0  # newline characters in the chunk: the next chunk's line offset
     # The strict path's error, if any: (reason, relative line, field). The records above
     # are those before the error line, so the caller can report earlier problems first.
     error: tuple[str, int, str | None] | None = None
+
+
+def weight_problems(values: np.ndarray, lengths: np.ndarray) -> tuple[tuple[int, float] | None, ...]:
+    """For each of :data:`WEIGHT_CHECKS`, the first weight of ``values`` (float64) failing it,
+    as (record, value) with records of ``lengths`` postings each; ``None`` if none fails."""
+    if values.size == 0 or bool(np.all((values >= 0) & (values <= _F32_MAX))):  # NaN fails both
+        return (None, None, None)
+    out: list[tuple[int, float] | None] = []
+    ends = np.cumsum(lengths)
+    for bad in (~np.isfinite(values), values < 0, np.abs(values) > _F32_MAX):
+        i = int(np.argmax(bad))
+        out.append((int(np.searchsorted(ends, i, side="right")), float(values[i])) if bad[i] else None)
+    return tuple(out)
+
+
+def _result(
+    ids: list[str], lines: np.ndarray, lengths: np.ndarray, terms: np.ndarray, values: np.ndarray, newlines: int
+) -> ChunkResult:
+    """A chunk's records with float64 ``values`` checked, then converted to float32."""
+    with np.errstate(over="ignore"):  # a weight beyond float32 is in bad_weights, reported later
+        weights = values.astype(np.float32)
+    return ChunkResult(
+        ids=ids,
+        lines=lines,
+        lengths=lengths,
+        terms=terms,
+        weights=weights,
+        bad_weights=weight_problems(values, lengths),
+        newlines=newlines,
+    )
 
 
 # -- the strict path: one line, json with every check --------------------------------------
@@ -128,8 +192,20 @@ def record_dict(
     return dict(pairs)
 
 
+@dataclass
+class StrictRecords:
+    """Records parsed by :func:`strict_line`, growing one line at a time."""
+
+    ids: list[str] = field(default_factory=list)
+    lines: array = field(default_factory=lambda: array("q"))
+    lengths: array = field(default_factory=lambda: array("q"))
+    terms: array = field(default_factory=lambda: array("i"))
+    weights: array = field(default_factory=lambda: array("d"))
+    unknown_skipped: int = 0
+
+
 def strict_line(
-    line: bytes, lineno: int, lookup: Callable[[str], int | None], unknown: Unknown, out: ChunkResult
+    line: bytes, lineno: int, lookup: Callable[[str], int | None], unknown: Unknown, out: StrictRecords
 ) -> None:
     """Parse one non-blank line into ``out`` with every check, or raise :class:`InputError`
     (without a path: the caller adds it)."""
@@ -178,28 +254,46 @@ def strict_line(
 
 
 def _strict_chunk(data: bytes, lookup: Callable[[str], int | None], unknown: Unknown) -> ChunkResult:
-    out = ChunkResult(newlines=data.count(b"\n"))
+    out = StrictRecords()
+    error = None
     for i, line in enumerate(data.split(b"\n")):
         if not line.strip():
             continue
         try:
             strict_line(line, i, lookup, unknown, out)
         except InputError as exc:
-            out.error = (exc.reason, i, exc.field)
+            error = (exc.reason, i, exc.field)
             break
-    return out
+    res = _result(
+        out.ids,
+        np.frombuffer(out.lines, np.int64).copy(),
+        np.frombuffer(out.lengths, np.int64).copy(),
+        np.frombuffer(out.terms, np.int32).copy(),
+        np.frombuffer(out.weights, np.float64),
+        data.count(b"\n"),
+    )
+    res.unknown_skipped, res.error = out.unknown_skipped, error
+    return res
 
 
 # -- the fast path -------------------------------------------------------------------------
 
 
-def _fast_chunk(data: bytes, lookup: Callable[[str], int | None], unknown: Unknown) -> ChunkResult:
-    out = ChunkResult(newlines=data.count(b"\n"))
-    ids, lines, lengths, weights = out.ids, out.lines, out.lengths, out.weights
-    keys: list[str] = []
+def _has_bool(values: np.ndarray, lengths: np.ndarray, vecs: list[dict[str, Any]]) -> bool:
+    """Whether a weight was JSON ``true``/``false`` (read as 1.0/0.0): only the records with
+    a weight of exactly 1 or 0 are looked at."""
+    maybe = np.flatnonzero((values == 1.0) | (values == 0.0))
+    if maybe.size == 0:
+        return False
+    rows = np.unique(np.searchsorted(np.cumsum(lengths), maybe, side="right")).tolist()
+    return any(type(w) is bool for r in rows for w in vecs[r].values())
+
+
+def _fast_chunk(data: bytes, ids_of: TokenIds, unknown: Unknown) -> ChunkResult:
+    ids: list[str] = []
+    lines: list[int] = []
+    vecs: list[dict[str, Any]] = []
     loads = orjson.loads
-    # A JSON true/false value follows a ':' (tokens "true" and "false" are keys, not values).
-    may_hold_bool = _BOOL_VALUE.search(data) is not None
     for i, line in enumerate(data.split(b"\n")):
         if not line or line.isspace():
             continue
@@ -212,38 +306,56 @@ def _fast_chunk(data: bytes, lookup: Callable[[str], int | None], unknown: Unkno
         vec = obj.get("vector")
         if type(vec) is not dict:
             raise _Fallback
-        n = len(vec)
         # orjson keeps the last of repeated keys; the strict path sums repeated tokens and
         # refuses a repeated id or vector. Each key-value pair has one ':' outside strings,
         # so as many ':' bytes as decoded pairs proves that no key repeats.
-        if line.count(b":") != len(obj) + n and not _no_repeats(line, obj, vec):
+        if line.count(b":") != len(obj) + len(vec) and not _no_repeats(line, obj, vec):
             raise _Fallback
-        if may_hold_bool and any(type(w) is bool for w in vec.values()):
-            raise _Fallback
-        weights.extend(vec.values())  # TypeError on a string or null, OverflowError on a huge int
-        keys.extend(vec)
         ids.append(raw)
         lines.append(i)
-        lengths.append(n)
-    try:  # token -> id in C, for the whole chunk; None (an unknown token) is a TypeError
-        out.terms = array("i", np.fromiter(map(lookup, keys), np.int32, len(keys)).tobytes())
-    except TypeError:
-        if unknown == "error":
-            raise _Fallback from None
-        _skip_unknown(out, list(map(lookup, keys)))
-    return out
+        vecs.append(vec)
+    lengths = np.fromiter(map(len, vecs), np.int64, len(vecs))
+    total = int(lengths.sum())
+    # Weights in C: a string, null, list or object is a TypeError, an int beyond float64 an
+    # OverflowError (np.fromiter is faster but reads "1.5" as 1.5 and null as nan).
+    values = np.frombuffer(array("d", chain.from_iterable(map(dict.values, vecs))), np.float64)
+    if _has_bool(values, lengths, vecs):
+        raise _Fallback  # true/false pass as 1.0/0.0
+    terms, skipped = _term_ids(vecs, total, ids_of, unknown)
+    if skipped is not None:  # unknown tokens dropped: their weights and lengths too
+        values, lengths = values[skipped.keep], skipped.lengths
+    res = _result(ids, np.array(lines, np.int64), lengths, terms, values, data.count(b"\n"))
+    res.unknown_skipped = 0 if skipped is None else skipped.dropped
+    return res
 
 
-def _skip_unknown(out: ChunkResult, tids: list[int | None]) -> None:
-    """Drop the postings of unknown tokens (``unknown="skip"``), counting them."""
-    keep = np.array([t is not None for t in tids], dtype=bool)
-    out.unknown_skipped = int(keep.size - np.count_nonzero(keep))
-    out.terms = array("i", np.array([t for t in tids if t is not None], dtype=np.int32).tobytes())
-    out.weights = array("d", np.frombuffer(out.weights, np.float64)[keep].tobytes())
-    lengths = np.frombuffer(out.lengths, np.int64)
-    rows = np.repeat(np.arange(lengths.size), lengths)
-    kept = np.bincount(rows[keep], minlength=lengths.size)
-    out.lengths = array("q", kept.astype(np.int64).tobytes())
+@dataclass
+class _Skipped:
+    keep: np.ndarray  # bool, per posting
+    lengths: np.ndarray  # int64, postings kept per record
+    dropped: int
+
+
+def _term_ids(
+    vecs: list[dict[str, Any]], total: int, ids_of: TokenIds, unknown: Unknown
+) -> tuple[np.ndarray, _Skipped | None]:
+    """The term ids of all tokens of ``vecs`` (int32), looked up in C for the whole chunk."""
+    if ids_of.packed is not None and total > 1:
+        try:
+            packed = itemgetter(*chain.from_iterable(vecs))(ids_of.packed)
+            return np.frombuffer(b"".join(packed), np.int32), None
+        except KeyError:  # an unknown token
+            pass
+    tids = list(map(ids_of.get, chain.from_iterable(vecs)))
+    if None not in tids:
+        return np.array(tids, np.int32).reshape(-1), None
+    if unknown == "error":
+        raise _Fallback  # the strict path names the token and the line
+    keep = np.fromiter((t is not None for t in tids), bool, len(tids))
+    rows = np.repeat(np.arange(len(vecs)), np.fromiter(map(len, vecs), np.int64, len(vecs)))
+    lengths = np.bincount(rows[keep], minlength=len(vecs)).astype(np.int64)
+    terms = np.array([t for t in tids if t is not None], np.int32).reshape(-1)
+    return terms, _Skipped(keep, lengths, int(keep.size - np.count_nonzero(keep)))
 
 
 def _no_repeats(line: bytes, obj: dict[str, Any], vec: dict[str, Any]) -> bool:
@@ -254,12 +366,12 @@ def _no_repeats(line: bytes, obj: dict[str, Any], vec: dict[str, Any]) -> bool:
     return line.count(b":") == len(obj) + len(vec) + inside
 
 
-def parse_chunk(data: bytes, lookup: Callable[[str], int | None], unknown: Unknown) -> ChunkResult:
+def parse_chunk(data: bytes, ids_of: TokenIds, unknown: Unknown) -> ChunkResult:
     """Records of ``data`` (whole lines), fast when possible, else as the strict path reads them."""
     try:
-        return _fast_chunk(data, lookup, unknown)
+        return _fast_chunk(data, ids_of, unknown)
     except (_Fallback, InputError, orjson.JSONDecodeError, TypeError, OverflowError, ValueError, RecursionError):
-        return _strict_chunk(data, lookup, unknown)
+        return _strict_chunk(data, ids_of.get, unknown)
 
 
 GZIP_ERRORS = (EOFError, gzip.BadGzipFile)
