@@ -4,7 +4,8 @@ Sparse vectors:
     * Anserini/Pyserini JsonVectorCollection JSONL: ``{"id", "contents", "vector": {token: w}}``;
     * Seismic JSONL: ``{"id", "content", "vector"}`` (read by the same reader);
     * Seismic binary: u32 count, then per vector u32 length, int32 term ids, float32 weights
-      (little-endian; vectors get ids ``"0"``, ``"1"``, ... in file order).
+      (little-endian; vectors get ids ``"0"``, ``"1"``, ... in file order);
+    * GPUSparse ``.npz``: CSR arrays, ids and tokens (:mod:`gpusparse.vectors_npz`).
 
 Runs and judgments (TREC runs, TREC or BEIR qrels) are :mod:`gpusparse.trec`'s.
 
@@ -35,14 +36,15 @@ from typing import IO, Any, Literal
 import numpy as np
 from tqdm.auto import tqdm
 
-from .collection import SparseCollection
+from .collection import SparseCollection, check_id
 from .errors import InputError
 from .jsonl_chunks import VECTOR_RECORD_KEYS, ChunkResult, decode_json_line, parse_chunk, record_dict
+from .vectors_npz import read_npz
 from .vocab import Vocabulary
 
 Unknown = Literal["error", "skip"]
 __all__ = ["VECTOR_RECORD_KEYS", "ReadStats", "decode_json_line", "expand_vector_paths", "read_vectors", "record_dict"]
-VECTOR_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".bin")
+VECTOR_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".bin", ".npz")
 _F32_MAX = float(np.finfo(np.float32).max)
 
 
@@ -346,11 +348,11 @@ def read_vectors(
     stats: ReadStats | None = None,
     workers: int | None = None,
 ) -> SparseCollection:
-    """Read sparse vectors from JSONL(.gz) and Seismic ``.bin`` files, or folders of them.
+    """Read sparse vectors from JSONL(.gz), Seismic ``.bin`` and GPUSparse ``.npz`` files, or folders of them.
 
     Args:
         paths: one path or several; a folder stands for the vector files inside it
-            (``*.jsonl``, ``*.jsonl.gz``, ``*.json``, ``*.json.gz``, ``*.bin``), in name order.
+            (``*.jsonl``, ``*.jsonl.gz``, ``*.json``, ``*.json.gz``, ``*.bin``, ``*.npz``), in name order.
         vocab: the vocabulary tokens are looked up in (default: BERT WordPiece).
         unknown: ``"error"`` (default) refuses a token missing from ``vocab``; ``"skip"``
             drops it and counts it in ``stats.unknown_tokens_skipped``.
@@ -379,6 +381,8 @@ def read_vectors(
             stats.files.append(str(path))
             if path.name.endswith(".bin"):
                 _read_seismic_bin_into(path, b, vocab, progress)
+            elif path.name.endswith(".npz"):
+                _read_npz_into(path, b, vocab, unknown, stats)
             else:
                 _read_jsonl_into(path, b, vocab, unknown, stats, progress, pool)
     if not b.ids:
@@ -499,3 +503,48 @@ def _read_seismic_bin_into(path: Path, b: _Builder, vocab: Vocabulary, progress:
         b.weights.frombytes(weights.astype(np.float64).tobytes())
     base = b.indptr[-1]
     b.indptr.frombytes((base + np.cumsum(lengths)).astype(np.int64).tobytes())
+
+
+# -- GPUSparse .npz -------------------------------------------------------------------------
+
+
+def _read_npz_into(path: Path, b: _Builder, vocab: Vocabulary, unknown: Unknown, stats: ReadStats) -> None:
+    spath = str(path)
+    f = read_npz(path)
+    first = len(b.ids)
+    for rec, doc_id in enumerate(f.ids):
+        check_id(doc_id, path=spath, line=rec + 1, record=True)
+    if len(set(f.ids)) == len(f.ids) and b.seen.keys().isdisjoint(f.ids):
+        b.seen.update(zip(f.ids, range(first, first + len(f.ids)), strict=True))
+        b.ids.extend(f.ids)
+        b.rec_file.extend([spath] * len(f.ids))
+        b.rec_line.frombytes(np.arange(1, len(f.ids) + 1, dtype=np.int64).tobytes())
+        b.rec_binary.frombytes(bytes([1]) * len(f.ids))
+    else:  # a repeated id: one by one, for the error
+        for rec, doc_id in enumerate(f.ids):
+            b.add_id(doc_id, spath, rec + 1, record=True)
+    terms, weights, lengths = f.indices, f.values, np.diff(f.indptr)
+    if f.tokens != (vocab.tokens() if len(vocab) == len(f.tokens) else None):
+        lookup = vocab.lookup
+        mapped = np.array([-1 if (i := lookup(t)) is None else i for t in f.tokens], dtype=np.int64)
+        terms64 = mapped[terms]
+        bad = terms64 < 0
+        if bad.any():
+            if unknown == "error":
+                j = int(np.argmax(bad))
+                rec = int(np.searchsorted(f.indptr, j, side="right")) - 1
+                raise InputError(
+                    f"token {f.tokens[terms[j]]!r} is not in the vocabulary ({len(vocab)} terms)",
+                    path=spath,
+                    line=rec + 1,
+                    field="tokens",
+                    record=True,
+                )
+            stats.unknown_tokens_skipped += int(bad.sum())
+            rows = np.repeat(np.arange(lengths.size), lengths)
+            lengths = np.bincount(rows[~bad], minlength=lengths.size).astype(np.int64)
+            terms64, weights = terms64[~bad], weights[~bad]
+        terms = terms64.astype(np.int32)
+    b.terms.frombytes(terms.astype(np.int32).tobytes())
+    b.weights.frombytes(weights.astype(np.float64).tobytes())
+    b.indptr.frombytes((b.indptr[-1] + np.cumsum(lengths)).astype(np.int64).tobytes())
