@@ -195,3 +195,27 @@ def test_gpu_sparse_batches_equal_a_dense_reference(top):
     for i in range(reps.shape[0]):
         dense[i, terms[indptr[i] : indptr[i + 1]]] = weights[indptr[i] : indptr[i + 1]]
     np.testing.assert_array_equal(dense, prune(reps.clone().cuda(), top=top).cpu().numpy())
+
+
+@needs_shared
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_encoder_pipeline_matches_cpu_float32():
+    """The whole GPU path (tokenising thread, pinned ids, deferred extraction, several windows) in
+    float32 against the CPU encoder, and its batches against its own collection."""
+    from gpusparse.encode import SpladeEncoder
+
+    from .shared_data import SPLADE_TINY
+
+    docs, _, _ = cranfield_slice(120)
+    texts = [f"{d['title']} {d['text']}" for d in docs] + ["", "wing"]
+    gpu = SpladeEncoder(SPLADE_TINY, device="cuda", dtype="float32", batch_size=8, doc_max_length=40, sort_window=32)
+    cpu = tiny_encoder(doc_max_length=40, batch_size=8)
+    for top in (None, 20):
+        got = gpu.encode_documents(texts, prune_top=top)
+        want = cpu.encode_documents(texts, prune_top=top)
+        np.testing.assert_allclose(got.to_scipy().toarray(), want.to_scipy().toarray(), rtol=1e-4, atol=1e-4)
+        for b in gpu.encode_batches(texts, prune_top=top):
+            for j, row in enumerate(b.rows):
+                a, e = got.indptr[row], got.indptr[row + 1]
+                assert b.terms[b.indptr[j] : b.indptr[j + 1]].tolist() == got.indices[a:e].tolist()
