@@ -523,28 +523,8 @@ def _read_npz_into(path: Path, b: _Builder, vocab: Vocabulary, unknown: Unknown,
     else:  # a repeated id: one by one, for the error
         for rec, doc_id in enumerate(f.ids):
             b.add_id(doc_id, spath, rec + 1, record=True)
-    terms, weights, lengths = f.indices, f.values, np.diff(f.indptr)
-    if f.tokens != (vocab.tokens() if len(vocab) == len(f.tokens) else None):
-        lookup = vocab.lookup
-        mapped = np.array([-1 if (i := lookup(t)) is None else i for t in f.tokens], dtype=np.int64)
-        terms64 = mapped[terms]
-        bad = terms64 < 0
-        if bad.any():
-            if unknown == "error":
-                j = int(np.argmax(bad))
-                rec = int(np.searchsorted(f.indptr, j, side="right")) - 1
-                raise InputError(
-                    f"token {f.tokens[terms[j]]!r} is not in the vocabulary ({len(vocab)} terms)",
-                    path=spath,
-                    line=rec + 1,
-                    field="tokens",
-                    record=True,
-                )
-            stats.unknown_tokens_skipped += int(bad.sum())
-            rows = np.repeat(np.arange(lengths.size), lengths)
-            lengths = np.bincount(rows[~bad], minlength=lengths.size).astype(np.int64)
-            terms64, weights = terms64[~bad], weights[~bad]
-        terms = terms64.astype(np.int32)
-    b.terms.frombytes(terms.astype(np.int32).tobytes())
+    terms, weights, lengths, skipped = f.in_vocabulary(vocab, unknown)
+    stats.unknown_tokens_skipped += skipped
+    b.terms.frombytes(terms.tobytes())
     b.weights.frombytes(weights.astype(np.float64).tobytes())
     b.indptr.frombytes((b.indptr[-1] + np.cumsum(lengths)).astype(np.int64).tobytes())

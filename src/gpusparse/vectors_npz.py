@@ -21,11 +21,13 @@ from __future__ import annotations
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
 from .collection import SparseCollection
 from .errors import InputError
+from .vocab import Vocabulary
 
 FORMAT = "gpusparse-vectors/1"
 _MEMBERS = ("format", "indptr", "indices", "values", "ids", "id_offsets", "tokens", "token_offsets")
@@ -65,11 +67,40 @@ def write_npz(collection: SparseCollection, path: str | Path) -> None:
 class NpzVectors:
     """What a ``.npz`` vector file holds, checked for shape and type (weights are the reader's to check)."""
 
+    path: str
     ids: list[str]
     indptr: np.ndarray
     indices: np.ndarray
     values: np.ndarray
     tokens: list[str]
+
+    def in_vocabulary(
+        self, vocab: Vocabulary, unknown: Literal["error", "skip"] = "error"
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """``(terms int32, weights float32, row lengths int64, tokens skipped)``: the vectors with
+        their tokens looked up in ``vocab`` (unknown ones refused, or dropped with ``"skip"``)."""
+        terms, weights, lengths = self.indices, self.values, np.diff(self.indptr)
+        if len(vocab) == len(self.tokens) and self.tokens == vocab.tokens():
+            return terms, weights, lengths, 0
+        lookup = vocab.lookup
+        mapped = np.array([-1 if (i := lookup(t)) is None else i for t in self.tokens], dtype=np.int64)
+        terms64 = mapped[terms]
+        bad = terms64 < 0
+        if not bad.any():
+            return terms64.astype(np.int32), weights, lengths, 0
+        if unknown == "error":
+            j = int(np.argmax(bad))
+            rec = int(np.searchsorted(self.indptr, j, side="right")) - 1
+            raise InputError(
+                f"token {self.tokens[terms[j]]!r} is not in the vocabulary ({len(vocab)} terms)",
+                path=self.path,
+                line=rec + 1,
+                field="tokens",
+                record=True,
+            )
+        rows = np.repeat(np.arange(lengths.size), lengths)
+        kept = np.bincount(rows[~bad], minlength=lengths.size).astype(np.int64)
+        return terms64[~bad].astype(np.int32), weights[~bad], kept, int(bad.sum())
 
 
 def read_npz(path: str | Path) -> NpzVectors:
@@ -126,4 +157,4 @@ def read_npz(path: str | Path) -> NpzVectors:
         raise InputError(f"not UTF-8: {exc.reason}", path=spath, field="ids or tokens") from None
     if indices.size and (indices.min() < 0 or indices.max() >= len(tokens)):
         raise InputError(f"term ids must be in [0, {len(tokens)}) (the file's vocabulary)", path=spath, field="indices")
-    return NpzVectors(ids, indptr, indices.astype(np.int32), values.astype(np.float32), tokens)
+    return NpzVectors(spath, ids, indptr, indices.astype(np.int32), values.astype(np.float32), tokens)
