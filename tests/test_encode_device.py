@@ -219,3 +219,14 @@ def test_gpu_encoder_pipeline_matches_cpu_float32():
             for j, row in enumerate(b.rows):
                 a, e = got.indptr[row], got.indptr[row + 1]
                 assert b.terms[b.indptr[j] : b.indptr[j + 1]].tolist() == got.indices[a:e].tolist()
+    # Indexed on the GPU straight from the encoder = indexed on the CPU from its exact JSONL.
+    import tempfile
+
+    from gpusparse import Index, read_vectors, write_jsonl
+
+    with tempfile.TemporaryDirectory() as tmp:
+        write_jsonl(got, f"{tmp}/v.jsonl.gz")
+        via_file = Index.build(read_vectors(f"{tmp}/v.jsonl.gz", progress=False))
+    direct = Index.build(got, device="cuda")
+    for name in ("doc_ids", "scores", "offsets", "lengths", "padded_lengths", "max_scores"):
+        assert torch.equal(getattr(direct, name).cpu(), getattr(via_file, name)), name

@@ -13,15 +13,16 @@ import pytest
 from gpusparse import Index, read_vectors
 from gpusparse.layout.postings import ARRAYS
 
-from .shared_data import cranfield_slice, needs_shared, write_beir
+from .shared_data import SPLADE_TINY, cranfield_slice, needs_shared, write_beir
 from .test_cli import assert_usage_error, ok, run
 
 pytestmark = needs_shared
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample" / "cranfield"
 N_DOCS = 40
-FAST = ("--model", Path(__file__).resolve().parents[2] / "shared" / "models" / "splade-tiny",
-        "--doc-max-length", "40", "--query-max-length", "24", "--encode-batch-size", "16", "--no-progress")  # fmt: skip
+FAST = ("--model", SPLADE_TINY,
+        "--doc-max-length", "40", "--query-max-length", "24", "--encode-batch-size", "16",
+        "--encode-device", "cpu", "--no-progress")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
