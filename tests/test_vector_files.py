@@ -115,3 +115,13 @@ def test_bad_npz_files_are_refused_with_the_member(tmp_path):
             np.savez(f, **{**members, member: bad})
         with pytest.raises(InputError, match=message):
             read_vectors(path, progress=False)
+
+
+def test_an_encoded_folder_with_a_binary_corpus_is_not_read_whole(tmp_path):
+    for name in ("corpus.npz", "corpus.bin"):
+        folder = tmp_path / name.replace(".", "-")
+        folder.mkdir()
+        write_vectors(collection(5), folder / name)
+        write_vectors(collection(4, seed=1), folder / "queries.jsonl.gz")
+        with pytest.raises(InputError, match="both a corpus and queries"):
+            read_vectors(folder, progress=False)

@@ -429,7 +429,8 @@ def _refuse_other_folders(folder: Path) -> None:
         if isinstance(fmt, str) and fmt.startswith("gpusparse-"):
             raise InputError("this is a GPUSparse index folder, not vectors (JSONL or .bin files)", path=folder)
     names = {q.name for q in folder.iterdir()}
-    if names & {"corpus.jsonl", "corpus.jsonl.gz"} and names & {"queries.jsonl", "queries.jsonl.gz"}:
+    corpus = {"corpus.jsonl", "corpus.jsonl.gz", "corpus.npz", "corpus.bin"}
+    if names & corpus and names & {"queries.jsonl", "queries.jsonl.gz"}:
         raise InputError(
             "this folder holds both a corpus and queries (a BEIR or encoded folder): name the file to read",
             path=folder,
