@@ -10,11 +10,17 @@ where ``mask`` is the attention mask (padding contributes nothing). Any model th
 ``transformers.AutoModelForMaskedLM`` loads works: a local folder or a hub id (the
 default is ``naver/splade-cocondenser-ensembledistil``).
 
-Texts are batched in order of their token length, which cuts padding; results come back
-in input order and do not depend on the batching beyond float rounding. Texts longer
-than the maximum length are truncated and counted; empty texts give empty vectors
-without running the model. On a GPU the model runs under fp16/bf16 autocast; pooling is
-always done in float32.
+Texts are tokenised once, a window at a time in a background thread while the model runs,
+and batched in order of their token length, each batch padded to its longest text
+(:mod:`gpusparse.encode_tokens`); results come back in input order and do not depend on the
+batching beyond float rounding. Pooling, pruning and the extraction of the non-zeros run on
+the device, and the host does not wait for the batch the device is running
+(:mod:`gpusparse.encode_device`). :meth:`SpladeEncoder.encode_batches` yields each batch's
+CSR arrays (what ``gpusparse encode --index`` indexes); :meth:`SpladeEncoder.encode` puts
+them together into a :class:`~gpusparse.collection.SparseCollection`. Texts longer than
+the maximum length are truncated and counted; empty texts give empty vectors without
+running the model. On a GPU the model runs under fp16/bf16 autocast; pooling is always
+done in float32.
 
 ``transformers`` is an optional dependency (``pip install 'gpusparse[encode]'``); it is
 imported when an encoder is created, never when this module is.
@@ -26,22 +32,23 @@ import os
 import socket
 import time
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import scipy.sparse as sp
 import torch
 from tqdm.auto import tqdm
 
 from .collection import SparseCollection
+from .encode_device import POOLINGS, Pooling, SparseBatch, assemble, prune, sparse_batches, splade_pool
+from .encode_tokens import DEFAULT_SORT_WINDOW, Tokenize, prefetched, token_batches
 from .errors import InputError
 from .vocab import Vocabulary
 
-Pooling = Literal["max", "sum"]
+__all__ = ["SparseBatch", "prune", "splade_pool"]  # with the names defined here
 DType = Literal["auto", "float32", "float16", "bfloat16"]
 Kind = Literal["query", "document"]
 
@@ -49,7 +56,6 @@ DEFAULT_MODEL = "naver/splade-cocondenser-ensembledistil"
 DEFAULT_QUERY_MAX_LENGTH = 64
 DEFAULT_DOC_MAX_LENGTH = 256
 DEFAULT_BATCH_SIZE = 32
-POOLINGS = ("max", "sum")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 _WEIGHT_FILES = (
     "model.safetensors",
@@ -103,35 +109,6 @@ class EncodeStats:
             "pruned_vectors": self.pruned_vectors,
             "seconds": round(self.seconds, 3),
         }
-
-
-def splade_pool(logits: torch.Tensor, attention_mask: torch.Tensor, pooling: Pooling = "max") -> torch.Tensor:
-    """``[B, L, V]`` masked-LM logits → ``[B, V]`` float32 SPLADE vectors (see the module docstring).
-
-    Overwrites ``logits``. Max pooling takes the maximum of the logits first and applies
-    ``log(1 + relu(.))`` to it: the function is monotone and maps padding (set to 0) to 0,
-    so this is the same number, at a fraction of the cost.
-    """
-    if pooling not in POOLINGS:
-        raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, not {pooling!r}")
-    padding = (attention_mask == 0).unsqueeze(-1)
-    if pooling == "max":
-        top = logits.masked_fill_(padding, 0).amax(dim=1).float()
-        return torch.log1p_(torch.relu_(top))
-    w = logits.float() if logits.dtype != torch.float32 else logits
-    w = torch.log1p_(torch.relu_(w)).masked_fill_(padding, 0)
-    return w.sum(dim=1)
-
-
-def prune(vectors: torch.Tensor, *, top: int | None = None, threshold: float | None = None) -> torch.Tensor:
-    """Keep the ``top`` largest weights of each row and/or those ``>= threshold`` (in place)."""
-    if threshold is not None:
-        vectors.masked_fill_(vectors < threshold, 0.0)
-    if top is not None and top < vectors.shape[1]:
-        kth = torch.topk(vectors, top, dim=1).indices
-        keep = torch.zeros_like(vectors, dtype=torch.bool).scatter_(1, kth, True)
-        vectors.masked_fill_(~keep, 0.0)
-    return vectors
 
 
 class TextEncoder:
@@ -212,6 +189,8 @@ class SpladeEncoder(TextEncoder):
             the CPU), ``"float32"``, ``"float16"`` or ``"bfloat16"`` (autocast).
         loaded: an already built ``(tokenizer, masked-LM module)`` pair to use instead of
             loading ``model`` (which is then only its name), e.g. :func:`random_bert_base`.
+        sort_window: texts tokenised and sorted by length together (see
+            :mod:`gpusparse.encode_tokens`); larger windows pad less.
 
     Raises:
         InputError: a model folder that is missing files or cannot be loaded.
@@ -229,6 +208,7 @@ class SpladeEncoder(TextEncoder):
         device: str | torch.device | None = None,
         dtype: DType = "auto",
         loaded: tuple[Any, torch.nn.Module] | None = None,
+        sort_window: int = DEFAULT_SORT_WINDOW,
     ) -> None:
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, not {pooling!r}")
@@ -238,9 +218,12 @@ class SpladeEncoder(TextEncoder):
             ("query_max_length", query_max_length),
             ("doc_max_length", doc_max_length),
             ("batch_size", batch_size),
+            ("sort_window", sort_window),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, not {value!r}")
+        self.sort_window = sort_window
+        self._tokenizers: dict[int, Tokenize] = {}
         self.pooling: Pooling = pooling
         self.query_max_length = query_max_length
         self.doc_max_length = doc_max_length
@@ -289,75 +272,86 @@ class SpladeEncoder(TextEncoder):
         Returns:
             Row ``i`` is the vector of ``texts[i]``; weights float32, ≥ 0.
         """
+        n = len(texts)
+        bar = tqdm(total=n, unit=kind[0], desc=f"encoding {kind}s", disable=not progress or None, leave=False)
+        batches = []
+        t0 = time.perf_counter()
+        stats = EncodeStats() if stats is None else stats
+        seconds = stats.seconds
+        for batch in self.encode_batches(
+            texts, ids, kind=kind, max_length=max_length, prune_top=prune_top, prune_threshold=prune_threshold,
+            stats=stats,
+        ):  # fmt: skip
+            batches.append(batch)
+            bar.update(len(batch.rows))
+        bar.update(n - bar.n)
+        bar.close()
+        indptr, indices, values = assemble(batches, n)
+        coll = SparseCollection(indptr, indices, values, ids=ids, vocab=self.vocab, copy=False)
+        stats.seconds = seconds + time.perf_counter() - t0
+        return coll
+
+    def encode_batches(
+        self,
+        texts: Sequence[str],
+        ids: Sequence[str] | None = None,
+        *,
+        kind: Kind = "document",
+        max_length: int | None = None,
+        prune_top: int | None = None,
+        prune_threshold: float | None = None,
+        stats: EncodeStats | None = None,
+    ) -> Iterator[SparseBatch]:
+        """Encode ``texts`` batch by batch: each batch's vectors as CSR arrays on the host.
+
+        The arguments are those of :meth:`encode`. Batches come in encoding order (by token
+        length within windows of texts); a :class:`~gpusparse.encode_device.SparseBatch`
+        names the input positions of its rows. Empty texts are in no batch. ``stats`` is
+        complete once the iterator is exhausted. See :mod:`gpusparse.encode_device` for what
+        runs on the device and how the host avoids waiting for it.
+        """
         max_length = self._checked_length(texts, ids, kind, max_length, prune_top, prune_threshold)
         stats = EncodeStats() if stats is None else stats
         stats.kind, stats.max_length = kind, max_length
         t0 = time.perf_counter()
-        n, n_terms = len(texts), len(self.vocab)
-
-        lengths = self._token_lengths(texts, max_length)
-        nonempty = [i for i in range(n) if lengths[i] > 0]
+        n = len(texts)
+        pin = self.device.type == "cuda"
+        tokenize = self._tokenizers.get(max_length)
+        if tokenize is None:  # a copy of the Rust tokenizer: made once per length (it takes ~0.1 s)
+            tokenize = self._tokenizers[max_length] = Tokenize(self.tokenizer, max_length)
+        tokens = token_batches(texts, tokenize, self.batch_size, window=self.sort_window, pin=pin)
+        if n > self.batch_size:
+            tokens = prefetched(tokens)  # the next batches are tokenised while the model runs
+        nonempty = 0
+        try:
+            for batch in sparse_batches(
+                tokens, self._forward, self.device, prune_top=prune_top, prune_threshold=prune_threshold
+            ):
+                nonempty += len(batch.rows)
+                lengths = np.diff(batch.indptr)
+                stats.truncated += batch.truncated
+                stats.nnz += int(batch.indptr[-1])
+                stats.pruned_terms += int((batch.nnz_before - lengths).sum())
+                stats.pruned_vectors += int(np.count_nonzero(batch.nnz_before > lengths))
+                yield batch
+        finally:
+            tokens.close()  # type: ignore[attr-defined]
         stats.texts += n
-        stats.empty_texts += n - len(nonempty)
-        stats.truncated += sum(1 for i in nonempty if lengths[i] > max_length)
-        order = sorted(nonempty, key=lambda i: min(lengths[i], max_length))  # stable: ties keep input order
-
-        row_len = np.zeros(n, dtype=np.int64)
-        cols: list[np.ndarray] = []
-        vals: list[np.ndarray] = []
-        bar = tqdm(total=n, unit=kind[0], desc=f"encoding {kind}s", disable=not progress or None, leave=False)
-        bar.update(n - len(nonempty))
-        with torch.inference_mode():
-            for start in range(0, len(order), self.batch_size):
-                batch = order[start : start + self.batch_size]
-                reps = self._forward([texts[i] for i in batch], max_length)
-                if prune_top is not None or prune_threshold is not None:
-                    before = (reps > 0).sum(dim=1)
-                    prune(reps, top=prune_top, threshold=prune_threshold)
-                    cut = before - (reps > 0).sum(dim=1)
-                    stats.pruned_terms += int(cut.sum())
-                    stats.pruned_vectors += int((cut > 0).sum())
-                r, c = torch.nonzero(reps, as_tuple=True)
-                row_len[batch] = torch.bincount(r, minlength=len(batch)).cpu().numpy()
-                cols.append(c.to(torch.int32).cpu().numpy())
-                vals.append(reps[r, c].cpu().numpy())
-                bar.update(len(batch))
-        bar.close()
-
-        # Rows were produced in `order`; put them back in input order.
-        sorted_lengths = row_len[order]
-        indptr = np.concatenate([[0], np.cumsum(sorted_lengths)])
-        by_order = sp.csr_matrix(
-            (
-                np.concatenate(vals) if vals else np.zeros(0, np.float32),
-                np.concatenate(cols) if cols else np.zeros(0, np.int32),
-                indptr,
-            ),
-            shape=(len(order), n_terms),
-        )
-        pos = np.full(n, -1, dtype=np.int64)
-        pos[order] = np.arange(len(order))
-        empty = sp.csr_matrix((1, n_terms), dtype=np.float32)
-        stacked = sp.vstack([by_order, empty], format="csr")  # row len(order) is the empty vector
-        out = stacked[np.where(pos < 0, len(order), pos)]
-        coll = SparseCollection(out.indptr, out.indices, out.data, ids=ids, vocab=self.vocab)
-        stats.nnz += coll.nnz
+        stats.empty_texts += n - nonempty
         stats.seconds += time.perf_counter() - t0
-        return coll
 
     # -- internals ----------------------------------------------------------------------
 
-    def _forward(self, texts: list[str], max_length: int) -> torch.Tensor:
-        enc = self.tokenizer(texts, truncation=True, max_length=max_length, padding=True, return_tensors="pt")
-        enc = {k: v.to(self.device) for k, v in enc.items()}
+    def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, shortest: int) -> torch.Tensor:
+        """Token ids and mask on the device → ``[b, V]`` float32 SPLADE vectors."""
         ctx = (
             torch.autocast(self.device.type, dtype=self.autocast_dtype)
             if self.autocast_dtype is not None
             else nullcontext()
         )
         with ctx:
-            logits = self.model(**enc).logits
-        return splade_pool(logits, enc["attention_mask"], self.pooling)
+            logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+        return splade_pool(logits, attention_mask, self.pooling, shortest=shortest)
 
 
 def _autocast_dtype(dtype: DType, device: torch.device) -> torch.dtype | None:

@@ -4,7 +4,8 @@ Sparse vectors:
     * Anserini/Pyserini JsonVectorCollection JSONL: ``{"id", "contents", "vector": {token: w}}``;
     * Seismic JSONL: ``{"id", "content", "vector"}`` (read by the same reader);
     * Seismic binary: u32 count, then per vector u32 length, int32 term ids, float32 weights
-      (little-endian; vectors get ids ``"0"``, ``"1"``, ... in file order).
+      (little-endian; vectors get ids ``"0"``, ``"1"``, ... in file order);
+    * GPUSparse ``.npz``: CSR arrays, ids and tokens (:mod:`gpusparse.vectors_npz`).
 
 Runs and judgments (TREC runs, TREC or BEIR qrels) are :mod:`gpusparse.trec`'s.
 
@@ -36,7 +37,7 @@ from typing import IO, Any, Literal
 import numpy as np
 from tqdm.auto import tqdm
 
-from .collection import SparseCollection
+from .collection import SparseCollection, check_id
 from .errors import InputError
 from .jsonl_chunks import (
     VECTOR_RECORD_KEYS,
@@ -48,11 +49,12 @@ from .jsonl_chunks import (
     record_dict,
     weight_problems,
 )
+from .vectors_npz import read_npz
 from .vocab import Vocabulary
 
 Unknown = Literal["error", "skip"]
 __all__ = ["VECTOR_RECORD_KEYS", "ReadStats", "decode_json_line", "expand_vector_paths", "read_vectors", "record_dict"]
-VECTOR_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".bin")
+VECTOR_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".bin", ".npz")
 
 
 @dataclass
@@ -377,11 +379,11 @@ def read_vectors(
     stats: ReadStats | None = None,
     workers: int | None = None,
 ) -> SparseCollection:
-    """Read sparse vectors from JSONL(.gz) and Seismic ``.bin`` files, or folders of them.
+    """Read sparse vectors from JSONL(.gz), Seismic ``.bin`` and GPUSparse ``.npz`` files, or folders of them.
 
     Args:
         paths: one path or several; a folder stands for the vector files inside it
-            (``*.jsonl``, ``*.jsonl.gz``, ``*.json``, ``*.json.gz``, ``*.bin``), in name order.
+            (``*.jsonl``, ``*.jsonl.gz``, ``*.json``, ``*.json.gz``, ``*.bin``, ``*.npz``), in name order.
         vocab: the vocabulary tokens are looked up in (default: BERT WordPiece).
         unknown: ``"error"`` (default) refuses a token missing from ``vocab``; ``"skip"``
             drops it and counts it in ``stats.unknown_tokens_skipped``.
@@ -411,6 +413,8 @@ def read_vectors(
             stats.files.append(str(path))
             if path.name.endswith(".bin"):
                 _read_seismic_bin_into(path, b, vocab, progress)
+            elif path.name.endswith(".npz"):
+                _read_npz_into(path, b, vocab, unknown, stats)
             else:
                 _read_jsonl_into(path, b, ids_of, unknown, stats, progress, pool)
     if not b.ids:
@@ -457,7 +461,8 @@ def _refuse_other_folders(folder: Path) -> None:
         if isinstance(fmt, str) and fmt.startswith("gpusparse-"):
             raise InputError("this is a GPUSparse index folder, not vectors (JSONL or .bin files)", path=folder)
     names = {q.name for q in folder.iterdir()}
-    if names & {"corpus.jsonl", "corpus.jsonl.gz"} and names & {"queries.jsonl", "queries.jsonl.gz"}:
+    corpus = {"corpus.jsonl", "corpus.jsonl.gz", "corpus.npz", "corpus.bin"}
+    if names & corpus and names & {"queries.jsonl", "queries.jsonl.gz"}:
         raise InputError(
             "this folder holds both a corpus and queries (a BEIR or encoded folder): name the file to read",
             path=folder,
@@ -531,3 +536,28 @@ def _read_seismic_bin_into(path: Path, b: _Builder, vocab: Vocabulary, progress:
     b.indptr.frombytes((base + np.cumsum(lengths)).astype(np.int64).tobytes())
     if nnz:
         b.add_postings(first, term_ids, weights, weight_problems(weights.astype(np.float64), lengths))
+
+
+# -- GPUSparse .npz -------------------------------------------------------------------------
+
+
+def _read_npz_into(path: Path, b: _Builder, vocab: Vocabulary, unknown: Unknown, stats: ReadStats) -> None:
+    spath = str(path)
+    f = read_npz(path)
+    first = len(b.ids)
+    for rec, doc_id in enumerate(f.ids):
+        check_id(doc_id, path=spath, line=rec + 1, record=True)
+    if len(set(f.ids)) == len(f.ids) and b.seen.keys().isdisjoint(f.ids):
+        b.seen.update(zip(f.ids, range(first, first + len(f.ids)), strict=True))
+        b.ids.extend(f.ids)
+        b.rec_file.extend([spath] * len(f.ids))
+        b.rec_line.frombytes(np.arange(1, len(f.ids) + 1, dtype=np.int64).tobytes())
+        b.rec_binary.frombytes(bytes([1]) * len(f.ids))
+    else:  # a repeated id: one by one, for the error
+        for rec, doc_id in enumerate(f.ids):
+            b.add_id(doc_id, spath, rec + 1, record=True)
+    terms, weights, lengths, skipped = f.in_vocabulary(vocab, unknown)
+    stats.unknown_tokens_skipped += skipped
+    w64 = np.asarray(weights, dtype=np.float64)
+    b.add_postings(first, terms, w64.astype(np.float32), weight_problems(w64, lengths))
+    b.indptr.frombytes((b.indptr[-1] + np.cumsum(lengths)).astype(np.int64).tobytes())

@@ -63,6 +63,15 @@ class TextPipeline:
         self.encode_seconds = time.perf_counter() - t0
         return self.docs, self.queries
 
+    def encode_documents(
+        self, *, prune_top: int | None = None, prune_threshold: float | None = None, progress: bool = False
+    ) -> SparseCollection:
+        """Encode the documents alone (e.g. to index them, with no queries to search)."""
+        t0 = time.perf_counter()
+        self.docs = self._encode("document", prune_top, prune_threshold, progress)
+        self.encode_seconds = time.perf_counter() - t0
+        return self.docs
+
     def encode_queries(
         self, *, prune_top: int | None = None, prune_threshold: float | None = None, progress: bool = False
     ) -> SparseCollection:

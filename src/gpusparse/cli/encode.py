@@ -1,10 +1,11 @@
-"""``encode``: a BEIR folder's texts (or only its queries) into sparse-vector files (and optionally an index)."""
+"""``encode``: a BEIR folder's texts (or only its queries) into sparse-vector files and/or an index."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import time
 import uuid
 from pathlib import Path
 
@@ -12,10 +13,9 @@ import click
 
 from .. import __version__
 from ..beir import Texts, beir_file, read_beir, read_queries
-from ..index import Index
 from ..pipeline import TextPipeline
 from ..topics import read_query_texts
-from ..vector_writers import write_jsonl
+from ..vector_writers import VECTOR_FORMATS, write_jsonl, write_vectors
 from ._common import friendly_errors, progress_option, warn
 from ._text import echo_err, encoder_options, make_encoder, report_collection
 
@@ -25,12 +25,22 @@ from ._text import echo_err, encoder_options, make_encoder, report_collection
 @click.option(
     "-o",
     "--output",
-    required=True,
     type=click.Path(path_type=Path),
-    help="Folder for corpus.jsonl.gz, queries.jsonl.gz, qrels.tsv and encoding.json.",
+    help="Folder for the vectors (corpus.jsonl.gz, .npz or .bin; queries.jsonl.gz), qrels.tsv and "
+    "encoding.json [default: none, with --index: no vector files].",
 )
 @encoder_options
-@click.option("--decimals", type=click.IntRange(0, 9), help="Round weights to N decimals [default: exact float32].")
+@click.option(
+    "--vectors-format",
+    type=click.Choice(VECTOR_FORMATS),
+    default="jsonl",
+    show_default=True,
+    help="The corpus file in OUTPUT: jsonl (corpus.jsonl.gz, with texts), npz (corpus.npz: GPUSparse's binary "
+    "arrays, ids kept) or bin (corpus.bin: Seismic's binary format, no ids). Queries are always JSONL.",
+)
+@click.option(
+    "--decimals", type=click.IntRange(0, 9), help="Round JSONL weights to N decimals [default: exact float32]."
+)
 @click.option(
     "--contents",
     type=click.Choice(["all", "queries", "none"]),
@@ -61,6 +71,7 @@ def encode_cmd(
     prune_top: int | None,
     prune_threshold: float | None,
     split: str,
+    vectors_format: str,
     decimals: int | None,
     contents: str,
     queries_only: bool,
@@ -68,12 +79,18 @@ def encode_cmd(
     overwrite: bool,
     progress: bool,
 ) -> None:
-    """Encode a BEIR folder's corpus and queries into sparse vectors.
+    """Encode a BEIR folder's corpus and queries into sparse vectors, and/or index the corpus.
 
-    BEIR_DIR holds corpus.jsonl, queries.jsonl and (optionally) qrels/SPLIT.tsv. Writes
-    JsonVectorCollection files OUTPUT/corpus.jsonl.gz and OUTPUT/queries.jsonl.gz (index
-    the first, search with the second), a copy of the qrels as OUTPUT/qrels.tsv, and the
-    settings and counts in OUTPUT/encoding.json. A document's text is title + " " + text.
+    BEIR_DIR holds corpus.jsonl, queries.jsonl and (optionally) qrels/SPLIT.tsv. With
+    -o OUTPUT, writes the corpus vectors as OUTPUT/corpus.jsonl.gz (JsonVectorCollection,
+    exact float32 weights), corpus.npz or corpus.bin (--vectors-format), the query vectors as
+    OUTPUT/queries.jsonl.gz (search with them), a copy of the qrels as OUTPUT/qrels.tsv, and
+    the settings and counts in OUTPUT/encoding.json. A document's text is title + " " + text.
+
+    With --index INDEX, the corpus vectors go straight from the encoder into the index
+    builder, on the encoder's device, and the index is saved to INDEX: no vector file is
+    written or read unless -o is given too (the index is the same either way). --index
+    alone encodes the corpus only.
 
     With --queries-only, only the queries are read and encoded (OUTPUT/queries.jsonl.gz, the
     qrels if BEIR_DIR has them, encoding.json); BEIR_DIR may then also be a text query file
@@ -81,8 +98,13 @@ def encode_cmd(
     """
     if queries_only and index_dir is not None:
         raise click.UsageError("--index needs the corpus: drop --queries-only or --index")
+    if output is None and index_dir is None:
+        raise click.UsageError("nothing to write: give -o OUTPUT (vector files), --index INDEX, or both")
+    if decimals is not None and vectors_format != "jsonl":
+        raise click.UsageError(f"--decimals rounds JSONL weights; --vectors-format {vectors_format} keeps float32")
+    corpus_name = {"jsonl": "corpus.jsonl.gz", "npz": "corpus.npz", "bin": "corpus.bin"}[vectors_format]
     names = ("queries.jsonl.gz", "qrels.tsv", "encoding.json")
-    targets = [output / n for n in (names if queries_only else ("corpus.jsonl.gz", *names))]
+    targets = [] if output is None else [output / n for n in (names if queries_only else (corpus_name, *names))]
     if not overwrite:
         for path in [*targets, *([index_dir] if index_dir else [])]:
             if path.exists():
@@ -98,46 +120,65 @@ def encode_cmd(
         model, pooling, query_max_length, doc_max_length, encode_batch_size, encode_device, dtype, backend
     )
     pipe = TextPipeline(corpus, query_texts, enc, log=echo_err)
+    prune = {"prune_top": prune_top, "prune_threshold": prune_threshold, "progress": progress}
     outputs = []
     if queries_only:
-        queries = pipe.encode_queries(prune_top=prune_top, prune_threshold=prune_threshold, progress=progress)
+        queries = pipe.encode_queries(**prune)
+    elif output is None:
+        docs = pipe.encode_documents(**prune)
     else:
-        docs, queries = pipe.encode(prune_top=prune_top, prune_threshold=prune_threshold, progress=progress)
-        outputs.append((docs, corpus, contents == "all", "corpus.jsonl.gz"))
-    outputs.append((queries, query_texts, contents != "none", "queries.jsonl.gz"))
+        docs, queries = pipe.encode(**prune)
+        outputs.append((docs, corpus, contents == "all", corpus_name))
+    if output is not None:
+        outputs.append((queries, query_texts, contents != "none", "queries.jsonl.gz"))
+        _write_outputs(output, outputs, decimals)
+        if qrels_path is not None:
+            shutil.copyfile(qrels_path, output / "qrels.tsv")
+        settings = {
+            "gpusparse": __version__,
+            "source": str(beir_dir),
+            "split": split,
+            "model": enc.name,
+            "backend": backend,
+            "pooling": pooling,
+            "query_max_length": query_max_length,
+            "doc_max_length": doc_max_length,
+            "dtype": dtype,
+            "prune_top": prune_top,
+            "prune_threshold": prune_threshold,
+            "vectors_format": vectors_format,
+            "decimals": decimals,
+            "document_text": "title + ' ' + text (text alone when the title is empty)",
+            **({} if queries_only else {"corpus": pipe.doc_stats.as_dict()}),
+            "queries": pipe.query_stats.as_dict(),
+        }
+        (output / "encoding.json").write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+        click.echo(f"wrote {output}/{', '.join(name for *_, name in outputs)}, encoding.json", err=True)
+    if index_dir is not None:
+        index = pipe.build_index(enc.device, progress=progress)
+        t0 = time.perf_counter()
+        index.save(index_dir, overwrite=overwrite)
+        click.echo(
+            f"indexed {index.n_docs:,} documents on {enc.device} in {pipe.index_seconds:.1f} s, "
+            f"saved in {time.perf_counter() - t0:.1f} s -> {index_dir}",
+            err=True,
+        )
+
+
+def _write_outputs(output: Path, outputs: list, decimals: int | None) -> None:
+    """Write each ``(vectors, texts, keep texts, file name)`` to ``output`` (atomically: a
+    temporary name, then a rename)."""
     output.mkdir(parents=True, exist_ok=True)
     for coll, texts, keep, name in outputs:
-        tmp = output / f".tmp-{uuid.uuid4().hex[:8]}-{name}"  # keeps the .gz suffix
+        tmp = output / f".tmp-{uuid.uuid4().hex[:8]}-{name}"  # keeps the suffix
         try:
-            write_jsonl(coll, tmp, contents=texts.texts if keep else None, decimals=decimals)
+            if name.endswith(".jsonl.gz"):
+                write_jsonl(coll, tmp, contents=texts.texts if keep else None, decimals=decimals)
+            else:
+                write_vectors(coll, tmp)
             os.replace(tmp, output / name)
         finally:
             tmp.unlink(missing_ok=True)
-    if qrels_path is not None:
-        shutil.copyfile(qrels_path, output / "qrels.tsv")
-    settings = {
-        "gpusparse": __version__,
-        "source": str(beir_dir),
-        "split": split,
-        "model": enc.name,
-        "backend": backend,
-        "pooling": pooling,
-        "query_max_length": query_max_length,
-        "doc_max_length": doc_max_length,
-        "dtype": dtype,
-        "prune_top": prune_top,
-        "prune_threshold": prune_threshold,
-        "decimals": decimals,
-        "document_text": "title + ' ' + text (text alone when the title is empty)",
-        **({} if queries_only else {"corpus": pipe.doc_stats.as_dict()}),
-        "queries": pipe.query_stats.as_dict(),
-    }
-    (output / "encoding.json").write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
-    click.echo(f"wrote {output}/{', '.join(name for *_, name in outputs)}, encoding.json", err=True)
-    if index_dir is not None:
-        index = Index.build(outputs[0][0], progress=progress)
-        index.save(index_dir, overwrite=overwrite)
-        click.echo(f"indexed {index.n_docs:,} documents -> {index_dir}", err=True)
 
 
 def _read_queries_only(path: Path, split: str) -> tuple[Texts, Path | None]:

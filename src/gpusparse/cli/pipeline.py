@@ -16,7 +16,7 @@ from ..collection import SparseCollection
 from ..evaluate import evaluate, format_table, parse_measures
 from ..formats import ReadStats, read_vectors
 from ..pipeline import TextPipeline
-from ..vector_writers import write_jsonl
+from ..vector_writers import VECTOR_FORMATS, write_jsonl, write_vectors
 from ..vocab import Vocabulary
 from ._common import (
     default_device,
@@ -47,10 +47,18 @@ from .eval import DEFAULT_MEASURES
     "--vectors",
     "vectors_path",
     type=click.Path(path_type=Path),
-    help="Reuse these corpus vectors instead of encoding the corpus: a JSONL(.gz) file, or a folder "
-    "written by gpusparse encode (its corpus.jsonl.gz) or by --save-vectors. The queries are still encoded.",
+    help="Reuse these corpus vectors instead of encoding the corpus: a JSONL(.gz), .npz or Seismic .bin file "
+    "(its records in corpus order), or a folder written by gpusparse encode (its corpus file) or by "
+    "--save-vectors. The queries are still encoded.",
 )
 @click.option("--save-vectors", is_flag=True, help="Also write the vectors (exact float32) to OUTPUT/vectors/.")
+@click.option(
+    "--vectors-format",
+    type=click.Choice(VECTOR_FORMATS),
+    default="jsonl",
+    show_default=True,
+    help="--save-vectors' corpus file: corpus.jsonl.gz, corpus.npz or corpus.bin (queries: queries.jsonl.gz).",
+)
 @click.option("--save-index", is_flag=True, help="Also save the index to OUTPUT/index/.")
 @click.option("--device", help="Where to index and search: cpu or cuda[:N] [default: cuda if available].")
 @click.option("--memory-budget", default="1GiB", show_default=True, help="Bytes of search temporaries.")
@@ -76,6 +84,7 @@ def pipeline_cmd(
     output: Path | None,
     vectors_path: Path | None,
     save_vectors: bool,
+    vectors_format: str,
     save_index: bool,
     device: str | None,
     memory_budget: str,
@@ -117,13 +126,14 @@ def pipeline_cmd(
     if vectors_path is None:
         docs, queries = pipe.encode(prune_top=prune_top, prune_threshold=prune_threshold, progress=progress)
     else:
-        docs = _read_corpus_vectors(vectors_path, enc.vocab, progress)
+        docs = _read_corpus_vectors(vectors_path, enc.vocab, progress, beir.corpus.ids)
         pipe.use_documents(docs)
         queries = pipe.encode_queries(prune_top=prune_top, prune_threshold=prune_threshold, progress=progress)
     output.mkdir(parents=True, exist_ok=True)
     if save_vectors:
         (output / "vectors").mkdir(exist_ok=True)
-        write_jsonl(docs, output / "vectors" / "corpus.jsonl.gz")
+        name = {"jsonl": "corpus.jsonl.gz", "npz": "corpus.npz", "bin": "corpus.bin"}[vectors_format]
+        write_vectors(docs, output / "vectors" / name)
         write_jsonl(queries, output / "vectors" / "queries.jsonl.gz", contents=judged.texts)
     # Under a limit the index is built on the host: its first search decides what goes to the GPU.
     index = pipe.build_index("cpu" if limit is not None and dev.startswith("cuda") else dev, progress=progress)
@@ -171,12 +181,16 @@ def pipeline_cmd(
     click.echo(format_table([(beir.path.name, ev)], label="collection"))
 
 
-def _read_corpus_vectors(path: Path, vocab: Vocabulary, progress: bool) -> SparseCollection:
+def _read_corpus_vectors(path: Path, vocab: Vocabulary, progress: bool, corpus_ids: list[str]) -> SparseCollection:
     """``--vectors``: a vector file, a folder written by ``encode``/``--save-vectors`` (its
-    corpus.jsonl.gz, not its queries), or any folder of vector files; in the model's vocabulary."""
-    if path.is_dir() and (path / "corpus.jsonl.gz").is_file():
-        path = path / "corpus.jsonl.gz"
+    corpus file, not its queries), or any folder of vector files; in the model's vocabulary.
+    A Seismic ``.bin`` file holds no ids: its records are the corpus documents in order."""
+    if path.is_dir():
+        found = [path / n for n in ("corpus.jsonl.gz", "corpus.npz", "corpus.bin") if (path / n).is_file()]
+        path = found[0] if found else path
     stats = ReadStats()
     docs = read_vectors(path, vocab, progress=progress, stats=stats)
     click.echo(f"read {stats.summary()} (corpus vectors; the corpus is not encoded)", err=True)
+    if path.name.endswith(".bin") and len(docs) == len(corpus_ids):
+        docs = SparseCollection(docs.indptr, docs.indices, docs.values, ids=corpus_ids, vocab=docs.vocab, copy=False)
     return docs

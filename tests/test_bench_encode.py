@@ -1,0 +1,34 @@
+"""bench/encode.py runs end to end at tiny sizes on the CPU and writes its JSON."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from .shared_data import SPLADE_TINY, needs_shared
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "encode.py"
+
+
+@needs_shared
+def test_encode_benchmark_tiny_run_writes_json(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    spec = importlib.util.spec_from_file_location("bench_encode", BENCH)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    result = bench.main(["--tiny", "--device", "cpu", "--tiny-model", str(SPLADE_TINY), "--out", str(tmp_path)])
+    saved = json.loads(Path(result["path"]).read_text())
+    assert saved["benchmark"] == "encode" and [r["part"] for r in saved["rows"]] == ["tiny", "e2e", "base"]
+    tiny, e2e, base = saved["rows"]
+    assert tiny["passages"] == e2e["passages"] == e2e["indexed_docs"] == 40 and base["passages"] == 16
+    for row in (tiny, base):
+        assert row["encode_s"] > 0 and row["bare_s"] > 0 and row["nnz"] > 0
+        assert row["encode_over_bare"] == pytest.approx(row["encode_s"] / row["bare_s"])
+    assert base["prune_top"] == 256 and base["mean_nnz"] <= 256
+    assert e2e["postings"] == tiny["nnz"] and e2e["npz_bytes"] > 0 and "from cranfield" in saved["texts"]
+    table = capsys.readouterr().out.strip().splitlines()
+    assert table[0].split()[:3] == ["part", "passages", "encode/s"] and len(table) == 5
