@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import json
 import os
 import platform
@@ -192,6 +193,16 @@ def synthetic_collection(n_docs: int, n_queries: int, seed: int) -> tuple[sp.csr
         n = len(indptr) - 1
         out.append(sp.csr_matrix((weights.numpy(), terms.numpy(), indptr.numpy()), shape=(n, spec.n_terms)))
     return out[0], out[1]
+
+
+def synthetic_cached(cache: Path, n_docs: int, n_queries: int, seed: int) -> tuple[sp.csr_matrix, sp.csr_matrix]:
+    """:func:`synthetic_collection`, kept in ``cache`` under its size and seed."""
+    paths = [cache / f"synthetic-{n_docs}-{n_queries}-{seed}-{part}.npz" for part in ("docs", "queries")]
+    if not all(p.exists() for p in paths):
+        cache.mkdir(parents=True, exist_ok=True)
+        for path, m in zip(paths, synthetic_collection(n_docs, n_queries, seed), strict=True):
+            _save(path, m)
+    return _load(paths[0]), _load(paths[1])
 
 
 # -- the measurement ---------------------------------------------------------------------
@@ -464,10 +475,60 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _part(
+    args: argparse.Namespace,
+    cache: Path,
+    collection: str,
+    qname: str,
+    docs: sp.csr_matrix,
+    queries: sp.csr_matrix,
+    order_names: list[str],
+    report: dict,
+) -> dict:
+    """The records of one (collection, query set), kept in ``cache`` under the settings that
+    make them (a rerun with the same settings reuses them; delete the cache to redo)."""
+    settings = {
+        k: getattr(args, k)
+        for k in ("docs", "held_out", "tile_bits", "block_bits", "bp_iters", "synthetic_queries", "seed")
+    }
+    settings.update(collection=collection, query_set=qname, orders=list(order_names))
+    key = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+    path = cache / f"part-{collection}-{qname}-{key}.json"
+    if path.exists():
+        part = json.loads(path.read_text())
+        report["order_seconds"].setdefault(collection, part["order_seconds"])
+        return part
+    bits = tuple(args.tile_bits)
+    leaf = 1 << min(bits + tuple(args.block_bits))
+    timing = report["order_seconds"].setdefault(collection, {})
+    orders = _ORDERS_MEMO.get(collection) or _orders(docs, order_names, args.seed, leaf, args.bp_iters, timing)
+    _ORDERS_MEMO[collection] = orders
+    t0 = time.perf_counter()
+    records, theta = measure(docs, queries, orders, bits, seed=args.seed)
+    blocks = measure_blocks(queries, docs, orders, tuple(args.block_bits), theta, seed=args.seed)
+    part = {
+        "collection": collection,
+        "query_set": qname,
+        "stats": _collection_stats(docs, queries),
+        "seconds": round(time.perf_counter() - t0, 1),
+        "order_seconds": timing,
+        "commit": _git_head(),
+        "records": records,
+        "blocks": blocks,
+    }
+    print(f"{collection}/{qname}: {part['seconds']} s", file=sys.stderr, flush=True)
+    cache.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(part))
+    return part
+
+
+_ORDERS_MEMO: dict[str, dict[str, np.ndarray]] = {}
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="JSON file to write")
-    p.add_argument("--cache", default="out/block_max", help="folder for the encoded vectors")
+    p.add_argument("--cache", default="out/block_max", help="folder for the encoded vectors and finished parts")
     p.add_argument("--data", default="../shared/data/wordnet")
     p.add_argument("--model", default="../shared/models/splade-tiny")
     p.add_argument("--docs", type=int, default=0, help="encode only this prefix of the corpus (0 = all)")
@@ -480,51 +541,24 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     t_start = time.perf_counter()
-    bits = tuple(args.tile_bits)
-    leaf = 1 << min(bits + tuple(args.block_bits))
     cache = Path(args.cache)
-    meta = encode_wordnet(args, cache)
-    docs = _load(cache / "wordnet-docs.npz")
-    encoding = {k: v for k, v in meta.items() if k != "held_out_ids"}
-    report: dict = {"env": _env(), "args": vars(args), "encoding": encoding}
-    report["order_seconds"] = {"wordnet": {}, "synthetic": {}}
+    report: dict = {"env": _env(), "args": vars(args), "order_seconds": {}}
     results = []
-    orders = _orders(docs, args.orders, args.seed, leaf, args.bp_iters, report["order_seconds"]["wordnet"])
+    if args.synthetic_queries:
+        with gzip.open(Path(args.data) / "corpus.jsonl.gz", "rt", encoding="utf-8") as f:
+            n_docs = sum(1 for _ in f)
+        n_docs = (min(n_docs, args.docs) if args.docs else n_docs) - args.held_out
+        t0 = time.perf_counter()
+        sdocs, squeries = synthetic_cached(cache, n_docs, args.synthetic_queries, args.seed)
+        report["synthetic_generate_seconds"] = round(time.perf_counter() - t0, 1)
+        results.append(_part(args, cache, "synthetic", "synthetic", sdocs, squeries, ["original", "bp"], report))
+    meta = encode_wordnet(args, cache)
+    report["encoding"] = {k: v for k, v in meta.items() if k != "held_out_ids"}
+    docs = _load(cache / "wordnet-docs.npz")
     for qname in ("glosses", "ir"):
         queries = _load(cache / f"wordnet-q-{qname}.npz")
-        t0 = time.perf_counter()
-        records, theta = measure(docs, queries, orders, bits, seed=args.seed)
-        blocks = measure_blocks(queries, docs, orders, tuple(args.block_bits), theta, seed=args.seed)
-        results.append(
-            {
-                "collection": "wordnet",
-                "query_set": qname,
-                "stats": _collection_stats(docs, queries),
-                "seconds": round(time.perf_counter() - t0, 1),
-                "records": records,
-                "blocks": blocks,
-            }
-        )
-        print(f"wordnet/{qname}: {results[-1]['seconds']} s", file=sys.stderr, flush=True)
-    if args.synthetic_queries:
-        t0 = time.perf_counter()
-        sdocs, squeries = synthetic_collection(docs.shape[0], args.synthetic_queries, args.seed)
-        report["synthetic_generate_seconds"] = round(time.perf_counter() - t0, 1)
-        timing = report["order_seconds"]["synthetic"]
-        sorders = _orders(sdocs, ["original", "bp"], args.seed, leaf, args.bp_iters, timing)
-        t0 = time.perf_counter()
-        records, theta = measure(sdocs, squeries, sorders, bits, seed=args.seed)
-        blocks = measure_blocks(squeries, sdocs, sorders, tuple(args.block_bits), theta, seed=args.seed)
-        results.append(
-            {
-                "collection": "synthetic",
-                "query_set": "synthetic",
-                "stats": _collection_stats(sdocs, squeries),
-                "seconds": round(time.perf_counter() - t0, 1),
-                "records": records,
-                "blocks": blocks,
-            }
-        )
+        results.insert(-1 if args.synthetic_queries else len(results),
+                       _part(args, cache, "wordnet", qname, docs, queries, args.orders, report))  # fmt: skip
     report["results"] = results
     report["seconds"] = round(time.perf_counter() - t_start, 1)
     out = Path(args.out)
