@@ -144,3 +144,14 @@ def test_graph_bisection_separates_planted_clusters():
 
 def test_halves_are_cut_at_powers_of_two():
     assert [_left_size(n) for n in (2, 3, 4, 5, 8, 9, 117_147)] == [1, 2, 2, 4, 4, 8, 65_536]
+
+
+def test_the_table_has_a_row_per_record():
+    rng = np.random.default_rng(2)
+    docs = _random_docs(rng, 300, 30, 0.2)
+    queries = _random_docs(rng, 9, 30, 0.3)
+    orders = {"original": np.arange(300)}
+    recs, theta = block_max.measure(docs, queries, orders, (6,), ks=(1, 10))
+    blocks = block_max.measure_blocks(queries, docs, orders, (3,), theta, ks=(1, 10))
+    text = block_max.table([{"collection": "c", "query_set": "q", "records": recs, "blocks": blocks}])
+    assert text.count("| c | q | original | 2^6 |") == 2 and text.count("| c | q | original | 2^3 |") == 2
