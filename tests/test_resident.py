@@ -73,6 +73,21 @@ def test_a_fixed_point_layout_stores_the_float32_weights():
     assert a.wts.dtype == torch.float32 and a.nbytes == b.nbytes
 
 
+def test_a_stored_fixed_layout_holds_the_kernels_integers_and_refuses_rescoring():
+    """Beside the lists the layout may store round(w · 2**b) itself (what the kernel would
+    convert to); nothing then rescores from it."""
+    rng = np.random.default_rng(4)
+    index = Index.build(random_collection(rng, 200, 20, 6))
+    a = build_tiled(index, 4, dense_min=0.2, fixed=True, stored_fixed=True)
+    b = build_tiled(index, 4, dense_min=0.2, fixed=True)
+    assert a.wts.dtype == a.dense.dtype == torch.int32 and a.weight_bits == b.weight_bits and a.n_dense > 0
+    for x, y in ((a.wts, b.wts), (a.dense, b.dense)):
+        assert torch.equal(x.to(torch.int64), torch.round(y.to(torch.float64) * 2.0**b.weight_bits).to(torch.int64))
+    batch = query_batch(random_collection(rng, 2, 20, 4), index.device)
+    with pytest.raises(ValueError, match="fixed-point integers"):
+        tiled_exact_scores(a, batch, torch.zeros(1, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
+
+
 def test_layout_built_from_host_slabs_is_the_same():
     rng = np.random.default_rng(2)
     index = Index.build(random_collection(rng, 500, 60, 12, empty_fraction=0.1))

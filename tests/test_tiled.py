@@ -287,7 +287,9 @@ def fake_kernel(seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_
 
     def products(w: float, q: int, stored: torch.Tensor) -> torch.Tensor:
         if weight_bits is not None:  # fixed point: (round(w) · round(d · 2**b)) >> shift
-            fixed = torch.round(stored.to(torch.float64) * 2.0**weight_bits).to(torch.int64)
+            fixed = stored.to(torch.int64)
+            if stored.dtype != torch.int32:
+                fixed = torch.round(stored.to(torch.float64) * 2.0**weight_bits).to(torch.int64)
             return (round(w) * fixed) >> int(q_shift[q])
         return torch.round(w * stored.to(torch.float64)).to(torch.int64)
 

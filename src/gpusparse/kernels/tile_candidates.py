@@ -39,8 +39,8 @@ UNROLL = 4  # sparse postings per thread and step (the default of tiled_candidat
 # scale keeps its score bound at or below ``top`` (rounding adds at most n/2 units).
 ACC_MODES = {"carry": 0, "u32": 1}
 ACC_TOP = {"carry": 2.0**61, "u32": 2.0**31}
-# float32 weights; uint8 levels of a quantized index.
-_WEIGHT_TYPES = {torch.float32: "float", torch.uint8: "unsigned char"}
+# float32 weights; uint8 levels of a quantized index; int32 fixed-point integers.
+_WEIGHT_TYPES = {torch.float32: "float", torch.uint8: "unsigned char", torch.int32: "unsigned int"}
 
 
 def launch_shape(
@@ -90,6 +90,7 @@ def compile_options(
         f"-DWT={weight_type.replace(' ', '_')}",
         f"-DINT_W={int(int_weights and not fixed)}",
         f"-DFIXED_W={int(fixed)}",
+        f"-DFIXED_STORED={int(fixed and weight_type == 'unsigned int')}",
         *(f"-D{d}" for d in defines),
     )
 
@@ -149,7 +150,8 @@ def tiled_candidates(
     sum within its :data:`ACC_TOP`. ``int_weights`` (with "u32" only): every
     ``q_weights · q_scale`` is an integer (checked by the caller), so the kernel multiplies
     integers. ``weight_bits`` (float32 weights, "u32" only): fixed-point products (FIXED_W):
-    each stored weight is read as ``round(w · 2**weight_bits)``, each query weight rounded
+    each float32 weight is read as ``round(w · 2**weight_bits)`` (int32 ``wts``: stored so),
+    each query weight rounded
     to ``round(q_weights · q_scale)`` and each product shifted right by the query's
     ``q_shift`` (int32 ``[B]``).
 
@@ -182,8 +184,10 @@ def tiled_candidates(
     if int_weights and acc != "u32":
         raise ValueError('int_weights needs acc="u32"')
     fixed = weight_bits is not None
-    if fixed and (acc != "u32" or q_shift is None or wts.dtype != torch.float32):
-        raise ValueError('fixed-point products need float32 weights, acc="u32" and q_shift')
+    if fixed and (acc != "u32" or q_shift is None or wts.dtype == torch.uint8):
+        raise ValueError('fixed-point products need float32 or int32 weights, acc="u32" and q_shift')
+    if wts.dtype == torch.int32 and not fixed:
+        raise ValueError("int32 weights are fixed-point integers: give their weight_bits")
     expected["q_shift"] = (cand_count if q_shift is None else q_shift, torch.int32)  # None: any int32, not read
     check_tensors(expected, dev)
     q_shift = expected["q_shift"][0]

@@ -52,14 +52,16 @@ class TiledIndex:
     n_terms: int
     seg: torch.Tensor  # int64 [n_tiles * n_terms + 1]
     offs: torch.Tensor  # int16 [P] (unsigned offset inside the tile), sparse postings only
-    wts: torch.Tensor  # float32 [P], or uint8 levels (weight = level · step) of a quantized index
+    # float32 [P], uint8 levels (weight = level · step) of a quantized index, or int32
+    # round(weight · 2**weight_bits) (a fixed-point layout built with stored_fixed)
+    wts: torch.Tensor
     dense_id: torch.Tensor  # int32 [n_tiles * n_terms]: row of `dense`, or -1 for a sparse segment
     dense: torch.Tensor  # wts's dtype [n_dense, 2**tile_bits]: weights by offset, 0 where absent
     step: float = 1.0  # what a stored weight is worth (1 for float32 weights)
     # Fixed-point arithmetic for float32 weights: the kernel multiplies the integers
-    # round(weight · 2**weight_bits), converted from the stored float32 bits as it reads
-    # them (exact: a power-of-two scaling, then round half to even), so the layout keeps
-    # the float32 weights themselves and rescoring reads them.
+    # round(weight · 2**weight_bits), stored as such (int32 `wts`), or converted from the
+    # stored float32 bits as it reads them (exact: a power-of-two scaling, then round half to
+    # even), so that rescoring can read the layout's weights.
     weight_bits: int | None = None
     # int32 [n_tiles * n_terms]: real postings of each term in earlier tiles, i.e. where a
     # tile's share of the term's list starts in the index's own list; it narrows the binary
@@ -95,6 +97,7 @@ def build_tiled(
     dense_min: float | None = DEFAULT_DENSE_MIN,
     fixed: bool = False,
     list_positions: bool = True,
+    stored_fixed: bool = False,
     device: torch.device | str | None = None,
     chunk: int = BUILD_CHUNK,
 ) -> TiledIndex:
@@ -116,8 +119,11 @@ def build_tiled(
     A quantized index (:mod:`gpusparse.quantize`) stores its weights as uint8 levels: 3
     bytes a sparse posting, 1 a dense slot. ``fixed`` (float32 weights only) records the
     fixed-point exponent ``b`` (the largest weight times ``2**b`` below ``2**30``) for the
-    kernel's integer products; the weights stay float32. ``list_positions``: also build
-    :attr:`TiledIndex.list_pos` (only rescoring from the lists reads it).
+    kernel's integer products; the weights stay float32, converted as the kernel reads them,
+    unless ``stored_fixed``: then they are stored as the int32 integers themselves (the
+    kernel's fastest form, but rescoring can no longer read them: for a layout beside the
+    lists). ``list_positions``: also build :attr:`TiledIndex.list_pos` (only rescoring from
+    the lists reads it).
     """
     if not 1 <= tile_bits <= MAX_TILE_BITS:
         raise ValueError(f"tile_bits must be in 1..{MAX_TILE_BITS}")
@@ -135,7 +141,12 @@ def build_tiled(
     wdtype, step = (torch.uint8, quant.step) if quant is not None else (torch.float32, 1.0)
     weight_bits = fixed_weight_bits(max_score(index)) if fixed else None
 
+    if weight_bits is not None and stored_fixed:
+        wdtype = torch.int32
+
     def stored(scores: torch.Tensor) -> torch.Tensor:
+        if wdtype == torch.int32:  # < 2**30
+            return torch.round(scores.to(torch.float64) * 2.0**weight_bits).to(torch.int32)
         if quant is None:
             return scores
         return levels(scores, step, quant.bits).to(torch.uint8)  # exact: scores are level · step
@@ -196,6 +207,7 @@ def tiled_layout(
     *,
     forward: bool = False,
     list_positions: bool = True,
+    stored_fixed: bool = False,
 ) -> TiledIndex:
     """The index's tiled layout, built once per index object and kept in its derived state.
 
@@ -206,6 +218,7 @@ def tiled_layout(
     doc-parallel kernel's) for rescoring; the engine asks for it on a GPU with the CUDA
     kernels, not for a layout to be streamed. ``list_positions=False``: a layout built now
     leaves out :attr:`TiledIndex.list_pos` (rescoring will read the layout, not the lists).
+    ``stored_fixed``: a fixed-point layout built now stores int32 weights (:func:`build_tiled`).
     Built on ``index.device``, which for a :class:`~gpusparse.layout.resident.TiledResident`
     view is the device searched, its lists staying on the host.
     """
@@ -216,7 +229,8 @@ def tiled_layout(
     key = (tile_bits, dense_min, fixed)
     layouts = index.derived.layouts
     if key not in layouts:
-        layout = build_tiled(index, tile_bits, dense_min=dense_min, fixed=fixed, list_positions=list_positions)
+        layout = build_tiled(index, tile_bits, dense_min=dense_min, fixed=fixed, list_positions=list_positions,
+                             stored_fixed=stored_fixed)  # fmt: skip
         if forward:
             layout = replace(layout, forward=forward_copy(index))
         layouts[key] = layout

@@ -58,7 +58,9 @@ def torch_tiled_candidates(
 
     def products(p: torch.Tensor | int, pair_weights: torch.Tensor) -> torch.Tensor:
         if fixed:  # < 2**31 · 2**30: exact in int64
-            d = torch.round(pair_weights.to(torch.float64) * 2.0**weight_bits).to(torch.int64)
+            d = pair_weights.to(torch.int64)  # int32: stored as fixed point
+            if pair_weights.dtype != torch.int32:
+                d = torch.round(pair_weights.to(torch.float64) * 2.0**weight_bits).to(torch.int64)
             return (wq_int[p] * d) >> sh[p]
         return torch.round(wq[p] * pair_weights.to(torch.float64)).to(torch.int64)
 

@@ -79,7 +79,9 @@ def layout_for_search(
     if not index.lists_resident:
         return tiled_layout(index, tile_bits, dense_min, fixed, list_positions=False)
     forward = forward and config.forward_rescoring and index.device.type == "cuda" and rescore.available()
-    return tiled_layout(index, tile_bits, dense_min, fixed, forward=forward)
+    # beside the lists rescoring reads them (or the forward copy): the weights may be stored
+    # in fixed point, which spares the kernel a conversion a posting and a dense slot
+    return tiled_layout(index, tile_bits, dense_min, fixed, forward=forward, stored_fixed=True)
 
 
 def tiled_search(

@@ -89,6 +89,8 @@ def tiled_exact_scores(
     in float64 in the query's term order and rounded once. The PyTorch reference of
     ``canonical_tiled`` in ``rescore.cu``.
     """
+    if layout.wts.dtype == torch.int32:
+        raise ValueError("this layout stores fixed-point integers (stored_fixed): rescoring needs its float32 weights")
     sparse_w, dense_w = layout.wts, layout.dense
     m = docs.numel()
     out = torch.zeros(m, dtype=torch.float32, device=docs.device)

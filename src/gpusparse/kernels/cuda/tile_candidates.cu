@@ -47,7 +47,15 @@ typedef unsigned long long u64;
 #ifndef FIXED_W
 #define FIXED_W 0
 #endif
+// FIXED_STORED: the layout holds the integers themselves (WT unsigned int).
+#ifndef FIXED_STORED
+#define FIXED_STORED 0
+#endif
+#if FIXED_STORED
+#define FIXED_OF(x) (x)
+#else
 #define FIXED_OF(x) __float2uint_rn((x) * w_scale)
+#endif
 #define INT_PRODUCTS (INT_W || FIXED_W)
 typedef long long i64;
 
