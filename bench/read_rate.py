@@ -8,6 +8,7 @@ fast path's stages on the first chunks of the file (this checkout only).
 
 Usage:
     python bench/read_rate.py FILE --before 6cc3948 --rounds 2 --stages --out bench/results/NAME.json
+(without ``--before``, or without git, only this checkout is timed)
 Make a file with ``python -c "import sys; sys.path[:0] = ['src', 'bench']; from ingest_data import
 write_shards; write_shards(200000, '/tmp/d200k')"``.
 """
@@ -107,7 +108,7 @@ def stages(path: str, chunks: int = 6) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file")
-    p.add_argument("--before", required=True, help="commit to compare with (its src/ is exported)")
+    p.add_argument("--before", default=None, help="commit to compare with (its src/ is exported; needs git)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--stages", action="store_true")
     p.add_argument("--out", default=None)
@@ -116,9 +117,11 @@ def main(argv: list[str] | None = None) -> dict:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     runs: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
-        archive = subprocess.run(["git", "archive", args.before, "src"], cwd=ROOT, capture_output=True, check=True)
-        subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
-        trees = {"before": Path(tmp) / "src", "after": ROOT / "src"}
+        trees = {"after": ROOT / "src"}
+        if args.before:
+            archive = subprocess.run(["git", "archive", args.before, "src"], cwd=ROOT, capture_output=True, check=True)
+            subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+            trees = {"before": Path(tmp) / "src", **trees}
         for r in range(args.rounds):
             for code, src in trees.items():
                 row = {"code": code, "round": r, **_one(src, args.file), "load_avg_1min": os.getloadavg()[0]}
@@ -132,7 +135,7 @@ def main(argv: list[str] | None = None) -> dict:
                 ) / row["postings"]
                 runs.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
-    best = {c: min((r for r in runs if r["code"] == c), key=lambda r: r["cpu_s"]) for c in ("before", "after")}
+    best = {c: min((r for r in runs if r["code"] == c), key=lambda r: r["cpu_s"]) for c in trees}
     result = {
         "benchmark": "read_vectors JSONL rate, one core (workers=1), before vs after in the same run",
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
