@@ -59,7 +59,8 @@ def worker(args: argparse.Namespace) -> dict:
     dense = {} if dense_min is None else {"dense_min": None if dense_min == 0 else dense_min}
     limit_gib = getattr(args, "limit_gib", None)
     limit = int(limit_gib * 2**30) if limit_gib else None
-    with override_config(**MODES[args.mode], **dense, device_memory_limit=limit):
+    limited = {} if limit is None else {"device_memory_limit": limit}  # (an older checkout lacks the setting)
+    with override_config(**MODES[args.mode], **dense, **limited):
         t0 = time.perf_counter()
         index = Index.from_csr(*docs, vocab, device=dev, quantize=args.quantize)
         sync()

@@ -270,7 +270,8 @@ def test_under_a_limit_the_search_falls_back_and_matches(collection, uncapped):
         capped = index.search(queries, 100, device="cuda", batch_size=40, device_memory_limit=limit_for(p["tiled"]))
     assert [str(w.message) for w in caught if w.category is DeviceMemoryWarning]
     assert torch.equal(capped.ids, free.ids) and torch.equal(capped.scores, free.scores)
-    assert index.search_device is not None and index.device.type == "cpu"  # the lists stayed on the host
+    assert index.device.type == "cpu"  # the lists stayed on the host: the tiled view searched on the GPU
+    assert [d.type for d in index.derived.views] == ["cuda"]
     assert torch.cuda.max_memory_allocated() - before <= p["tiled"]  # the prediction held
 
 
