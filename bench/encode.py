@@ -133,7 +133,7 @@ def bare_forward(enc: SpladeEncoder, texts: list[str], max_length: int, reps: in
 
 def tokenize_only(enc: SpladeEncoder, texts: list[str]) -> float:
     """Seconds to tokenise, sort and pad ``texts`` into (pinned) batches in this thread: the host's ceiling."""
-    tok = Tokenize(enc.tokenizer, enc.doc_max_length)
+    tok = Tokenize(enc.tokenizer, enc.doc_max_length)  # its tokenizer copy is made before timing, as in encode
     t0 = time.perf_counter()
     for _ in token_batches(texts, tok, enc.batch_size, window=enc.sort_window, pin=enc.device.type == "cuda"):
         pass
