@@ -10,6 +10,8 @@ padded per batch: what ``SpladeEncoder`` makes):
 * ``base``: a BERT-base-size masked LM with random weights (12 layers, hidden 768, splade-tiny's
   tokenizer and vocabulary; nothing downloaded): ``encode`` with ``--base-prune-top`` (random
   weights give dense vectors) against the bare forward pass;
+* the tokenisation alone (tokenise, sort, pad into pinned batches, in one thread): the most the
+  host can feed;
 * ``e2e``: splade-tiny ``encode`` then ``Index.build`` on the device (what ``gpusparse encode
   --index`` runs), and writing/reading the vectors as GPUSparse ``.npz`` and Seismic ``.bin``.
 
@@ -19,7 +21,7 @@ to ``--passages``; synthetic passages (random vocabulary words) when no folder i
 says which. Every part records seconds, passages/s and the peak GPU memory (torch; CuPy is not
 used by encoding or index building, and its pool is reported if it was imported).
 
-Usage (GPU machine, from the repository root):
+Usage (GPU machine, from the repository root, with splade-tiny at ./shared/models/splade-tiny):
     python bench/encode.py --out $OUT --commit $(git rev-parse --short HEAD)
 On a CPU in seconds: ``python bench/encode.py --tiny --out /tmp/x``.
 Writes ``<out>/<date>-<card>-encode.json`` and prints a table last.
@@ -129,6 +131,15 @@ def bare_forward(enc: SpladeEncoder, texts: list[str], max_length: int, reps: in
     return best, tokens
 
 
+def tokenize_only(enc: SpladeEncoder, texts: list[str]) -> float:
+    """Seconds to tokenise, sort and pad ``texts`` into (pinned) batches in this thread: the host's ceiling."""
+    tok = Tokenize(enc.tokenizer, enc.doc_max_length)  # its tokenizer copy is made before timing, as in encode
+    t0 = time.perf_counter()
+    for _ in token_batches(texts, tok, enc.batch_size, window=enc.sort_window, pin=enc.device.type == "cuda"):
+        pass
+    return time.perf_counter() - t0
+
+
 def timed_encode(
     enc: SpladeEncoder, texts: list[str], prune_top: int | None, reps: int
 ) -> tuple[float, SparseCollection]:
@@ -149,6 +160,7 @@ def encode_vs_bare(name: str, enc: SpladeEncoder, texts: list[str], args, prune_
     bare_peak = _peak(enc.device)
     _reset_peak(enc.device)
     enc_s, coll = timed_encode(enc, texts, prune_top, args.reps)
+    tok_s = tokenize_only(enc, texts)
     row = {
         "part": name,
         "model": enc.name,
@@ -165,6 +177,8 @@ def encode_vs_bare(name: str, enc: SpladeEncoder, texts: list[str], args, prune_
         "encode_s": enc_s,
         "encode_passages_per_s": len(texts) / enc_s,
         "encode_over_bare": enc_s / bare_s,
+        "tokenize_s": tok_s,
+        "tokenize_passages_per_s": len(texts) / tok_s,
         "bare_memory": bare_peak,
         "encode_memory": _peak(enc.device),
     }
@@ -255,19 +269,21 @@ def _versions() -> dict:
 
 
 def table(result: dict) -> str:
-    lines = [f"{'part':<5} {'passages':>9} {'encode/s':>10} {'bare/s':>10} {'enc/bare':>8} {'peak GB':>8}  model"]
+    head = f"{'part':<5} {'passages':>9} {'encode/s':>10} {'bare/s':>10} {'enc/bare':>8} {'tok/s':>10}"
+    lines = [f"{head} {'peak GB':>8}  model"]
     for r in result["rows"]:
         mem = r.get("encode_memory", r.get("memory", {})).get("torch_peak_allocated_bytes", 0) / 1e9
         if r["part"] == "e2e":
             lines.append(
-                f"{'e2e':<5} {r['passages']:>9,} {r['passages_per_s']:>10,.0f} {'':>10} {'':>8} {mem:>8.2f}  "
+                f"{'e2e':<5} {r['passages']:>9,} {r['passages_per_s']:>10,.0f} {'':>10} {'':>8} {'':>10} {mem:>8.2f}  "
                 f"encode {r['encode_s']:.1f} s + index {r['index_s']:.2f} s; npz write {r['write_npz_s']:.2f} s, "
                 f"read {r['read_npz_s']:.2f} s"
             )
         else:
             lines.append(
                 f"{r['part']:<5} {r['passages']:>9,} {r['encode_passages_per_s']:>10,.0f} "
-                f"{r['bare_passages_per_s']:>10,.0f} {r['encode_over_bare']:>8.2f} {mem:>8.2f}  {r['model']}"
+                f"{r['bare_passages_per_s']:>10,.0f} {r['encode_over_bare']:>8.2f} "
+                f"{r['tokenize_passages_per_s']:>10,.0f} {mem:>8.2f}  {r['model']}"
             )
     lines.append(f"{result['card']}; {result['texts']}")
     return "\n".join(lines)

@@ -28,6 +28,7 @@ def test_encode_benchmark_tiny_run_writes_json(tmp_path, capsys):
     for row in (tiny, base):
         assert row["encode_s"] > 0 and row["bare_s"] > 0 and row["nnz"] > 0
         assert row["encode_over_bare"] == pytest.approx(row["encode_s"] / row["bare_s"])
+        assert row["tokenize_passages_per_s"] > 0
     assert base["prune_top"] == 256 and base["mean_nnz"] <= 256
     assert e2e["postings"] == tiny["nnz"] and e2e["npz_bytes"] > 0 and "from cranfield" in saved["texts"]
     table = capsys.readouterr().out.strip().splitlines()
