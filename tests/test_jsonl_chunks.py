@@ -170,6 +170,9 @@ def test_weight_errors_same_as_strict_whatever_the_workers(tmp_path, monkeypatch
 
 
 def test_workers_do_not_fork_once_cuda_is_initialised(monkeypatch):
+    # (a fake torch: on a GPU machine earlier tests of this process may have initialised CUDA)
+    fresh = types.SimpleNamespace(cuda=types.SimpleNamespace(is_initialized=lambda: False))
+    monkeypatch.setitem(sys.modules, "torch", fresh)
     assert formats_module._start_method() == ("fork" if "fork" in mp.get_all_start_methods() else "forkserver")
     fake = types.SimpleNamespace(cuda=types.SimpleNamespace(is_initialized=lambda: True))
     monkeypatch.setitem(sys.modules, "torch", fake)
