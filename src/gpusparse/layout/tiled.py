@@ -160,6 +160,7 @@ def build_tiled(
     # Postings of term t in tiles before tile b: the rank offset of the (b, t) share.
     before = (torch.cumsum(counts.view(n_tiles, n_terms), 0) - counts.view(n_tiles, n_terms)).to(torch.int32)
     del counts, is_dense
+    _release_cached(dev)
     # the layout's own arrays only now, without the count matrices beside them
     dense = torch.zeros((n_dense, 1 << tile_bits), dtype=wdtype, device=dev)
     n_sparse = int(seg[-1])
@@ -179,7 +180,17 @@ def build_tiled(
         offs[new] = torch.where(off[s] >= 1 << 15, off[s] - (1 << 16), off[s]).to(torch.int16)
         wts[new] = stored(score[s])
     list_pos = before.reshape(-1) if list_positions else None  # < n_docs
+    del before
+    _release_cached(dev)
     return TiledIndex(tile_bits, n_docs, n_terms, seg, offs, wts, dense_id, dense, step, weight_bits, list_pos)
+
+
+def _release_cached(dev: torch.device) -> None:
+    """Give PyTorch's cached free blocks back to the device: the build's freed temporaries
+    would otherwise stay reserved beside the layout (measured: 0.75 GB at 8.8M documents)."""
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        torch.cuda.empty_cache()
 
 
 def fixed_weight_bits(max_weight: float) -> int:
