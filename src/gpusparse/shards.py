@@ -35,7 +35,7 @@ import torch
 
 from ._version import __version__
 from .errors import IndexFormatError, InputError
-from .layout.postings import PAD, PostingLists, bisect_lists
+from .layout.postings import PostingLists, bisect_lists, empty_lists
 from .storage import (
     MANIFEST,
     _sha256,
@@ -138,12 +138,7 @@ def drop_documents(index: PostingLists, deleted: np.ndarray) -> PostingLists:
         slot, term = surviving(a)
         lengths += torch.bincount(term, minlength=n_terms)
         present[index.doc_ids[slot].to(torch.int64)] = True
-    padded = (lengths + (PAD - 1)) // PAD * PAD
-    offsets = torch.cumsum(padded, 0) - padded
-    total = int(padded.sum())
-    doc_ids = torch.full((total,), -1, dtype=torch.int32, device=dev)
-    scores = torch.zeros(total, dtype=torch.float32, device=dev)
-    max_scores = torch.zeros(n_terms, dtype=torch.float32, device=dev)
+    padded, offsets, doc_ids, scores, max_scores = empty_lists(lengths)
     placed = torch.zeros(n_terms, dtype=torch.int64, device=dev)  # postings placed per list
     for a in range(0, n_slots, _CHUNK):
         slot, term = surviving(a)  # slots ascend, so terms ascend and each list keeps its order
@@ -186,12 +181,7 @@ def _assemble(
     lengths = torch.zeros(n_terms, dtype=torch.int64, device=device)
     for _, _, count, _ in parts:
         lengths += count
-    padded = (lengths + (PAD - 1)) // PAD * PAD
-    offsets = torch.cumsum(padded, 0) - padded
-    total = int(padded.sum())
-    doc_ids = torch.full((total,), -1, dtype=torch.int32, device=device)
-    scores = torch.zeros(total, dtype=torch.float32, device=device)
-    max_scores = torch.zeros(n_terms, dtype=torch.float32, device=device)
+    padded, offsets, doc_ids, scores, max_scores = empty_lists(lengths)
     before = torch.zeros(n_terms, dtype=torch.int64, device=device)  # postings placed per list
     for index, start, count, shift in parts:
         ends = torch.cumsum(count, 0)

@@ -58,6 +58,20 @@ class IndexStats:
         return (self.n_padded - self.n_postings) / self.n_postings if self.n_postings else 0.0
 
 
+def empty_lists(lengths: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The padded lists' arrays for lists of ``lengths`` postings (int64 ``[V]``, on the device
+    they go to), to be filled: ``(padded, offsets, doc_ids, scores, max_scores)``, each list
+    padded to a multiple of :data:`PAD` with doc id -1 and score 0."""
+    device, n_terms = lengths.device, lengths.numel()
+    padded = (lengths + (PAD - 1)) // PAD * PAD
+    offsets = torch.cumsum(padded, 0) - padded
+    total = int(padded.sum())
+    doc_ids = torch.full((total,), -1, dtype=torch.int32, device=device)
+    scores = torch.zeros(total, dtype=torch.float32, device=device)
+    max_scores = torch.zeros(n_terms, dtype=torch.float32, device=device)
+    return padded, offsets, doc_ids, scores, max_scores
+
+
 def build_inverted_index(
     collection: SparseCollection
     | tuple[torch.Tensor | np.ndarray, torch.Tensor | np.ndarray, torch.Tensor | np.ndarray, int],
@@ -105,13 +119,7 @@ def build_inverted_index(
     for a, b in spans:
         t = terms_all[indptr[a] : indptr[b]].to(device, torch.int64)
         lengths += torch.bincount(t, minlength=n_terms)
-    padded = (lengths + (PAD - 1)) // PAD * PAD
-    offsets = torch.cumsum(padded, 0) - padded
-    total = int(padded.sum())
-
-    doc_ids = torch.full((total,), -1, dtype=torch.int32, device=device)
-    scores = torch.zeros(total, dtype=torch.float32, device=device)
-    max_scores = torch.zeros(n_terms, dtype=torch.float32, device=device)
+    padded, offsets, doc_ids, scores, max_scores = empty_lists(lengths)
     fill = offsets.clone()  # next free slot of each list
 
     # Pass 2: place postings.
