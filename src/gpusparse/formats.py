@@ -7,6 +7,9 @@ Sparse vectors:
       (little-endian; vectors get ids ``"0"``, ``"1"``, ... in file order);
     * GPUSparse ``.npz``: CSR arrays, ids and tokens (:mod:`gpusparse.vectors_npz`).
 
+(the two binary formats are read by :mod:`gpusparse.vectors_binary`; every reader appends to
+one :class:`~gpusparse.vector_builder.VectorBuilder`)
+
 Runs and judgments (TREC runs, TREC or BEIR qrels) are :mod:`gpusparse.trec`'s.
 
 Files ending in ``.gz`` are (de)compressed transparently. Readers stream: a JSONL file is
@@ -25,132 +28,33 @@ import multiprocessing as mp
 import os
 import sys
 import zlib
-from array import array
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from .collection import SparseCollection, check_id
+from .collection import SparseCollection
 from .errors import InputError
 from .jsonl_chunks import (
     VECTOR_RECORD_KEYS,
-    WEIGHT_CHECKS,
     ChunkResult,
     TokenIds,
     decode_json_line,
     parse_chunk,
     record_dict,
-    weight_problems,
 )
-from .vectors_npz import read_npz
+from .vector_builder import ReadStats, VectorBuilder
+from .vectors_binary import read_npz_into, read_seismic_bin_into
 from .vocab import Vocabulary
 
 Unknown = Literal["error", "skip"]
 __all__ = ["VECTOR_RECORD_KEYS", "ReadStats", "decode_json_line", "expand_vector_paths", "read_vectors", "record_dict"]
 VECTOR_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".bin", ".npz")
-
-
-@dataclass
-class ReadStats:
-    """What a read saw, for reports: counts that would otherwise be silent."""
-
-    files: list[str] = field(default_factory=list)
-    records: int = 0
-    empty_vectors: int = 0
-    unknown_tokens_skipped: int = 0
-    zero_weights_dropped: int = 0
-
-    def summary(self) -> str:
-        """One line for the CLI."""
-        parts = [f"{self.records:,} vectors from {len(self.files)} file(s)"]
-        if self.empty_vectors:
-            parts.append(f"{self.empty_vectors:,} empty")
-        if self.unknown_tokens_skipped:
-            parts.append(f"{self.unknown_tokens_skipped:,} unknown tokens skipped")
-        if self.zero_weights_dropped:
-            parts.append(f"{self.zero_weights_dropped:,} zero weights dropped")
-        return ", ".join(parts)
-
-
-class _Builder:
-    """Growing CSR arrays shared by all files of one read, with the source of every record."""
-
-    def __init__(self) -> None:
-        self.indptr = array("q", [0])
-        self.terms = array("i")
-        self.weights = array("f")  # float32: each chunk checked its float64 values first
-        # The first weight failing each of WEIGHT_CHECKS, as (row, value): reported when the
-        # whole read is done, as a check over all values would.
-        self.bad_weights: list[tuple[int, float] | None] = [None] * len(WEIGHT_CHECKS)
-        self.zero_weights = 0
-        self.ids: list[str] = []
-        self.seen: dict[str, int] = {}  # id -> row
-        self.rec_file: list[str] = []
-        self.rec_line = array("q")
-        self.rec_binary = array("b")
-
-    def add_id(self, doc_id: str, path: str, line: int, record: bool = False) -> None:
-        row = self.seen.setdefault(doc_id, len(self.ids))
-        if row != len(self.ids):
-            where = _where(self.rec_file[row], self.rec_line[row], bool(self.rec_binary[row]))
-            raise InputError(
-                f"duplicate id {doc_id!r} (first seen at {where})", path=path, line=line, field="id", record=record
-            )
-        self.ids.append(doc_id)
-        self.rec_file.append(path)
-        self.rec_line.append(line)
-        self.rec_binary.append(record)
-
-    def error(self, row: int, reason: str, field: str | None = "vector") -> InputError:
-        """An error located at record ``row``."""
-        return InputError(
-            reason, path=self.rec_file[row], line=self.rec_line[row], field=field, record=bool(self.rec_binary[row])
-        )
-
-    def add_postings(
-        self, first: int, terms: np.ndarray, weights: np.ndarray, bad_weights: Sequence[tuple[int, float] | None]
-    ) -> None:
-        """Append the postings (float32 ``weights``) of the records from row ``first`` on, and
-        the first weights of theirs that failed :data:`WEIGHT_CHECKS` (``weight_problems``)."""
-        for k, bad in enumerate(bad_weights):
-            if bad is not None and self.bad_weights[k] is None:
-                self.bad_weights[k] = (first + bad[0], bad[1])
-        self.zero_weights += int(weights.size - np.count_nonzero(weights))
-        self.terms.frombytes(memoryview(np.ascontiguousarray(terms, np.int32)).cast("B"))
-        self.weights.frombytes(memoryview(np.ascontiguousarray(weights, np.float32)).cast("B"))
-
-    def finish(self, vocab: Vocabulary, stats: ReadStats) -> SparseCollection:
-        for what, bad in zip(WEIGHT_CHECKS, self.bad_weights, strict=True):
-            if bad is not None:
-                raise self.error(bad[0], f"weight {bad[1]!r} {what}")
-        indptr = np.frombuffer(self.indptr, dtype=np.int64)
-        terms = np.frombuffer(self.terms, dtype=np.int32) if len(self.terms) else np.zeros(0, np.int32)
-        values32 = np.frombuffer(self.weights, dtype=np.float32) if len(self.weights) else np.zeros(0, np.float32)
-        stats.zero_weights_dropped += self.zero_weights
-        try:
-            coll = SparseCollection(indptr, terms, values32, ids=self.ids, vocab=vocab, check_ids=False, copy=False)
-        except InputError:
-            # Summing a vector's duplicate terms overflowed: find the vector.
-            rows = np.repeat(np.arange(len(self.ids), dtype=np.int64), np.diff(indptr))
-            keys, inverse = np.unique(rows * len(vocab) + terms, return_inverse=True)
-            sums = np.zeros(keys.size)
-            np.add.at(sums, inverse, values32.astype(np.float64))
-            row = int(keys[np.argmax(sums)] // len(vocab))
-            raise self.error(row, "duplicate terms sum to a weight that overflows float32") from None
-        stats.records += len(coll)
-        stats.empty_vectors += int(np.count_nonzero(coll.row_lengths == 0))
-        return coll
-
-
-def _where(path: str, line: int, record: bool) -> str:
-    return f"{path} record {line}" if record else f"{path}:{line}"
 
 
 # -- opening files ------------------------------------------------------------------------
@@ -207,7 +111,7 @@ def available_cores() -> int:
 class _Commit:
     """Appends chunk results to the builder in file order, with absolute line numbers."""
 
-    def __init__(self, path: str, b: _Builder, stats: ReadStats) -> None:
+    def __init__(self, path: str, b: VectorBuilder, stats: ReadStats) -> None:
         self.path, self.b, self.stats, self.base = path, b, stats, 0
 
     def __call__(self, res: ChunkResult) -> None:
@@ -300,7 +204,7 @@ def _gz_chunks(f: IO[bytes], spath: str, prog: _RawProgress, lines_done: list[in
 
 
 def _read_jsonl_into(
-    path: Path, b: _Builder, ids_of: TokenIds, unknown: Unknown, stats: ReadStats, progress: bool, pool: Any
+    path: Path, b: VectorBuilder, ids_of: TokenIds, unknown: Unknown, stats: ReadStats, progress: bool, pool: Any
 ) -> None:
     spath = str(path)
     commit = _Commit(spath, b, stats)
@@ -406,15 +310,15 @@ def read_vectors(
     workers = available_cores() if workers is None else workers
     if workers < 1:
         raise ValueError(f"workers must be ≥ 1, not {workers}")
-    b = _Builder()
+    b = VectorBuilder()
     ids_of = TokenIds(vocab)
     with _worker_pool(workers, files, ids_of, unknown) as pool:
         for path in files:
             stats.files.append(str(path))
             if path.name.endswith(".bin"):
-                _read_seismic_bin_into(path, b, vocab, progress)
+                read_seismic_bin_into(path, b, vocab, progress)
             elif path.name.endswith(".npz"):
-                _read_npz_into(path, b, vocab, unknown, stats)
+                read_npz_into(path, b, vocab, unknown, stats)
             else:
                 _read_jsonl_into(path, b, ids_of, unknown, stats, progress, pool)
     if not b.ids:
@@ -467,97 +371,3 @@ def _refuse_other_folders(folder: Path) -> None:
             "this folder holds both a corpus and queries (a BEIR or encoded folder): name the file to read",
             path=folder,
         )
-
-
-# -- Seismic binary -----------------------------------------------------------------------
-
-
-def _read_seismic_bin_into(path: Path, b: _Builder, vocab: Vocabulary, progress: bool) -> None:
-    spath = str(path)
-    if path.name.endswith(".gz"):
-        raise InputError("compressed Seismic binary files are not supported; gunzip it first", path=spath)
-    try:
-        data = np.memmap(path, dtype=np.uint8, mode="r") if path.stat().st_size else np.zeros(0, np.uint8)
-    except OSError as exc:
-        raise InputError(f"cannot open: {exc.strerror}", path=spath) from None
-    if data.size < 4:
-        raise InputError("too short for a Seismic binary file (no vector count)", path=spath)
-    words = data[: data.size // 4 * 4].view("<u4")
-    n = int(words[0])
-    n_words = words.size
-    if n > n_words - 1:  # every record takes at least one word: refuse before allocating
-        raise InputError(
-            f"the header announces {n:,} records but the file holds at most {n_words - 1:,} "
-            "(truncated or not Seismic?)",
-            path=spath,
-            field="count",
-        )
-    lengths = np.empty(n, dtype=np.int64)
-    starts = np.empty(n, dtype=np.int64)
-    pos = 1  # in 4-byte words
-    for rec in tqdm(range(n), desc=path.name, unit="vec", disable=not progress or None, leave=False):
-        if pos >= n_words:
-            raise InputError(
-                f"file ends inside record {rec + 1} of {n} (truncated?)", path=spath, line=rec + 1, record=True
-            )
-        ln = int(words[pos])
-        if pos + 1 + 2 * ln > n_words:
-            raise InputError(
-                f"record {rec + 1} of {n} claims {ln} entries past the end of the file (truncated?)",
-                path=spath,
-                line=rec + 1,
-                record=True,
-            )
-        lengths[rec], starts[rec] = ln, pos + 1
-        pos += 1 + 2 * ln
-    if pos * 4 != data.size:
-        raise InputError(f"{data.size - pos * 4} bytes after the last of {n} records", path=spath)
-    first = len(b.ids)
-    for rec in range(n):
-        b.add_id(str(first + rec), spath, rec + 1, record=True)
-    nnz = int(lengths.sum())
-    if nnz:
-        local = np.arange(nnz, dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        tpos = np.repeat(starts, lengths) + local
-        term_ids = words[tpos].view("<i4").astype(np.int64)
-        weights = words[tpos + np.repeat(lengths, lengths)].view("<f4")
-        bad = (term_ids < 0) | (term_ids >= len(vocab))
-        if bad.any():
-            i = int(np.argmax(bad))
-            rec = int(np.searchsorted(np.cumsum(lengths), i, side="right"))
-            raise InputError(
-                f"term id {term_ids[i]} is outside the vocabulary of {len(vocab)} terms",
-                path=spath,
-                line=rec + 1,
-                field="components",
-                record=True,
-            )
-    base = b.indptr[-1]
-    b.indptr.frombytes((base + np.cumsum(lengths)).astype(np.int64).tobytes())
-    if nnz:
-        b.add_postings(first, term_ids, weights, weight_problems(weights.astype(np.float64), lengths))
-
-
-# -- GPUSparse .npz -------------------------------------------------------------------------
-
-
-def _read_npz_into(path: Path, b: _Builder, vocab: Vocabulary, unknown: Unknown, stats: ReadStats) -> None:
-    spath = str(path)
-    f = read_npz(path)
-    first = len(b.ids)
-    for rec, doc_id in enumerate(f.ids):
-        check_id(doc_id, path=spath, line=rec + 1, record=True)
-    if len(set(f.ids)) == len(f.ids) and b.seen.keys().isdisjoint(f.ids):
-        b.seen.update(zip(f.ids, range(first, first + len(f.ids)), strict=True))
-        b.ids.extend(f.ids)
-        b.rec_file.extend([spath] * len(f.ids))
-        b.rec_line.frombytes(np.arange(1, len(f.ids) + 1, dtype=np.int64).tobytes())
-        b.rec_binary.frombytes(bytes([1]) * len(f.ids))
-    else:  # a repeated id: one by one, for the error
-        for rec, doc_id in enumerate(f.ids):
-            b.add_id(doc_id, spath, rec + 1, record=True)
-    terms, weights, lengths, skipped = f.in_vocabulary(vocab, unknown)
-    stats.unknown_tokens_skipped += skipped
-    w64 = np.asarray(weights, dtype=np.float64)
-    b.add_postings(first, terms, w64.astype(np.float32), weight_problems(w64, lengths))
-    b.indptr.frombytes((b.indptr[-1] + np.cumsum(lengths)).astype(np.int64).tobytes())
