@@ -3,6 +3,7 @@ built, and the decisions under a limit (gpusparse.device_memory) with a fake dev
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import numpy as np
@@ -313,3 +314,41 @@ def test_serve_passes_the_limit_to_every_search(collection, tmp_path, monkeypatc
     assert r.exit_code == 0, r.output
     # the server's worker thread does not see the CLI's settings: the limit goes with each search
     assert seen["search_kwargs"]["device_memory_limit"] == 2 << 30
+
+
+def test_without_a_limit_the_default_plans_only_when_it_might_not_fit():
+    """No user limit: a search plans within the GPU's available memory only when the default
+    layouts might not fit (about 3.5x the lists' bytes at their peak), and then says so in
+    the warning's wording rather than naming a limit."""
+    from gpusparse.device_memory import surely_fits
+
+    assert surely_fits(1 << 30, 8 << 30) and not surely_fits(8 << 30, 24 << 30)
+    rng = np.random.default_rng(9)
+    shape = IndexShape(Index.build(random_collection(rng, 300, 30, 8)))
+    lists = decide(shape, 1 << 40)  # everything fits: the configured mode
+    plan = dataclasses.replace(
+        decide(shape, lists.wanted.peak - 1, memory=DeviceMemory(1 << 40, 1 << 40)), implicit=True
+    )  # fmt: skip
+    assert plan.fallback and "available on the GPU" in plan.message() and "limit" not in plan.message()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda_kernel_available(), reason="needs a CUDA device and CuPy")
+def test_without_a_limit_a_search_that_might_not_fit_takes_the_tiled_layout(collection, monkeypatch):
+    """A GPU whose available memory (faked small) holds the tiled layout but not the default
+    layouts: the search without a limit takes the tiled layout, says so, and matches."""
+    import gpusparse.index as index_module
+
+    queries = random_collection(np.random.default_rng(8), 30, 20, 6)
+    free = Index.build(collection).search(queries, 50, device="cuda")
+    index = Index.build(collection)
+    p = peaks(IndexShape(index), batch_size=30, k=50)
+    small = limit_for(p["tiled"])  # the tiled layout fits, the default layouts do not
+    monkeypatch.setattr(index_module, "available_memory", lambda device: small)
+    monkeypatch.setattr(index_module, "surely_fits", lambda lists_bytes, available: False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = index.search(queries, 50, device="cuda", batch_size=30)
+    assert any("available on the GPU" in str(w.message) for w in caught if w.category is DeviceMemoryWarning)
+    assert torch.equal(got.ids, free.ids) and torch.equal(got.scores, free.scores)
+    assert index.device.type == "cpu"  # the lists stayed on the host

@@ -20,6 +20,7 @@ An out-of-memory error of either during a search becomes a one-line
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass
 
@@ -80,6 +81,7 @@ class Decision:
     limit: int
     usable: int
     kernel: str
+    implicit: bool = False  # no user limit: ``limit`` is what the device had available
 
     @property
     def fallback(self) -> bool:
@@ -95,8 +97,9 @@ class Decision:
             "scatter": f"the {self.kernel} kernel over the padded lists",
         }.get(chosen.mode, chosen.mode)
         slower = SLOWDOWN[chosen.mode] / SLOWDOWN[self.wanted.mode]
+        limit = f"{gb(self.limit)} available on the GPU" if self.implicit else f"limit {gb(self.limit)}"
         return (
-            f"the fast layout needs {gb(self.wanted.peak)} of GPU memory, limit {gb(self.limit)}: searching with "
+            f"the fast layout needs {gb(self.wanted.peak)} of GPU memory, {limit}: searching with "
             f"{how}, {gb(chosen.peak)} (about {slower:.1f}x slower)"
         )
 
@@ -164,11 +167,14 @@ def search_plan(
     allow_streaming: bool = False,
     memory: DeviceMemory | None = None,
     warn: bool = True,
+    implicit: bool = False,
 ) -> Decision:
     """:func:`decide` for searching ``index`` on CUDA ``device`` under ``limit`` bytes, made once
     per index object and arguments (the shape is counted once); a new plan also enforces the
     limit (:func:`enforce`) and warns if it falls back (``warn``). ``memory``: the device's
-    memory as a test gives it (then nothing is enforced); default: asked of the device."""
+    memory as a test gives it (then nothing is enforced); default: asked of the device.
+    ``implicit``: ``limit`` is not the user's but what the device had available
+    (:func:`available_memory`): planned within, not enforced."""
     config = engine_config()
     batch = batch_size or 256
     key = (str(device), limit, kernel, batch, k, memory_budget, allow_streaming, config.resident,
@@ -188,12 +194,29 @@ def search_plan(
         fallback_kernel=fallback_kernel(device) if real else "scatter", allow_streaming=allow_streaming,
         memory=memory, batch_size=batch, k=k, n_sm=n_sm, memory_budget=memory_budget,
     )  # fmt: skip
-    if real:
+    if implicit:
+        decision = dataclasses.replace(decision, implicit=True)
+    elif real:
         enforce(device, limit, memory)
     if warn and decision.fallback:
         warnings.warn(decision.message(), DeviceMemoryWarning, stacklevel=3)
     plans[key] = decision
     return decision
+
+
+def available_memory(device: torch.device) -> int:
+    """What this process may take on CUDA ``device`` without a user limit: its free memory plus
+    what PyTorch already holds there (the index's own arrays, if on the device, are part of
+    the prediction)."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return int(free) + int(torch.cuda.memory_reserved(device))
+
+
+def surely_fits(lists_bytes: int, available: int) -> bool:
+    """Whether the default mode fits ``available`` bytes without a prediction: padded lists,
+    forward copy and tiled layout stay within about 3.5 times the lists' bytes (22 bytes a
+    posting at their peak against 8), plus temporaries; a margin covers the rest."""
+    return 4 * lists_bytes + (1 << 30) <= available
 
 
 def enforce(device: torch.device, limit: int, memory: DeviceMemory) -> dict[str, int]:

@@ -19,7 +19,7 @@ import torch
 from . import engines
 from .collection import SparseCollection, is_torch_sparse
 from .config import engine_config, override_config
-from .device_memory import is_out_of_memory, out_of_memory_error, search_plan
+from .device_memory import available_memory, is_out_of_memory, out_of_memory_error, search_plan, surely_fits
 from .engines.tiled.waves import search_bytes
 from .footprint import IndexShape, predict
 from .layout.derived import normalize_device
@@ -246,7 +246,9 @@ class Index(PostingLists):
                 (:mod:`gpusparse.footprint`): a faster mode that does not fit gives way to one
                 that does, with a :class:`~gpusparse.device_memory.DeviceMemoryWarning`, or the
                 search is refused; then the limit is enforced on PyTorch and CuPy
-                (:mod:`gpusparse.device_memory`).
+                (:mod:`gpusparse.device_memory`). Without a limit, an index whose default
+                layouts might not fit the GPU is planned the same way within what the GPU has
+                available (nothing enforced).
 
         Returns:
             :class:`~gpusparse.search.SearchResults` ``(scores, ids)``, both ``[n_queries, w]``
@@ -271,9 +273,20 @@ class Index(PostingLists):
         """
         dev = torch.device(device) if device is not None else (self.search_device or self.device)
         limit = engine_config().device_memory_limit if device_memory_limit is None else device_memory_limit
-        plan = None
+        plan, implicit = None, False
+        if dev.type == "cuda" and limit is None and engine_config().resident == "lists":
+            # No limit set: when the default layouts may not fit the device, plan within what it
+            # has (once per device), so that a search that fits another way takes it and says so
+            # instead of running out of memory.
+            known = self.__dict__.setdefault("_available", {})
+            if str(dev) not in known:
+                avail = available_memory(dev)
+                lists_bytes = sum(t.numel() * t.element_size() for t in self.arrays().values())
+                known[str(dev)] = None if surely_fits(lists_bytes, avail) else avail
+            limit, implicit = known[str(dev)], known[str(dev)] is not None
         if dev.type == "cuda" and limit is not None:
-            plan = search_plan(self, dev, limit, kernel=kernel, batch_size=batch_size, k=k, memory_budget=memory_budget)
+            plan = search_plan(self, dev, limit, kernel=kernel, batch_size=batch_size, k=k, memory_budget=memory_budget,
+                               implicit=implicit)  # fmt: skip
             kernel = plan.kernel if plan.chosen.mode == "scatter" else kernel
         scope = override_config(resident=plan.chosen.mode) if plan and plan.chosen.mode in ("lists", "tiled") else None
         try:
