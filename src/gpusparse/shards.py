@@ -35,7 +35,7 @@ import torch
 
 from ._version import __version__
 from .errors import IndexFormatError, InputError
-from .layout.postings import PostingLists, bisect_lists, empty_lists
+from .layout.postings import PostingLists, bisect_lists, empty_lists, list_arrays
 from .storage import (
     MANIFEST,
     _sha256,
@@ -151,14 +151,7 @@ def drop_documents(index: PostingLists, deleted: np.ndarray) -> PostingLists:
         scores[dst] = w
         max_scores.scatter_reduce_(0, term, w, reduce="amax")
         placed += counts
-    arrays = {
-        "doc_ids": doc_ids,
-        "scores": scores,
-        "offsets": offsets,
-        "lengths": lengths.to(torch.int32),
-        "padded_lengths": padded.to(torch.int32),
-        "max_scores": max_scores,
-    }
+    arrays = list_arrays(doc_ids, scores, offsets, lengths, padded, max_scores)
     survivors = np.flatnonzero(~deleted)
     ids = [index.ids[j] for j in survivors] if index._ids is not None else None
     n_empty = int((~present & ~gone).sum())
@@ -198,14 +191,7 @@ def _assemble(
             scores[dst] = w
             max_scores.scatter_reduce_(0, term, w, reduce="amax")
         before += count
-    return {
-        "doc_ids": doc_ids,
-        "scores": scores,
-        "offsets": offsets,
-        "lengths": lengths.to(torch.int32),
-        "padded_lengths": padded.to(torch.int32),
-        "max_scores": max_scores,
-    }
+    return list_arrays(doc_ids, scores, offsets, lengths, padded, max_scores)
 
 
 # -- folders ------------------------------------------------------------------------------

@@ -72,6 +72,25 @@ def empty_lists(lengths: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return padded, offsets, doc_ids, scores, max_scores
 
 
+def list_arrays(
+    doc_ids: torch.Tensor,
+    scores: torch.Tensor,
+    offsets: torch.Tensor,
+    lengths: torch.Tensor,
+    padded: torch.Tensor,
+    max_scores: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """The padded lists' arrays by name, as :class:`PostingLists` takes them (lengths int32)."""
+    return {
+        "doc_ids": doc_ids,
+        "scores": scores,
+        "offsets": offsets,
+        "lengths": lengths.to(torch.int32),
+        "padded_lengths": padded.to(torch.int32),
+        "max_scores": max_scores,
+    }
+
+
 def build_inverted_index(
     collection: SparseCollection
     | tuple[torch.Tensor | np.ndarray, torch.Tensor | np.ndarray, torch.Tensor | np.ndarray, int],
@@ -145,14 +164,7 @@ def build_inverted_index(
         max_scores.scatter_reduce_(0, t, w, reduce="amax")
         bar.update(hi - lo)
     bar.close()
-    return {
-        "doc_ids": doc_ids,
-        "scores": scores,
-        "offsets": offsets,
-        "lengths": lengths.to(torch.int32),
-        "padded_lengths": padded.to(torch.int32),
-        "max_scores": max_scores,
-    }
+    return list_arrays(doc_ids, scores, offsets, lengths, padded, max_scores)
 
 
 def _spans(n_rows: int, indptr: np.ndarray, chunk: int) -> list[tuple[int, int]]:
