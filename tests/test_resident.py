@@ -168,6 +168,10 @@ def test_memory_reports_components_by_device():
     assert not any("exact weights" in n for n in names) and layout.list_pos is None
     assert report["by_device"]["cpu"] == sum(c["bytes"] for c in report["components"])
     assert report["search_bytes"] > 0
+    # the temporaries follow the tiles the layout was built with (16 documents here)
+    from gpusparse.engines.tiled.waves import search_bytes
+
+    assert report["search_bytes"] == search_bytes(-(-index.n_docs // 16), 4, 10, 132)
 
 
 @pytest.mark.gpu

@@ -25,6 +25,7 @@ from .footprint import IndexShape, predict
 from .layout.derived import normalize_device
 from .layout.postings import DEFAULT_BUILD_CHUNK, PostingLists, build_inverted_index
 from .layout.resident import tiled_resident
+from .layout.tiled import default_layout
 from .quantize import quantize_collection, quantize_csr
 from .queries import as_queries
 from .search import SearchResults, search
@@ -374,7 +375,10 @@ class Index(PostingLists):
         by_device: dict[str, int] = {}
         for c in out:
             by_device[c["device"]] = by_device.get(c["device"], 0) + c["bytes"]
-        n_tiles = max(1, -(-self.n_docs >> 13))
+        # the tiles of a layout built so far, else those the engine would build
+        built = [key[0] for d in (self.derived, *(v.derived for v in self.derived.views.values())) for key in d.layouts]
+        bits = built[0] if built else default_layout(self, engine_config().fixed_point)[0]
+        n_tiles = max(1, -(-self.n_docs >> bits))
         temp = search_bytes(n_tiles, batch_size, k, n_sm)
         peak = {dev: n + temp for dev, n in by_device.items() if dev != "cpu"}
         shape = self.__dict__.get("_memory_shape")
