@@ -2,7 +2,7 @@
 
 Documents are cut into tiles of ``2**tile_bits``; postings are stored tile-major, then
 term-major, then by document: ``offs`` (int16 holding the unsigned 16-bit offset inside the
-tile) and ``wts`` (float32, or 8-bit levels), with
+tile) and ``wts`` (float32; int32 fixed-point integers in a layout beside the lists; or 8-bit levels), with
 ``seg[tile * V + term]`` the start of each (tile, term) segment — 6 bytes a posting instead
 of the paper's 8, and no padding. Segments covering a large share of a tile are stored
 densely, one weight per document of the tile (0 where absent), which the kernel adds in
