@@ -221,29 +221,31 @@ def table_memory_components() -> str:
 
 
 def table_memory_modes() -> str:
-    """What the fast engine holds in each residency mode (bench/memory.py), beside the old code's speed."""
+    """What the fast engine holds in each residency mode (bench/memory.py), and its speed
+    beside the default mode's of the same weights in the same run."""
+
+    def plain(r: dict) -> bool:
+        return "rows" in r and not r["config"].get("cap_gib") and not r["config"].get("limit_gib")
+
     data = newest(
         "*-memory-v*.json",
         lambda d: (
-            any("predicted" in r for r in d.get("results", []))
-            and (RESULTS / d["_path"].split("/")[-1].replace(".json", "-old-6cc3948.json")).exists()
+            {r["config"]["mode"] for r in d.get("results", []) if plain(r) and "predicted" in r} >= {"lists", "tiled"}
         ),
     )
-    old = _load(RESULTS / Path(data["_path"]).name.replace(".json", "-old-6cc3948.json"))
-    before = {r["config"]["quantize"]: r["rows"]["1000"]["median_ms"] for r in old["results"] if "rows" in r}
+    runs = [r for r in data["results"] if plain(r)]
+    default = {r["config"]["quantize"]: r["rows"]["1000"]["median_ms"] for r in runs if r["config"]["mode"] == "lists"}
     lines = [
         "| weights | mode | resident on the GPU GB | peak, every allocator GB | predicted peak GB | top-1000 ms "
-        "| vs the previous release's `lists` |",
+        "| vs `lists` |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
-    for r in data["results"]:
-        if "rows" not in r:
-            continue
+    for r in runs:
         c = r["config"]
         gpu = sum(n for d, n in r["index_memory"]["by_device"].items() if d != "cpu")
         ms = r["rows"]["1000"]["median_ms"]
-        base = before.get(c["quantize"])
-        ratio = f"{ms / base - 1:+.0%}" if base else "—"
+        base = default.get(c["quantize"])
+        ratio = "—" if c["mode"] == "lists" or not base else f"{ms / base - 1:+.0%}"
         lines.append(
             f"| {'8-bit' if c['quantize'] else 'float32'} | `{c['mode']}` | {gpu / 1e9:.2f} | "
             f"{r['peak']['all_allocators'] / 1e9:.2f} | {r['predicted']['peak'] / 1e9:.2f} | {ms:.2f} | {ratio} |"
@@ -253,9 +255,8 @@ def table_memory_modes() -> str:
         f"{data['docs']:,} calibrated synthetic documents, batch {data['batch']}, k = 1000, median of "
         "repeated searches host to host. `lists`: padded lists, forward copy and tiled layout on the GPU (the "
         'default); `tiled` (`EngineConfig(resident="tiled")`): the tiled layout alone. Peak = PyTorch\'s '
-        "reserved peak plus CuPy's pool; predicted = `gpusparse info --device cuda`. The previous release's "
-        f"times come from the same device call. {data['device']}, {data['time'][:10]}; raw numbers: "
-        f"`{data['_path']}`, `{old['_path']}`.",
+        "reserved peak plus CuPy's pool; predicted = `gpusparse info --device cuda`. "
+        f"{data['device']}, {data['time'][:10]}; raw numbers: `{data['_path']}`.",
     ]
     return "\n".join(lines)
 
