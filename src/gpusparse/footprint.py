@@ -37,7 +37,7 @@ from .engines.base import CELL_BYTES, DEFAULT_MEMORY_BUDGET
 from .engines.tiled.waves import search_bytes
 from .layout.postings import PostingLists
 from .layout.tiled import BUILD_CHUNK as TILED_CHUNK
-from .layout.tiled import DEFAULT_LAYOUT, SMALL_DENSE_MIN, SMALL_TILES
+from .layout.tiled import layout_defaults
 
 MODES = ("lists", "tiled", "streamed", "scatter")
 H100_SMS = 132  # multiprocessors assumed when no GPU is at hand
@@ -137,16 +137,10 @@ class Footprint:
 
 def layout_choice(shape: IndexShape, config: EngineConfig) -> tuple[int, float, bool]:
     """``(tile_bits, dense_min, fixed)`` the tiled engine builds for this index and settings
-    (:func:`~gpusparse.layout.tiled.default_layout`, fixed point as in
+    (:func:`~gpusparse.layout.tiled.layout_defaults`, fixed point as in
     :func:`~gpusparse.engines.tiled.engine.layout_for_search`)."""
     fixed = config.fixed_point and config.accumulator == "u32" and not shape.quantized
-    if shape.quantized:
-        bits, dense_min = DEFAULT_LAYOUT["uint8"]
-        fixed = False
-    else:
-        bits, dense_min = DEFAULT_LAYOUT["fixed" if fixed else "float32"]
-        if fixed and (shape.n_docs >> bits) < SMALL_TILES:
-            dense_min = SMALL_DENSE_MIN
+    bits, dense_min = layout_defaults(shape.n_docs, shape.quantized, fixed)
     if config.dense_min != "auto":  # the engine's setting replaces the default share
         dense_min = config.dense_min  # type: ignore[assignment]
     return bits, dense_min, fixed

@@ -202,10 +202,16 @@ def fixed_weight_bits(max_weight: float) -> int:
 
 def default_layout(index: PostingLists, fixed: bool = False) -> tuple[int, float]:
     """``(tile_bits, dense_min)`` for this index's weights (see :data:`DEFAULT_LAYOUT`)."""
-    if index.quantization is not None:
+    return layout_defaults(index.n_docs, index.quantization is not None, fixed)
+
+
+def layout_defaults(n_docs: int, quantized: bool, fixed: bool) -> tuple[int, float]:
+    """:func:`default_layout` from the figures it depends on (for predictions made without
+    the index's arrays)."""
+    if quantized:
         return DEFAULT_LAYOUT["uint8"]
     bits, dense_min = DEFAULT_LAYOUT["fixed" if fixed else "float32"]
-    if fixed and (index.n_docs >> bits) < SMALL_TILES:
+    if fixed and (n_docs >> bits) < SMALL_TILES:
         dense_min = SMALL_DENSE_MIN
     return bits, dense_min
 
