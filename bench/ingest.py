@@ -1,6 +1,7 @@
 """Files in, GPU index out (issue 21): write calibrated synthetic JSONL, then time each stage.
 
-Stages, each timed on its own (wall seconds, documents/s, the process's peak RSS so far):
+Stages, each timed on its own (wall seconds, documents/s, the process's peak RSS so far, and on a GPU
+the stage's peak over every allocator: PyTorch reserved plus CuPy's pool):
 
 * ``write``: generate ``--docs`` calibrated documents (:func:`gpusparse.synthetic.generate`,
   ~120 postings each, BERT tokens) and write them as ``--shards`` JsonVectorCollection
@@ -50,13 +51,37 @@ def _card(device: str) -> str:
     return f"cpu ({platform.processor() or platform.machine()})"
 
 
+def _gpu_memory() -> dict | None:
+    """This stage's GPU bytes over every allocator: PyTorch's peaks (reset per stage), CuPy's pool, the device."""
+    if not torch.cuda.is_available():
+        return None
+    free, total = torch.cuda.mem_get_info()
+    out = {
+        "torch_max_allocated": torch.cuda.max_memory_allocated(),
+        "torch_max_reserved": torch.cuda.max_memory_reserved(),
+        "device_used": total - free,
+        "cupy_pool": 0,
+    }
+    try:
+        import cupy
+
+        out["cupy_pool"] = int(cupy.get_default_memory_pool().total_bytes())
+    except ImportError:
+        pass
+    out["all_allocators"] = out["torch_max_reserved"] + out["cupy_pool"]
+    return out
+
+
 def _stage(rows: list[dict], name: str, docs: int, fn):
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     out = fn()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     wall = time.perf_counter() - t0
-    rows.append({"stage": name, "docs": docs, "wall_s": wall, "docs_per_s": docs / wall, "peak_rss_bytes": _peak_rss()})
+    rows.append({"stage": name, "docs": docs, "wall_s": wall, "docs_per_s": docs / wall, "peak_rss_bytes": _peak_rss(),
+                 "gpu_memory": _gpu_memory()})  # fmt: skip
     print(f"{name:>10}: {docs:,} docs in {wall:.1f} s", file=sys.stderr, flush=True)
     return out
 
@@ -111,11 +136,12 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def table(result: dict) -> str:
-    lines = [f"{'stage':>10} {'docs':>12} {'wall s':>8} {'docs/s':>12} {'peak RSS GB':>12}"]
+    lines = [f"{'stage':>10} {'docs':>12} {'wall s':>8} {'docs/s':>12} {'peak RSS GB':>12} {'GPU peak GB':>12}"]
     for r in result["stages"]:
+        gpu = r.get("gpu_memory")
         lines.append(
             f"{r['stage']:>10} {r['docs']:>12,} {r['wall_s']:>8.1f} {r['docs_per_s']:>12,.0f} "
-            f"{r['peak_rss_bytes'] / 1e9:>12.2f}"
+            f"{r['peak_rss_bytes'] / 1e9:>12.2f} {gpu['all_allocators'] / 1e9 if gpu else float('nan'):>12.2f}"
         )
     total = sum(r["wall_s"] for r in result["stages"] if r["stage"] not in ("write", "read_1core"))
     lines.append(
