@@ -10,6 +10,7 @@ import multiprocessing
 import signal
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -314,7 +315,7 @@ def test_disk_full_names_the_file_and_the_index(tmp_path, monkeypatch):
     def short_write(file, arr, **kwargs):
         raise OSError("524576 requested and 524256 written")
 
-    monkeypatch.setattr(storage_mod.np, "save", short_write)
+    monkeypatch.setattr(np.lib.format, "write_array", short_write)  # what array_files.write_npy calls
     with pytest.raises(OSError, match=r"the disk is full: writing doc_ids.npy of the index failed") as info:
         Index.build(docs_for(IDS)).save(tmp_path / "idx")
     assert info.value.filename == str(tmp_path / "idx") and ".tmp-" not in str(info.value)

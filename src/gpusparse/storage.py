@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -36,6 +37,7 @@ import numpy as np
 import torch
 
 from ._version import __version__
+from .array_files import FileJobError, read_all, read_npy, write_all, write_npy
 from .errors import IndexFormatError
 from .layout.postings import PostingLists
 from .quantize import Quantization
@@ -60,15 +62,16 @@ def save_index(index: PostingLists, path: str | Path, *, overwrite: bool = False
     tmp = new_folder(path, overwrite)
     fname = ""  # the file being written, for a disk-full message
     try:
-        files: dict[str, dict[str, Any]] = {}
-        for name, tensor in index.arrays().items():
-            fname = f"{name}.npy"
-            np.save(tmp / fname, tensor.detach().cpu().numpy().astype(_DTYPES[name], copy=False))
-            files[fname] = _describe(tmp / fname)
+        arrays = {n: t.detach().cpu().numpy().astype(_DTYPES[n], copy=False) for n, t in index.arrays().items()}
+        try:
+            files = write_all({f"{n}.npy": functools.partial(write_npy, tmp / f"{n}.npy", arrays[n]) for n in arrays})
+        except FileJobError as err:
+            fname = err.name
+            raise err.error from None
         fname = "ids.txt"
         with (tmp / fname).open("w", encoding="utf-8", newline="\n") as f:
-            for doc_id in index.ids:
-                f.write(doc_id + "\n")
+            if index.ids:  # one write, not one a document
+                f.write("\n".join(index.ids) + "\n")
         files[fname] = _describe(tmp / fname)
         fname = "vocab.txt"
         index.vocab.save(tmp / fname)
@@ -275,24 +278,23 @@ def load_index(path: str | Path, *, device: str | torch.device, mmap: bool, veri
         size = f.stat().st_size
         if size != meta["bytes"]:
             raise IndexFormatError(f"{path}: {fname} has {size} bytes, the manifest says {meta['bytes']} (truncated?)")
-        if verify and _sha256(f) != meta["sha256"]:
+    arrays_read = {f"{name}.npy" for name in _DTYPES}
+    for fname in files:
+        if fname in arrays_read or not verify:
+            continue  # the arrays are checked as they are read
+        if _sha256(path / fname) != files[fname]["sha256"]:
             raise IndexFormatError(f"{path}: {fname} does not match its checksum (corrupted)")
     device = torch.device(device)
-    arrays = {}
-    for name, dtype in _DTYPES.items():
-        fname = f"{name}.npy"
-        if fname not in files:
-            raise IndexFormatError(f"{path}: the manifest lists no {fname}")
-        try:
-            # "c" (copy-on-write) maps the file yet gives a writable array torch accepts.
-            arr = np.load(path / fname, mmap_mode="c" if mmap and device.type == "cpu" else None, allow_pickle=False)
-        except (ValueError, OSError) as exc:
-            raise IndexFormatError(f"{path}: {fname} is not a readable .npy array ({exc})") from None
-        if arr.dtype != dtype or arr.ndim != 1:
-            raise IndexFormatError(
-                f"{path}: {fname} has dtype {arr.dtype} and {arr.ndim} dims, expected 1-D {np.dtype(dtype)}"
-            )
-        arrays[name] = torch.from_numpy(arr).to(device)
+    for name in _DTYPES:
+        if f"{name}.npy" not in files:
+            raise IndexFormatError(f"{path}: the manifest lists no {name}.npy")
+    arrays = read_all({
+        name: functools.partial(
+            read_npy, path / f"{name}.npy", dtype, device=device, mmap=mmap,
+            sha256=files[f"{name}.npy"]["sha256"] if verify else None,
+        )
+        for name, dtype in _DTYPES.items()
+    })  # fmt: skip
     n_docs, n_terms, n_padded = manifest["n_docs"], manifest["n_terms"], manifest["n_padded"]
     for name in ("offsets", "lengths", "padded_lengths", "max_scores"):
         if arrays[name].numel() != n_terms:
