@@ -3,7 +3,7 @@
 Writing hashes the bytes as they go out (the SHA-256 needs no second read); reading maps
 the file and hashes each slice of it as it goes to its destination: a GPU through two
 page-locked buffers (no host copy of the array, so no fresh pages to fault in), or a host
-copy. Files are handled by a few threads (hashing and file I/O release the GIL), so the
+copy. Files are read by a few threads (hashing, file I/O and copies release the GIL), so the
 largest arrays are read, hashed and copied side by side. The files are plain ``np.save``
 output, byte for byte.
 """
@@ -56,12 +56,20 @@ class FileJobError(Exception):
 
 
 def write_all(jobs: Mapping[str, Callable[[], dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """Run each file's writer (name → callable returning its description) a few at a time.
+    """Run each file's writer (name → callable returning its description), one after the other:
+    writing is bound by the disk, and parallel writers measured slower on the GPU machine's disk
+    (bench/NOTES.md).
 
     Raises:
         FileJobError: naming the first file (in ``jobs``' order) whose writer failed.
     """
-    return _parallel(jobs, named=True)
+    out = {}
+    for name, job in jobs.items():
+        try:
+            out[name] = job()
+        except Exception as exc:
+            raise FileJobError(name, exc) from exc
+    return out
 
 
 def read_npy(
@@ -149,17 +157,9 @@ def _to_device(raw: np.ndarray, mapped: np.ndarray, device: torch.device, sha: A
     return out
 
 
-def _parallel(jobs: Mapping[str, Callable[[], Any]], *, named: bool = False) -> dict[str, Any]:
-    def run(name: str, job: Callable[[], Any]) -> Any:
-        try:
-            return job()
-        except Exception as exc:
-            if named:
-                raise FileJobError(name, exc) from exc
-            raise
-
+def _parallel(jobs: Mapping[str, Callable[[], Any]]) -> dict[str, Any]:
     if len(jobs) <= 1:
-        return {name: run(name, job) for name, job in jobs.items()}
+        return {name: job() for name, job in jobs.items()}
     with ThreadPoolExecutor(max_workers=min(THREADS, len(jobs)), thread_name_prefix="gpusparse-files") as pool:
-        futures = {name: pool.submit(run, name, job) for name, job in jobs.items()}
+        futures = {name: pool.submit(job) for name, job in jobs.items()}
         return {name: f.result() for name, f in futures.items()}  # the first failure, in file order
