@@ -23,7 +23,7 @@ layout stores a (tile, term) segment densely when it holds that share of the til
   ``--l2-sample`` groups captured in a CUDA graph, scaled to all tiles). The first and last
   groups' partial products are checked against float64 GEMMs (``exact``).
 
-Usage (GPU machine; ~2-3 minutes, ~45 GB of device memory at 8.8M documents):
+Usage (GPU machine; ~2-3 minutes, ~50 GB of device memory at 8.8M documents):
 
     python bench/dense_gemm.py --out $OUT/dense_gemm.json
     python bench/dense_gemm.py --docs 20000 --device cpu --reps 2 --group 2 --l2-group 1   # a smoke run anywhere
@@ -91,7 +91,7 @@ def time_calls(fn, dev: torch.device, reps: int, graph: bool = False) -> tuple[f
             with torch.cuda.graph(g):
                 fn()
             run, how = g.replay, "graph"
-        except RuntimeError:  # capture refused: eager launches (their gaps count)
+        except Exception:  # capture refused: eager launches (their gaps count)
             run = fn
     times = []
     for _ in range(reps):
@@ -227,6 +227,25 @@ def search_times(index, queries, args) -> dict:
     return out
 
 
+def phase_times(index, queries, args) -> dict:
+    """The whole search at the first k with the kernel's dense or sparse phase compiled out
+    (``PROFILE_SKIP_*``: results wrong, times indicative): what each phase costs today."""
+    from gpusparse.kernels import tile_candidates
+    from gpusparse.kernels.cupy_launch import variant
+
+    k, out = args.ks[0], {}
+    for name, define in (("skip_dense", "PROFILE_SKIP_DENSE"), ("skip_sparse", "PROFILE_SKIP_SPARSE")):
+        with variant(tile_candidates.SOURCE, defines=(define,)):
+            index.search(queries, k, batch_size=args.batch)  # compiles the variant
+            times = []
+            for _ in range(args.reps):
+                t0 = time.perf_counter()
+                index.search(queries, k, batch_size=args.batch)
+                times.append((time.perf_counter() - t0) * 1e3)
+        out[f"search_ms_{name}"] = statistics.median(times)
+    return {"k": k, **out}
+
+
 def run_weights(weights_kind: str, args) -> list[dict]:
     dev = torch.device(args.device)
     docs, qcsr = generate(args.docs, args.batch, seed=args.seed, device=dev)
@@ -243,6 +262,8 @@ def run_weights(weights_kind: str, args) -> list[dict]:
         row: dict = {"weights": weights_kind, "dense_min": dm}
         with override_config(dense_min=dm):
             row["search"] = search_times(index, queries, args)
+            if dev.type == "cuda" and not args.no_phases:
+                row["phases"] = phase_times(index, queries, args)
             layout = layout_for_search(index)  # the search's own (built by it on a GPU), or built now
         row["layout"] = coverage(index, layout, batch)
         q = query_ints(index, layout, batch, weights_kind)
@@ -270,6 +291,9 @@ def run_weights(weights_kind: str, args) -> list[dict]:
 def _line(r: dict) -> str:
     lay = r["layout"]
     s = "  ".join(f"k={k} {v['median_ms']:.2f} ms" for k, v in r["search"].items())
+    if "phases" in r:
+        p, full = r["phases"], r["search"][str(r["phases"]["k"])]["median_ms"]
+        s += f" (dense phase ~{full - p['search_ms_skip_dense']:.2f}, sparse ~{full - p['search_ms_skip_sparse']:.2f})"
     g = "  ".join(f"{kind} {v['ms']:.2f} ms (L2 {v['l2']['ms']:.2f}, {v['gemms_per_group']} GEMMs, exact {v['exact']})"
                   for kind, v in r["gemm"].items())  # fmt: skip
     rows_gb = lay["dense_row_bytes"] / 1e9
@@ -279,21 +303,28 @@ def _line(r: dict) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| weights | dense_min | search ms (k) | dense rows GB | postings dense | batch pairs dense | sparse pairs "
-            "| K union | fp16 GEMM ms (L2) | int8 GEMM ms (L2) | GEMMs fp16/int8 | exact |")  # fmt: skip
-    out = [head, "|" + "---|" * (head.count("|") - 1)]
+    """The short table printed last (ms: device medians; "bound": the roofline with the output kept on chip)."""
+    head = [
+        "weights", "dense_min", "search ms (k)", "dense / sparse phase ms", "dense rows GB", "postings dense",
+        "batch pairs dense", "sparse postings / block", "K", "fp16 GEMM ms (L2, bound)", "int8 GEMM ms (L2, bound)",
+        "GEMMs fp16 / int8", "exact",
+    ]  # fmt: skip
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         lay, g = r["layout"], r["gemm"]
         search = ", ".join(f"{v['median_ms']:.2f} ({k})" for k, v in r["search"].items())
-        out.append(
-            f"| {r['weights']} | {r['dense_min']} | {search} | {lay['dense_row_bytes'] / 1e9:.2f} | "
-            f"{lay['dense_share_of_postings']:.1%} | {lay['batch_dense_share']:.1%} | "
-            f"{lay['batch_sparse_pairs'] / 1e9:.3f}e9 | {g['fp16']['k_union_mean']:.0f} | "
-            f"{g['fp16']['ms']:.2f} ({g['fp16']['l2']['ms']:.2f}) | "
-            f"{g['int8']['ms']:.2f} ({g['int8']['l2']['ms']:.2f}) | "
-            f"{g['fp16']['gemms_per_group']}/{g['int8']['gemms_per_group']} | "
-            f"{g['fp16']['exact']}/{g['int8']['exact']} |"
-        )
+        phases = "-"
+        if "phases" in r:
+            p, full = r["phases"], r["search"][str(r["phases"]["k"])]["median_ms"]
+            phases = f"{full - p['search_ms_skip_dense']:.2f} / {full - p['search_ms_skip_sparse']:.2f}"
+        cells = [
+            r["weights"], str(r["dense_min"]), search, phases, f"{lay['dense_row_bytes'] / 1e9:.2f}",
+            f"{lay['dense_share_of_postings']:.1%}", f"{lay['batch_dense_share']:.1%}",
+            f"{lay['sparse_postings_per_block']:.0f}", f"{g['fp16']['k_padded_mean']:.0f}",
+            *(f"{g[k]['ms']:.2f} ({g[k]['l2']['ms']:.2f}, {g[k]['roofline_fused_ms']:.2f})" for k in KINDS),
+            " / ".join(str(g[k]["gemms_per_group"]) for k in KINDS), " / ".join(str(g[k]["exact"]) for k in KINDS),
+        ]  # fmt: skip
+        out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
 
@@ -331,6 +362,7 @@ def main() -> None:
     ap.add_argument("--peak-tops-int8", type=float, default=1979.0, help="int8 dense tensor-core peak (H100 SXM)")
     ap.add_argument("--bandwidth-tbs", type=float, default=3.35, help="device memory bandwidth (H100 SXM)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-phases", action="store_true", help="skip the searches with a kernel phase compiled out")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
