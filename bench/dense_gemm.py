@@ -270,6 +270,9 @@ def run_weights(weights_kind: str, args) -> list[dict]:
         row["gemm"] = {}
         for kind in KINDS:
             row["gemm"][kind] = gemm_over_tiles(layout, q, kind, args.group, args, check=True)
+            # (query, posting) pairs of the batch in dense rows, per (query, slot) the GEMM multiplies
+            macs = q.shape[0] * row["gemm"][kind]["operand_slots"]
+            row["gemm"][kind]["useful_share"] = row["layout"]["batch_dense_pairs"] / macs if macs else None
             row["gemm"][kind]["l2"] = gemm_over_tiles(layout, q, kind, args.l2_group, args, sample=args.l2_sample,
                                                       graph=True)  # fmt: skip
         if dev.type == "cuda":
