@@ -284,3 +284,19 @@ def test_streamed_layout_on_the_gpu_matches_the_chunk_reference(weights):
     prepared = quantize_queries(queries, 8) if quant is not None else queries
     s, i = chunk_reference_search(iter(stream), query_batch(prepared, dev), 1000, stream.n_terms, quantization=quant)
     assert torch.equal(res.ids, i.cpu()) and torch.equal(res.scores, s.cpu())
+
+
+def test_stream_keeps_the_calibrated_statistics():
+    """The stream draws from generate's model: the same row lengths and weights, in law."""
+    from gpusparse.synthetic import generate, synthetic_stats
+
+    stream = SyntheticStream(1500, seed=2, chunk_docs=1024)
+    chunks = list(stream)
+    indptr = torch.cat([chunks[0][0]] + [c[0][1:] + sum(int(x[0][-1]) for x in chunks[:i])
+                                         for i, c in enumerate(chunks) if i])  # fmt: skip
+    docs = (indptr, torch.cat([c[1] for c in chunks]), torch.cat([c[2] for c in chunks]))
+    ours = synthetic_stats(docs, stream.queries(16), max_queries=16)
+    theirs = synthetic_stats(*generate(1500, 16, seed=2), max_queries=16)
+    for key, tol in (("doc_nnz_mean", 0.03), ("doc_nnz_sd", 0.1), ("weight_median", 0.05), ("query_nnz_mean", 0.15),
+                     ("nonempty_lists", 0.01), ("frac_docs_touched", 0.15)):  # fmt: skip
+        assert ours[key] == pytest.approx(theirs[key], rel=tol), key
