@@ -154,6 +154,8 @@ def test_append_piece_shifts_positions_and_rows():
     assert bool((d[piece.dense_id < 0] == -1).all())
     with pytest.raises(ValueError, match="runs past"):
         append_piece(layout, piece, 6, (0, 0))
+    with pytest.raises(ValueError, match="no room"):
+        append_piece(layout, piece, 0, (8, 2))
 
 
 def _quantization(docs) -> Quantization:

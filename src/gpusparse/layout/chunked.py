@@ -134,6 +134,8 @@ def append_piece(layout: TiledIndex, piece: TiledIndex, tile0: int, at: tuple[in
     if b > layout.dense_id.numel():
         raise ValueError(f"a piece of {n_pairs // v} tiles from tile {tile0} runs past the layout's")
     n_sparse, n_dense = int(piece.seg[-1]), piece.n_dense
+    if pos0 + n_sparse > layout.offs.numel() or row0 + n_dense > layout.n_dense:
+        raise ValueError(f"no room for the piece from tile {tile0}: more postings or dense rows than allocated")
     layout.seg[a + 1 : b + 1] = piece.seg[1:] + pos0  # int64: positions past 2**31 stay exact
     layout.dense_id[a:b] = torch.where(piece.dense_id >= 0, piece.dense_id + row0, piece.dense_id)
     layout.offs[pos0 : pos0 + n_sparse] = piece.offs
