@@ -23,6 +23,7 @@ import torch
 
 from ...config import engine_config
 from ...kernels import cupy_launch, rescore, tile_candidates
+from ...layout.layout_only import LayoutOnly
 from ...layout.postings import PostingLists
 from ...layout.tiled import AUTO, TiledIndex, tiled_layout
 from ...queries import QueryBatch, batch_rows, query_batch
@@ -31,6 +32,7 @@ from ..reference import reference_search
 from .device import device_search
 from .emulation import torch_tiled_candidates
 from .fixed_point import choose_acc, fixed_point, integer_weights, out_of_range
+from .layout_fallback import layout_reference_search
 from .ranking import rank_candidates
 from .waves import candidate_lows, candidates, compact_cuda, compact_torch
 
@@ -161,6 +163,8 @@ def tiled_search(
             most = DEFAULT_MEMORY_BUDGET // POSTING_BYTES
             if index.lists_resident:
                 s2, i2 = reference_search(index, sub, k, doc_chunk=chunk, max_postings=most)
+            elif isinstance(index, LayoutOnly):  # no lists anywhere: these few rows are searched on the layout
+                s2, i2 = layout_reference_search(layout, sub, k, max_postings=most)
             else:  # the lists are on the host: these few rows are searched there
                 host = index.host  # type: ignore[attr-defined]
                 s2, i2 = reference_search(host, batch_rows(batch, redo, host.device), k, doc_chunk=chunk,
