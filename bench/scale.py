@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = run(args)
     out = {
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-        "commit": _git_head(),
+        "commit": os.environ.get("GIT_COMMIT") or _git_head(),
         "command": " ".join(["python", "bench/scale.py", *(argv if argv is not None else sys.argv[1:])]),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "result": result,
