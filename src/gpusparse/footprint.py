@@ -201,7 +201,7 @@ def layout_parts(shape: IndexShape, config: EngineConfig, *, list_positions: boo
             "tiled layout: dense_id + list_pos" if list_positions else "tiled layout: dense_id",
             (6 if list_positions else 2) * pairs + 4 * (n_tiles + 1),
         ),
-        (f"tiled layout: sparse postings ({posting} bytes each)", n_sparse * posting),
+        (f"tiled layout: {posting}-byte sparse postings", n_sparse * posting),
         ("tiled layout: dense rows", int(dense_row_bytes(bits, counts[dense], wbytes).sum())),
     ]
     return parts
