@@ -195,3 +195,22 @@ def test_cuda_kernels_read_the_packed_layout_exactly(rng, tile_bits, fixed):
     want = exact_scores(index, batch, rows[present], cand[present])
     assert torch.equal(scores[present].view(torch.int32), want.view(torch.int32))
     assert bool((keys[~present] == 0).all())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(("tile_bits", "list_positions"), [(5, True), (13, False), (14, False)])
+def test_a_layout_built_on_the_gpu_equals_the_cpu_build(rng, tile_bits, list_positions):
+    """Every array of the layout, packed (5, 13) or not (14: 9 exponents, 8 allowed), built on the
+    GPU from device or host slabs, equals the CPU build."""
+    docs = _collection(rng, 20000, 200, 120, 128)
+    index = Index.build(docs)
+    want = build_tiled(index, tile_bits, dense_min=0.1, fixed=True, list_positions=list_positions, chunk=4097)
+    assert want.packed == (tile_bits <= 13)
+    on_gpu = Index.build(docs, device="cuda")
+    for source, device in ((on_gpu, None), (index, "cuda")):  # device slabs, then host slabs copied over
+        got = build_tiled(source, tile_bits, dense_min=0.1, fixed=True, list_positions=list_positions, chunk=4097,
+                          device=device)  # fmt: skip
+        assert got.exp_base == want.exp_base and got.weight_bits == want.weight_bits
+        for x, y in zip(got.arrays(), want.arrays(), strict=True):
+            assert x.is_cuda and torch.equal(x.cpu(), y)
