@@ -238,7 +238,7 @@ def build_tiled(
     if n_tiles and int((tile_start[1:] - tile_start[:-1]).max()) >= 1 << 31:
         raise ValueError("a tile holds 2**31 sparse postings or more: use smaller tiles")
     seg = torch.zeros((n_tiles, n_terms + 1), dtype=torch.int32, device=dev)
-    torch.cumsum(sparse_counts, 1, dtype=torch.int32, out=seg[:, 1:])
+    seg[:, 1:] = torch.cumsum(sparse_counts, 1, dtype=torch.int32)  # before the layout's big arrays
     seg = seg.view(-1)
     del sparse_counts, is_dense, per_tile
     # Postings of term t in tiles before tile b: where the (b, t) share starts in t's list.
