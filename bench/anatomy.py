@@ -54,8 +54,9 @@ def block_work(tl, batch) -> dict[str, float]:
     real_per_row = real_per_row.to(terms.device)
     for t0 in range(0, nt, 64):  # [tiles, B, T] at a time, bounded
         t1 = min(nt, t0 + 64)
-        seglen = (tl.seg[t0 * v + 1 : t1 * v + 1] - tl.seg[t0 * v : t1 * v]).view(t1 - t0, v)
-        did = tl.dense_id[t0 * v : t1 * v].view(t1 - t0, v)[:, tt]  # [tiles, B, T]
+        seg = tl.seg.view(nt, v + 1)[t0:t1]  # segment starts inside each tile
+        seglen = seg[:, 1:] - seg[:, :-1]
+        did = tl.dense_rows(torch.arange(t0 * v, t1 * v, device=tl.seg.device)).view(t1 - t0, v)[:, tt]
         sparse += float((seglen[:, tt] * valid).sum())
         isd = (did >= 0) & valid
         dense_rows += float(isd.sum())
@@ -125,7 +126,12 @@ def main() -> None:
         return
     card = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     out = {"card": card, "commit": args.commit, "n_docs": args.n, "batch": args.batch}
-    out["layout"] = {"tile_bits": tl.tile_bits, "dense_rows": tl.dense.shape[0], "sparse_postings": tl.offs.numel()}
+    out["layout"] = {
+        "tile_bits": tl.tile_bits,
+        "dense_rows": tl.dense.shape[0],
+        "sparse_postings": tl.n_sparse,
+        "packed": tl.packed,
+    }
     out["work"] = block_work(tl, batch)
     print(json.dumps(out["layout"]), json.dumps(out["work"]), flush=True)
     sources = [("current", None)] + [(Path(b).name, Path(b)) for b in args.baseline]

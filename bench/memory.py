@@ -7,7 +7,8 @@ tiled layout alone, float64 products), and each ``--dense-min`` of the tiled mod
 process each: generate the calibrated synthetic collection on the device, build, search one
 batch at k = 1000 and 10 host to host (median ms), and report the peak over every allocator
 (PyTorch allocated and reserved, CuPy's pool, device-wide use from ``mem_get_info``), the
-index's own :meth:`~gpusparse.Index.memory` report and a checksum of the results (identical
+index's own :meth:`~gpusparse.Index.memory` report, the tiled layouts built (``layouts``: their
+form, 5 or 6 bytes a sparse posting) and a checksum of the results (identical
 across modes of one weight type). Each row also records the prediction made from the lists before
 the first search builds anything (:func:`gpusparse.footprint.predict` of the run's mode):
 ``predicted`` (components, temporaries, peak) beside the measured ``peak``. ``--cap-gib 16``
@@ -94,6 +95,7 @@ def worker(args: argparse.Namespace) -> dict:
                                    "checksum": digest}  # fmt: skip
         report = index.memory(batch_size=args.batch, k=max(args.ks), n_sm=_n_sm(dev))
         out["index_memory"] = report
+        out["layouts"] = _layouts(index)
         out["peak"] = _peaks(dev) if cuda else {}
         out["predicted"] = predicted
         plans = index.__dict__.get("_memory_plans", {}).values()
@@ -102,6 +104,15 @@ def worker(args: argparse.Namespace) -> dict:
     out["config"] = {"mode": args.mode, **MODES[args.mode], "quantize": args.quantize, "cap_gib": args.cap_gib,
                      "limit_gib": limit_gib, "dense_min": dense_min}  # fmt: skip
     return out
+
+
+def _layouts(index) -> list[dict]:
+    """The tiled layouts built for the search: tiles, dense rows, sparse postings and their
+    form (``exp_base`` set: 5 bytes a posting; an older checkout has no such field)."""
+    owners = [index, *index.derived.views.values()]
+    return [{"key": repr(key), "tile_bits": tl.tile_bits, "dense_rows": tl.dense.shape[0],
+             "sparse_postings": tl.offs.numel(), "exp_base": getattr(tl, "exp_base", None), "bytes": tl.nbytes}
+            for owner in owners for key, tl in owner.derived.layouts.items()]  # fmt: skip
 
 
 def _prediction(index, args: argparse.Namespace, dev) -> dict:

@@ -67,10 +67,8 @@ def run_kernel(tl, batch, terms32, fp, k, bufs, acc, **build) -> None:
     count.zero_()
     q_scale = kernel_scale(tl, fp)
     tile_candidates.tiled_candidates(
-        tl.seg, tl.offs, tl.wts, tl.dense_id, tl.dense, terms32, batch.padded_weights, q_scale, fp.delta,
-        n_docs=tl.n_docs, n_terms=tl.n_terms, tile_bits=tl.tile_bits, k=k, acc=acc, q_shift=fp.shift,
-        weight_bits=tl.weight_bits,
-        int_weights=tl.wts.dtype == torch.uint8,
+        tl, terms32, batch.padded_weights, q_scale, fp.delta, k=k, acc=acc, q_shift=fp.shift,
+        int_weights=tl.quantized,
         theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val, **build,
     )  # fmt: skip
 

@@ -3,9 +3,9 @@
 Each mutation below is a small source edit that breaks the contract the way a real bug
 would (drop canonical rescoring, sum the canonical score in float32 or in another order,
 reverse the tie-break, zero the tiled engine's margin, drop a tile, drop the quantized
-rounding). For each, the package source (``src/``) is copied to a temporary folder, the
-edit applied there (the pattern must occur: a mutation that no longer applies is an error,
-so the list follows the code), and a fast subset of the suite runs against the copy with
+rounding, lose bits of packed weights). For each, the package source (``src/``) is copied
+to a temporary folder, the edit applied there (the pattern must occur: a mutation that no
+longer applies is an error, so the list follows the code), and a fast subset of the suite runs against the copy with
 ``PYTHONPATH`` pointing at it. The check passes when the unmutated copy passes the subset
 and every mutated one fails it.
 
@@ -110,6 +110,13 @@ MUTATIONS = [
         "torch.round(values.to(torch.float64) / step)",
         "torch.floor(values.to(torch.float64) / step)",
         ("tests/test_quantize.py",),
+    ),
+    Mutation(
+        "lose the low bits of packed float32 weights",
+        "layout/packing.py",
+        "(field & 0xFF).to(torch.uint8)",
+        "(field & 0xF0).to(torch.uint8)",
+        ("tests/test_packing.py",),
     ),
 ]
 

@@ -55,8 +55,33 @@ def test_the_prediction_is_the_bytes_built(collection, quantize, fixed):
         view = layout_for_search(TiledResident(index, torch.device("cpu")))  # resident="tiled": no list_pos
         assert total(layout_parts(shape, config, list_positions=False)) == view.nbytes
         assert view.list_pos is None and view.nbytes < layout.nbytes
+        # float32 sparse postings in 5 bytes, but beside the lists fixed point stores int32 integers
+        assert view.packed == (quantize is None) and layout.packed == (quantize is None and not fixed)
     assert total(list_parts(shape.n_padded, shape.n_terms)) == nbytes(index.arrays().values())
     assert total(forward_parts(shape.n_docs, shape.n_postings)) == nbytes(forward_copy(index))
+
+
+def test_the_prediction_follows_the_fallbacks(monkeypatch):
+    """Weights whose exponents span too much for 5 bytes, and tiles with more dense
+    segments than their int16 ids allow (here 3), are predicted as built."""
+    import gpusparse.layout.tiled as tiled_mod
+
+    rng = np.random.default_rng(5)
+    docs = random_collection(rng, 3000, 30, 10)
+    docs.values[::7] *= np.float32(2.0**-20)  # 22 exponents: more than 16
+    index = Index.build(docs)
+    monkeypatch.setattr(tiled_mod, "MAX_DENSE_PER_TILE", 3)
+    with override_config(fixed_point=True, dense_min=0.05):
+        view = layout_for_search(TiledResident(index, torch.device("cpu")))
+        assert not view.packed and view.n_sparse > 0
+        per_tile = (view.dense_start[1:] - view.dense_start[:-1]).tolist()
+        assert max(per_tile) == 3 and int((view.dense_id >= 0).sum()) == view.n_dense  # capped
+        assert total(layout_parts(IndexShape(index), engine_config(), list_positions=False)) == view.nbytes
+        queries = random_collection(rng, 6, 30, 5)
+        got = index.search(queries, 20, kernel="tiled")
+        want = index.search(queries, 20, kernel="reference")
+        np.testing.assert_array_equal(got.scores, want.scores)
+        np.testing.assert_array_equal(got.ids, want.ids)
 
 
 def test_index_memory_predicts_before_anything_is_built_and_agrees_after_a_search(collection):

@@ -68,9 +68,10 @@ def test_a_fixed_point_layout_stores_the_float32_weights():
     index = Index.build(random_collection(rng, 100, 20, 5))
     a, b = build_tiled(index, 4, dense_min=0.2, fixed=True), build_tiled(index, 4, dense_min=0.2)
     assert a.weight_bits is not None and b.weight_bits is None
-    for name in ("seg", "offs", "wts", "dense_id", "dense"):
+    for name in ("seg", "offs", "wts", "dense_id", "dense", "tile_start", "dense_start"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
-    assert a.wts.dtype == torch.float32 and a.nbytes == b.nbytes
+    assert a.packed and a.exp_base == b.exp_base and a.nbytes == b.nbytes
+    assert a.weights_at(torch.arange(a.n_sparse)).dtype == a.dense.dtype == torch.float32
 
 
 def test_a_stored_fixed_layout_holds_the_kernels_integers_and_refuses_rescoring():
@@ -81,7 +82,7 @@ def test_a_stored_fixed_layout_holds_the_kernels_integers_and_refuses_rescoring(
     a = build_tiled(index, 4, dense_min=0.2, fixed=True, stored_fixed=True)
     b = build_tiled(index, 4, dense_min=0.2, fixed=True)
     assert a.wts.dtype == a.dense.dtype == torch.int32 and a.weight_bits == b.weight_bits and a.n_dense > 0
-    for x, y in ((a.wts, b.wts), (a.dense, b.dense)):
+    for x, y in ((a.wts, b.weights_at(torch.arange(b.n_sparse))), (a.dense, b.dense)):
         assert torch.equal(x.to(torch.int64), torch.round(y.to(torch.float64) * 2.0**b.weight_bits).to(torch.int64))
     batch = query_batch(random_collection(rng, 2, 20, 4), index.device)
     with pytest.raises(ValueError, match="fixed-point integers"):
@@ -94,7 +95,7 @@ def test_layout_built_from_host_slabs_is_the_same():
     a = build_tiled(index, 5, dense_min=0.1, fixed=True, chunk=1 << 23)
     b = build_tiled(index, 5, dense_min=0.1, fixed=True, chunk=61)
     assert a.n_dense > 0
-    for name in ("seg", "offs", "wts", "dense_id", "dense", "list_pos"):
+    for name in ("seg", "offs", "wts", "dense_id", "dense", "tile_start", "dense_start", "list_pos"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
     assert a.nbytes == b.nbytes > build_tiled(index, 5, dense_min=0.1, fixed=True, list_positions=False).nbytes
 

@@ -32,15 +32,18 @@ def test_layout(rng, tile_bits, dense_min):
     tl = build_tiled(index, tile_bits, dense_min=dense_min, chunk=97)  # small chunks: several build steps
     dense = docs.to_scipy().toarray()
     tile = 1 << tile_bits
-    seg = tl.seg.numpy()
-    dense_id = tl.dense_id.numpy()
+    seg = tl.segment_starts().numpy()
+    dense_id = tl.dense_rows(torch.arange(tl.n_tiles * tl.n_terms)).numpy()
     rows = tl.dense
     n_dense_postings = int((rows != 0).sum())
     assert seg[0] == 0 and seg[-1] == tl.offs.numel() == int(index.lengths.sum()) - n_dense_postings
     assert (np.diff(seg) >= 0).all()
+    assert tl.packed == (tile_bits <= 13)  # weights in (0.01, 6]: 10 exponents
     if dense_min is None:
         assert (dense_id == -1).all() and tl.n_dense == 0
-    offs = tl.offs.numpy().astype(np.int64) & 0xFFFF
+    everything = torch.arange(tl.n_sparse)
+    offs = tl.offsets_at(everything).numpy()
+    weights = tl.weights_at(everything).numpy()
     list_pos = tl.list_pos.numpy()
     for t in range(tl.n_tiles):
         for term in range(tl.n_terms):
@@ -57,7 +60,11 @@ def test_layout(rng, tile_bits, dense_min):
             assert dense_min is None or expected.size < max(1, int(dense_min * tile))
             d = t * tile + offs[a:b]
             np.testing.assert_array_equal(d, expected)
-            np.testing.assert_array_equal(tl.wts.numpy()[a:b], dense[d, term])
+            np.testing.assert_array_equal(weights[a:b], dense[d, term])
+    # without list positions the shares' ranks are carried from slab to slab: the same layout
+    other = build_tiled(index, tile_bits, dense_min=dense_min, chunk=13, list_positions=False)
+    for x, y in zip(tl.arrays()[:7], other.arrays(), strict=False):
+        assert torch.equal(x, y)
 
 
 @pytest.mark.parametrize("weights", ["unit", "tiny", "huge"])
@@ -280,10 +287,13 @@ def test_cuda_compaction_equals_the_pytorch_one(rng):
                 assert torch.equal(d[r, :n], cpu[2][r, :n]) and torch.equal(v[r, :n], cpu[3][r, :n]), (k, spread, r)
 
 
-def fake_kernel(seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_delta, *, n_docs, n_terms, tile_bits,
-                k, tiles, select, acc, int_weights, q_shift, weight_bits, theta, cand_count, cand_doc,
-                cand_val):  # fmt: skip
-    """The CUDA kernel's contract in PyTorch, block by block, so the host's waves run on a CPU."""
+def fake_kernel(layout, q_terms, q_weights, q_scale, q_delta, *, k, tiles, select, acc, int_weights, q_shift, theta,
+                cand_count, cand_doc, cand_val):  # fmt: skip
+    """The CUDA kernel's contract in PyTorch, block by block, so the host's waves run on a CPU.
+    It reads the layout's arrays as the kernel does (not through the layout's accessors)."""
+    n_docs, n_terms, tile_bits, weight_bits = layout.n_docs, layout.n_terms, layout.tile_bits, layout.weight_bits
+    seg, dense_id, dense = layout.seg, layout.dense_id, layout.dense
+    shift = 32 - tile_bits
 
     def products(w: float, q: int, stored: torch.Tensor) -> torch.Tensor:
         if weight_bits is not None:  # fixed point: (round(w) · round(d · 2**b)) >> shift
@@ -292,6 +302,13 @@ def fake_kernel(seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_
                 fixed = torch.round(stored.to(torch.float64) * 2.0**weight_bits).to(torch.int64)
             return (round(w) * fixed) >> int(q_shift[q])
         return torch.round(w * stored.to(torch.float64)).to(torch.int64)
+
+    def sparse(a: int, e: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not layout.packed:
+            return layout.offs[a:e].to(torch.int64) & 0xFFFF, layout.wts[a:e]
+        word = layout.offs[a:e].to(torch.int64) & 0xFFFFFFFF
+        field = ((word & ((1 << shift) - 1)) << 8) | layout.wts[a:e].to(torch.int64)
+        return word >> shift, (field + (layout.exp_base << 23)).to(torch.int32).view(torch.float32)
 
     b, t = q_terms.shape
     cap = cand_doc.shape[1]
@@ -308,12 +325,14 @@ def fake_kernel(seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_
                 did = int(dense_id[tl_idx * n_terms + term])
                 if did >= 0:
                     w = float(q_weights[q, j]) * float(q_scale[q])
-                    acc += products(w, q, dense[did, :width])
+                    acc += products(w, q, dense[int(layout.dense_start[tl_idx]) + did, :width])
                     continue
-                a, e = int(seg[tl_idx * n_terms + term]), int(seg[tl_idx * n_terms + term + 1])
+                start = int(layout.tile_start[tl_idx])
+                a = start + int(seg[tl_idx * (n_terms + 1) + term])
+                e = start + int(seg[tl_idx * (n_terms + 1) + term + 1])
                 w = float(q_weights[q, j]) * float(q_scale[q])
-                contrib = products(w, q, wts[a:e])
-                acc.index_add_(0, offs[a:e].to(torch.int64) & 0xFFFF, contrib)
+                offs, wts = sparse(a, e)
+                acc.index_add_(0, offs, products(w, q, wts))
             if int(acc.max()) == 0:
                 continue
             tau = int(torch.topk(acc, k).values[-1]) if select and k <= width else 0

@@ -15,11 +15,14 @@ the allocators, and the peak. Every formula mirrors what the code builds:
 * ``scatter`` (the scatter-add engines): the padded lists and the temporaries the memory
   budget allows.
 
-The tiled layout (:mod:`gpusparse.layout.tiled`) costs ``seg`` (int64 per (tile, term), plus
-one), ``dense_id`` and ``list_pos`` (int32 per (tile, term)), an int16 offset and a weight a
-sparse posting, and :func:`dense_row_bytes` a dense segment. Which segments are dense depends
-on how many postings each (tile, term) pair holds: :class:`IndexShape` counts them once on the
-host (a bincount over the postings). The search temporaries are
+The tiled layout (:mod:`gpusparse.layout.tiled`) costs ``seg`` (int32 per (tile, term), plus
+one a tile, and an int64 ``tile_start`` a tile), ``dense_id`` (int16 per (tile, term), and an
+int32 ``dense_start`` a tile), ``list_pos`` (int32 per (tile, term)), 5 bytes a sparse posting
+with float32 weights that pack (:mod:`gpusparse.layout.packing`) or else an int16 offset and
+a weight, and :func:`dense_row_bytes` a dense segment. Which segments are dense depends on how
+many postings each (tile, term) pair holds: :class:`IndexShape` counts them once on the host
+(a bincount over the postings); whether the weights pack, on the span of their exponents
+(:meth:`IndexShape.exponents`). The search temporaries are
 :func:`~gpusparse.engines.tiled.waves.search_bytes`. The reserve covers the allocators'
 rounding and caching (:data:`RESERVE_BYTES` plus :data:`RESERVE_SHARE`); the CUDA context
 (a few hundred MB, outside every allocator) is not counted.
@@ -35,20 +38,23 @@ import torch
 from .config import EngineConfig, engine_config
 from .engines.base import CELL_BYTES, DEFAULT_MEMORY_BUDGET
 from .engines.tiled.waves import search_bytes
+from .layout.packing import exponent_base, exponent_range, merge_range
 from .layout.postings import PostingLists
+from .layout.statistics import max_score
 from .layout.tiled import BUILD_CHUNK as TILED_CHUNK
-from .layout.tiled import layout_defaults
+from .layout.tiled import dense_segments, fixed_weight_bits, layout_defaults
 
 MODES = ("lists", "tiled", "streamed", "scatter")
 H100_SMS = 132  # multiprocessors assumed when no GPU is at hand
-# Temporaries of the builders, per position of a slab: build_tiled ~100 bytes (its
-# docstring) over TILED_CHUNK positions, forward_index ~60 over 2**23.
+# Temporaries of the builders, per position of a slab: build_tiled ~128 bytes (counted from
+# its code: the slab's arrays and the share ranks carried between slabs) over TILED_CHUNK
+# positions, forward_index ~60 over 2**23.
 BUILD_CHUNK = 1 << 23
-TILED_BUILD_BYTES = 100
+TILED_BUILD_BYTES = 128
 FORWARD_BUILD_BYTES = 60
-# Beside the layout's own arrays build_tiled keeps only `before` (int32 a (tile, term) pair;
-# it becomes list_pos where that is kept): its count matrices are freed before those arrays
-# are allocated.
+# Beside the layout's own arrays build_tiled keeps only, where list_pos is kept, `before`
+# (int32 a (tile, term) pair, which becomes list_pos): its count matrices are freed before
+# those arrays are allocated.
 TILED_COUNT_BYTES = 4
 # The allocators' rounding, fragmentation and caching: a fixed part and a share of the rest.
 RESERVE_BYTES = 64 << 20
@@ -75,6 +81,26 @@ class IndexShape:
         self.n_postings = int(index.lengths.to(torch.int64).sum())
         self.quantized = index.quantization is not None
         self._counts: dict[int, np.ndarray] = {}
+        self._exponents: tuple[int, int] | None = None
+
+    def exponents(self, chunk: int = 1 << 22) -> tuple[int, int]:
+        """``(smallest, largest)`` float32 exponent field of the real postings' weights
+        (:func:`~gpusparse.layout.packing.exponent_range`), read in slabs of ``chunk``."""
+        if self._exponents is None:
+            index = self.index
+            span = exponent_range(torch.zeros(0))
+            for a in range(0, self.n_padded, chunk):
+                real = index.doc_ids[a : a + chunk] >= 0
+                span = merge_range(span, tuple(x.cpu() for x in exponent_range(index.scores[a : a + chunk][real])))
+            self._exponents = (int(span[0]), int(span[1]))
+        return self._exponents
+
+    def packed(self, tile_bits: int, fixed: bool) -> bool:
+        """Whether build_tiled packs this index's float32 sparse postings in 5 bytes."""
+        if self.quantized:
+            return False
+        weight_bits = fixed_weight_bits(max_score(self.index)) if fixed else None
+        return exponent_base(*self.exponents(), tile_bits, weight_bits) is not None
 
     def tile_counts(self, tile_bits: int, chunk: int = 1 << 22, *, bounded: bool | None = None) -> np.ndarray:
         """int64 ``[n_tiles * n_terms]``: real postings of each (tile, term) pair, tile-major.
@@ -157,21 +183,25 @@ def forward_parts(n_docs: int, n_postings: int) -> list[tuple[str, int]]:
 
 
 def layout_parts(shape: IndexShape, config: EngineConfig, *, list_positions: bool) -> list[tuple[str, int]]:
-    """The tiled layout's arrays (``list_positions``: with ``list_pos``, kept where rescoring
-    reads the lists)."""
-    bits, dense_min, _ = layout_choice(shape, config)
+    """The tiled layout's arrays (``list_positions``: the layout beside the lists, with
+    ``list_pos``, its fixed-point weights stored as integers, as
+    :func:`~gpusparse.engines.tiled.engine.layout_for_search` builds it)."""
+    bits, dense_min, fixed = layout_choice(shape, config)
     counts = shape.tile_counts(bits)
     pairs = counts.size
-    dense = counts >= max(1, int(dense_min * (1 << bits))) if dense_min is not None else np.zeros(pairs, bool)
+    n_tiles = pairs // max(1, shape.n_terms)
+    dense = dense_segments(torch.from_numpy(counts), shape.n_terms, bits, dense_min).numpy()
     n_sparse = int(counts[~dense].sum())
     wbytes = 1 if shape.quantized else 4
+    stored_fixed = list_positions and fixed  # int32 integers: not packed
+    posting = 5 if not stored_fixed and shape.packed(bits, fixed) else 2 + wbytes
     parts = [
-        ("tiled layout: seg", 8 * (pairs + 1)),
+        ("tiled layout: seg", 4 * n_tiles * (shape.n_terms + 1) + 8 * (n_tiles + 1)),
         (
             "tiled layout: dense_id + list_pos" if list_positions else "tiled layout: dense_id",
-            (8 if list_positions else 4) * pairs,
+            (6 if list_positions else 2) * pairs + 4 * (n_tiles + 1),
         ),
-        ("tiled layout: sparse postings", n_sparse * (2 + wbytes)),
+        (f"tiled layout: {posting}-byte sparse postings", n_sparse * posting),
         ("tiled layout: dense rows", int(dense_row_bytes(bits, counts[dense], wbytes).sum())),
     ]
     return parts
@@ -205,7 +235,8 @@ def predict(
     batch = search_bytes(n_tiles, batch_size, kk, n_sm)
     lists = list_parts(shape.n_padded, shape.n_terms)
     slab = min(TILED_CHUNK, shape.n_padded)
-    layout_build = n_tiles * shape.n_terms * TILED_COUNT_BYTES + slab * TILED_BUILD_BYTES
+    before = n_tiles * shape.n_terms * TILED_COUNT_BYTES  # where list_pos is kept
+    layout_build = slab * TILED_BUILD_BYTES
     if mode == "scatter":
         scatter = min(memory_budget or DEFAULT_MEMORY_BUDGET, batch_size * max(1, shape.n_docs) * CELL_BYTES)
         temps = [("search: score buffer (memory budget)", scatter), ("search: results", batch_size * kk * 12)]
@@ -223,6 +254,7 @@ def predict(
         temps = [("build: tiled layout", layout_build), ("build: forward copy", fwd_build)]
         temps.append(("search: one batch", batch))
         # the layout is built before the forward copy: its temporaries come without it
+        layout_build += before
         top = max(layout_build - fwd[0][1], fwd_build, batch)
     else:  # streamed: two pieces at once, each a share of the lists and the layout
         whole = sum(n for _, n in lists + layout_parts(shape, config, list_positions=True))
@@ -230,7 +262,7 @@ def predict(
         n_on = min(2, pieces)
         comps = [(f"two of {pieces} pieces (lists and tiled layout)" if n_on == 2 else "the index", n_on * per_piece)]
         piece_build = min(TILED_CHUNK, -(-shape.n_padded // pieces)) * TILED_BUILD_BYTES
-        piece_build += -(-n_tiles // pieces) * shape.n_terms * TILED_COUNT_BYTES
+        piece_build += -(-n_tiles // pieces) * shape.n_terms * TILED_COUNT_BYTES  # list_pos kept
         merge = batch_size * kk * 12 * 4
         temps = [("build: a piece's tiled layout", piece_build), ("search: one batch and the merge", batch + merge)]
         top = max(piece_build, batch + merge)

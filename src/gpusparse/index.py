@@ -358,9 +358,7 @@ class Index(PostingLists):
             add(f"{prefix}forward copy", lists.device, d.forward or ())
             fwd = {t.data_ptr() for t in d.forward or ()}
             for key, layout in d.layouts.items():
-                own = [layout.seg, layout.offs, layout.wts, layout.dense_id, layout.dense,
-                       layout.list_pos]  # fmt: skip
-                add(f"{prefix}tiled layout {key}", lists.device, own)
+                add(f"{prefix}tiled layout {key}", lists.device, layout.arrays(forward=False))
                 extra = [t for t in layout.forward or () if t.data_ptr() not in fwd]
                 add(f"{prefix}forward copy", lists.device, extra)
 

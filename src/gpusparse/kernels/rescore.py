@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from ..layout.packing import kernel_bias
 from .cupy_launch import available, check_tensors, device_index, launch, load_kernel, pointer
 
 if TYPE_CHECKING:
@@ -118,7 +119,7 @@ def candidate_keys_cuda(
     :func:`~gpusparse.kernels.forward_index`, which rescoring then reads instead of searching
     the inverted lists (same bits, far fewer memory sectors); ``tiled`` (optional, without
     ``forward`` or ``list_pos``): the tiled layout, which rescoring then reads
-    (``canonical_tiled``: its float32 weights or 8-bit levels), and the four index arrays may
+    (``canonical_tiled``: its float32 weights, packed or not, or 8-bit levels), and the four index arrays may
     be ``None``. All contiguous on one CUDA device.
     """
     dev = cand_doc.device
@@ -160,25 +161,35 @@ def candidate_keys_cuda(
         expected |= {f"forward {name}": (x, dtypes[name]) for name, x in zip(dtypes, forward, strict=True)}
         if forward[1].shape != forward[2].shape or forward[0].numel() < 1:
             raise ValueError("forward must be the index's (indptr, terms, weights)")
-    t_args: list = [np.uint64(0)] * 7 + [np.float32(1.0)]
+    t_args: list = [np.uint64(0)] * 9 + [np.float32(1.0), np.uint64(0), np.uint32(0)]
     if tiled is not None:
-        source = (tiled.wts, tiled.dense)
-        wdtype = source[0].dtype
-        if wdtype not in (torch.float32, torch.uint8) or source[1].dtype != wdtype:
+        wdtype = tiled.dense.dtype
+        if wdtype not in (torch.float32, torch.uint8):
             raise ValueError("the layout's rescoring weights must be float32 or uint8 levels")
+        packed = tiled.packed
         expected |= {
-            "tiled seg": (tiled.seg, torch.int64),
-            "tiled offs": (tiled.offs, torch.int16),
-            "tiled dense_id": (tiled.dense_id, torch.int32),
-            "tiled weights": (source[0], wdtype),
-            "tiled dense": (source[1], wdtype),
+            "tiled seg": (tiled.seg, torch.int32),
+            "tiled tile_start": (tiled.tile_start, torch.int64),
+            "tiled offs": (tiled.offs, torch.int32 if packed else torch.int16),
+            "tiled dense_id": (tiled.dense_id, torch.int16),
+            "tiled dense_start": (tiled.dense_start, torch.int32),
+            "tiled weights": (tiled.wts, torch.uint8 if packed else wdtype),
+            "tiled dense": (tiled.dense, wdtype),
         }
-        if tiled.dense_id.numel() != tiled.n_tiles * v or tiled.seg.numel() != tiled.dense_id.numel() + 1:
+        if tiled.dense_id.numel() != tiled.n_tiles * v or tiled.seg.numel() != tiled.n_tiles * (v + 1):
             raise ValueError("the tiled layout's seg and dense_id must hold one entry per (tile, term)")
-        fl, lv = (source, (None, None)) if wdtype == torch.float32 else ((None, None), source)
-        t_args = [pointer(tiled.seg), pointer(tiled.offs), pointer(tiled.dense_id)]
+        sparse = None if packed else tiled.wts
+        fl, lv = (
+            ((sparse, tiled.dense), (None, None)) if wdtype == torch.float32 else ((None, None), (sparse, tiled.dense))
+        )
+        t_args = [pointer(x) for x in (tiled.seg, tiled.tile_start, tiled.offs, tiled.dense_id, tiled.dense_start)]
         t_args += [pointer(x) if x is not None else np.uint64(0) for x in (*fl, *lv)]
         t_args.append(np.float32(tiled.step))
+        t_args += (
+            [pointer(tiled.wts), np.uint32(kernel_bias(tiled.exp_base, None))]
+            if packed
+            else [np.uint64(0), np.uint32(0)]
+        )
     check_tensors(expected, dev)
     if cand_val.shape != cand_doc.shape or not 0 <= w <= ld:
         raise ValueError("cand_doc and cand_val must have one shape, of at least width columns")

@@ -1,11 +1,12 @@
 """The tiled engine's CUDA kernel: on-chip accumulation per (document tile, query), compiled at run time.
 
 Documents are cut into tiles of ``2**TILE_BITS``; the postings of each (tile, term) pair are
-stored together as 16-bit offsets inside the tile and float32 weights (see
-:mod:`gpusparse.engines.tiled`). One thread block handles one (query, tile): it accumulates the
-query's scores for the whole tile in shared memory, so no ``[B, N]`` buffer exists and the
-only device-memory traffic is reading postings (blocks of the same tile run together and
-share them through L2) and writing a few candidates.
+stored together as offsets inside the tile and weights (:mod:`gpusparse.layout.tiled`; float32
+ones packed in 5 bytes where they allow it, :mod:`gpusparse.layout.packing`). One thread
+block handles one (query, tile): it accumulates the query's scores for the whole tile in
+shared memory, so no ``[B, N]`` buffer exists and the only device-memory traffic is reading
+postings (blocks of the same tile run together and share them through L2) and writing a few
+candidates.
 
 Scores are accumulated in fixed point (ACC_MODES: 32-bit sums, or 64 bits as two 32-bit
 halves): every product ``w_q · w_d`` is scaled by the query's power-of-two ``scale`` and
@@ -25,11 +26,16 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from ..layout.packing import kernel_bias
 from .cupy_launch import available, check_tensors, device_index, launch, load_kernel, pointer, variant_of
+
+if TYPE_CHECKING:
+    from ..layout.tiled import TiledIndex
 
 __all__ = ["ACC_MODES", "ACC_TOP", "SOURCE", "available", "launch_shape", "shared_bytes", "tiled_candidates"]
 
@@ -78,6 +84,7 @@ def compile_options(
     int_weights: bool,
     fixed: bool = False,
     defines: Sequence[str] = (),
+    packed: bool = False,
 ) -> tuple[str, ...]:
     """The NVRTC options of one build of the kernel (``defines``: extra ``-D`` names, profiling only)."""
     return (
@@ -91,6 +98,7 @@ def compile_options(
         f"-DINT_W={int(int_weights and not fixed)}",
         f"-DFIXED_W={int(fixed)}",
         f"-DFIXED_STORED={int(fixed and weight_type == 'unsigned int')}",
+        f"-DPACKED={int(packed)}",
         *(f"-D{d}" for d in defines),
     )
 
@@ -107,26 +115,18 @@ def _kernel(build: tuple, device: int, variant: tuple[str, tuple[str, ...]]):  #
 
 
 def tiled_candidates(
-    seg: torch.Tensor,
-    offs: torch.Tensor,
-    wts: torch.Tensor,
-    dense_id: torch.Tensor,
-    dense: torch.Tensor,
+    layout: TiledIndex,
     q_terms: torch.Tensor,
     q_weights: torch.Tensor,
     q_scale: torch.Tensor,
     q_delta: torch.Tensor,
     *,
-    n_docs: int,
-    n_terms: int,
-    tile_bits: int,
     k: int,
     tiles: tuple[int, int] | None = None,
     select: bool = True,
     acc: str = "carry",
     int_weights: bool = False,
     q_shift: torch.Tensor | None = None,
-    weight_bits: int | None = None,
     theta: torch.Tensor,
     cand_count: torch.Tensor,
     cand_doc: torch.Tensor,
@@ -136,12 +136,12 @@ def tiled_candidates(
     min_blocks: int | None = None,
     defines: Sequence[str] = (),
 ) -> None:
-    """Launch ``cuda/tile_candidates.cu``'s kernel on the current PyTorch stream (see the module docstring).
+    """Launch ``cuda/tile_candidates.cu``'s kernel over ``layout`` on the current PyTorch stream
+    (see the module docstring).
 
-    All tensors must be contiguous on one CUDA device: ``seg`` int64 ``[n_tiles·V + 1]``,
-    ``offs`` int16 (read as unsigned) and ``wts`` float32 or uint8 ``[P]``, ``dense_id`` int32
-    ``[n_tiles·V]``, ``dense`` (``wts``'s dtype) ``[n_dense, 2**tile_bits]``, ``q_terms`` int32 and
-    ``q_weights`` float32 ``[B, T]``, ``q_scale`` float64 and ``q_delta`` int64 ``[B]``,
+    The layout's arrays (:class:`~gpusparse.layout.tiled.TiledIndex`: float32, uint8 or int32
+    weights, packed or not) and these must be contiguous on one CUDA device: ``q_terms`` int32
+    and ``q_weights`` float32 ``[B, T]``, ``q_scale`` float64 and ``q_delta`` int64 ``[B]``,
     ``theta`` int64 ``[B]`` (zeros, updated), ``cand_count`` int32 ``[B]`` (zeros, updated),
     ``cand_doc`` int32 and ``cand_val`` int64 ``[B, cap]`` (written). ``tiles = (first, count)``
     restricts the launch to a range of tiles (default: all). ``select=False`` skips each
@@ -149,11 +149,10 @@ def tiled_candidates(
     ``acc`` is the accumulator mode (:data:`ACC_MODES`); the caller's scales must keep every
     sum within its :data:`ACC_TOP`. ``int_weights`` (with "u32" only): every
     ``q_weights · q_scale`` is an integer (checked by the caller), so the kernel multiplies
-    integers. ``weight_bits`` (float32 weights, "u32" only): fixed-point products (FIXED_W):
-    each float32 weight is read as ``round(w · 2**weight_bits)`` (int32 ``wts``: stored so),
-    each query weight rounded
-    to ``round(q_weights · q_scale)`` and each product shifted right by the query's
-    ``q_shift`` (int32 ``[B]``).
+    integers. The layout's ``weight_bits`` (float32 weights, "u32" only): fixed-point products
+    (FIXED_W): each float32 weight is read as ``round(w · 2**weight_bits)`` (int32 weights:
+    stored so), each query weight rounded to ``round(q_weights · q_scale)`` and each product
+    shifted right by the query's ``q_shift`` (int32 ``[B]``).
 
     Build knobs, for profiling: ``threads`` and ``min_blocks`` (default: :func:`launch_shape`'s
     choice), ``unroll`` (sparse postings per thread and step), ``defines`` (extra ``-D`` names:
@@ -162,13 +161,18 @@ def tiled_candidates(
     """
     b, t = q_terms.shape
     cap = cand_doc.shape[1]
-    n_tiles = (n_docs + (1 << tile_bits) - 1) >> tile_bits
+    n_docs, n_terms, tile_bits, weight_bits = layout.n_docs, layout.n_terms, layout.tile_bits, layout.weight_bits
+    n_tiles = layout.n_tiles
+    dense, wdtype = layout.dense, layout.dense.dtype
+    packed = layout.packed
     expected = {
-        "seg": (seg, torch.int64),
-        "offs": (offs, torch.int16),
-        "wts": (wts, wts.dtype if wts.dtype in _WEIGHT_TYPES else torch.float32),
-        "dense_id": (dense_id, torch.int32),
-        "dense": (dense, wts.dtype),
+        "seg": (layout.seg, torch.int32),
+        "tile_start": (layout.tile_start, torch.int64),
+        "offs": (layout.offs, torch.int32 if packed else torch.int16),
+        "wts": (layout.wts, torch.uint8 if packed else wdtype),
+        "dense_id": (layout.dense_id, torch.int16),
+        "dense_start": (layout.dense_start, torch.int32),
+        "dense": (dense, wdtype if wdtype in _WEIGHT_TYPES else torch.float32),
         "q_terms": (q_terms, torch.int32),
         "q_weights": (q_weights, torch.float32),
         "q_scale": (q_scale, torch.float64),
@@ -178,21 +182,25 @@ def tiled_candidates(
         "cand_doc": (cand_doc, torch.int32),
         "cand_val": (cand_val, torch.int64),
     }
-    dev = seg.device
+    dev = layout.seg.device
     if acc not in ACC_MODES:
         raise ValueError(f"acc must be one of {sorted(ACC_MODES)}")
     if int_weights and acc != "u32":
         raise ValueError('int_weights needs acc="u32"')
     fixed = weight_bits is not None
-    if fixed and (acc != "u32" or q_shift is None or wts.dtype == torch.uint8):
+    if fixed and (acc != "u32" or q_shift is None or wdtype == torch.uint8):
         raise ValueError('fixed-point products need float32 or int32 weights, acc="u32" and q_shift')
-    if wts.dtype == torch.int32 and not fixed:
+    if wdtype == torch.int32 and not fixed:
         raise ValueError("int32 weights are fixed-point integers: give their weight_bits")
+    if packed and wdtype != torch.float32:
+        raise ValueError("packed postings hold float32 weights")
     expected["q_shift"] = (cand_count if q_shift is None else q_shift, torch.int32)  # None: any int32, not read
     check_tensors(expected, dev)
     q_shift = expected["q_shift"][0]
-    if seg.numel() != n_tiles * n_terms + 1:
-        raise ValueError("seg does not match n_docs, n_terms and tile_bits")
+    if layout.seg.numel() != n_tiles * (n_terms + 1) or layout.dense_id.numel() != n_tiles * n_terms:
+        raise ValueError("seg and dense_id do not match n_docs, n_terms and tile_bits")
+    if layout.tile_start.numel() != n_tiles + 1 or layout.dense_start.numel() != n_tiles + 1:
+        raise ValueError("tile_start and dense_start need one entry per tile, plus one")
     first, count = (0, n_tiles) if tiles is None else tiles
     if not (first >= 0 and count >= 0 and first + count <= n_tiles):
         raise ValueError(f"tile range {tiles} outside 0..{n_tiles}")
@@ -200,14 +208,17 @@ def tiled_candidates(
         raise ValueError(f"{count} tiles exceed the grid's y limit; use larger tiles or waves")
     if b == 0 or count == 0 or t == 0:
         return
+    bias = kernel_bias(layout.exp_base, weight_bits) if packed else 0  # type: ignore[arg-type]
     threads, min_blocks = launch_shape(tile_bits, acc, threads=threads, min_blocks=min_blocks)
     shared = shared_bytes(tile_bits, acc)
-    build = (tile_bits, threads, unroll, min_blocks, acc, _WEIGHT_TYPES[wts.dtype], int_weights, fixed, tuple(defines))
+    build = (tile_bits, threads, unroll, min_blocks, acc, _WEIGHT_TYPES[wdtype], int_weights, fixed, tuple(defines),
+             packed)  # fmt: skip
     kernel = _kernel(build, device_index(dev), variant_of(SOURCE))
     if dense.numel() == 0:  # CuPy wants real memory behind every pointer
-        dense = torch.zeros((1, 1 << tile_bits), dtype=wts.dtype, device=dev)
-    args = [pointer(x) for x in (seg, offs, wts, dense_id, dense, q_terms, q_weights, q_scale, q_delta, q_shift)]
-    args.append(np.float32(2.0 ** (weight_bits or 0)))
+        dense = torch.zeros((1, 1 << tile_bits), dtype=wdtype, device=dev)
+    arrays = (layout.seg, layout.tile_start, layout.offs, layout.wts, layout.dense_id, layout.dense_start, dense)
+    args = [pointer(x) for x in (*arrays, q_terms, q_weights, q_scale, q_delta, q_shift)]
+    args += [np.float32(2.0 ** (weight_bits or 0)), np.uint32(bias)]
     ints = [np.int32(t), np.int32(n_terms), np.int32(n_docs), np.int32(k), np.int32(first), np.int32(select)]
     outs = [pointer(x) for x in (theta, cand_count, cand_doc, cand_val)]
     launch(kernel, (b, count), (threads,), (*args, *ints, *outs, np.int32(cap)), device=dev, shared_mem=shared)

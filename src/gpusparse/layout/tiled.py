@@ -1,13 +1,16 @@
 """The tiled layout: postings regrouped by (document tile, term), as the tiled engine reads them.
 
 Documents are cut into tiles of ``2**tile_bits``; postings are stored tile-major, then
-term-major, then by document: ``offs`` (int16 holding the unsigned 16-bit offset inside the
-tile) and ``wts`` (float32; int32 fixed-point integers in a layout beside the lists; or 8-bit levels), with
-``seg[tile * V + term]`` the start of each (tile, term) segment — 6 bytes a posting instead
-of the paper's 8, and no padding. Segments covering a large share of a tile are stored
-densely, one weight per document of the tile (0 where absent), which the kernel adds in
-registers instead of with atomics. The engine that searches it is
-:mod:`gpusparse.engines.tiled`.
+term-major, then by document. A sparse posting is its offset inside the tile and its weight:
+5 bytes for float32 weights (:mod:`.packing`: a 32-bit word holding the 13-bit offset and the
+weight's top bits, and a byte), else ``offs`` (int16 holding the unsigned 16-bit offset) and
+``wts`` (float32; int32 fixed-point integers in a layout beside the lists; or 8-bit levels).
+Each tile's (tile, term) segments start at ``tile_start[tile] + seg[tile * (V + 1) + term]``
+(an int64 per tile, an int32 per pair: a tile holds fewer than 2**31 postings). Segments
+covering a large share of a tile are stored densely, one weight per document of the tile
+(0 where absent), which the kernel adds in registers instead of with atomics: row
+``dense_start[tile] + dense_id[tile * V + term]`` of ``dense`` (int16 ids, -1 for a sparse
+segment). The engine that searches it is :mod:`gpusparse.engines.tiled`.
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..quantize import levels
+from . import packing
 from .forward import forward_copy
+from .packing import exponent_base, exponent_range, merge_range, unpack_offsets, unpack_weights
 from .postings import PostingLists, posting_slabs
 from .statistics import max_score
 
@@ -40,23 +45,30 @@ DEFAULT_TILE_BITS, DEFAULT_DENSE_MIN = DEFAULT_LAYOUT["fixed"]
 SMALL_TILES, SMALL_DENSE_MIN = 32, 0.5
 AUTO = "auto"
 MAX_TILE_BITS = 16  # offsets are 16-bit
-BUILD_CHUNK = 1 << 21  # postings per slab of build_tiled (~100 bytes of temporaries each)
+BUILD_CHUNK = 1 << 20  # postings per slab of build_tiled (~100 bytes of temporaries each)
+MAX_DENSE_PER_TILE = (1 << 15) - 1  # dense rows a tile may have (int16 ids, -1 for sparse)
 
 
 @dataclass(frozen=True)
 class TiledIndex:
-    """Postings regrouped by (tile, term); see the module docstring."""
+    """Postings regrouped by (tile, term); see the module docstring. Read the sparse postings
+    through :meth:`segments`, :meth:`offsets_at` and :meth:`weights_at` (their form depends on
+    :attr:`exp_base`), the dense rows through :meth:`dense_rows`."""
 
     tile_bits: int
     n_docs: int
     n_terms: int
-    seg: torch.Tensor  # int64 [n_tiles * n_terms + 1]
-    offs: torch.Tensor  # int16 [P] (unsigned offset inside the tile), sparse postings only
+    seg: torch.Tensor  # int32 [n_tiles * (n_terms + 1)]: segment starts inside each tile's postings
+    # int16 [P] (unsigned offset inside the tile); packed (exp_base set): int32 words (.packing)
+    offs: torch.Tensor
     # float32 [P], uint8 levels (weight = level · step) of a quantized index, or int32
-    # round(weight · 2**weight_bits) (a fixed-point layout built with stored_fixed)
+    # round(weight · 2**weight_bits) (a fixed-point layout built with stored_fixed); packed:
+    # uint8, the low byte of each weight's 27-bit field (.packing)
     wts: torch.Tensor
-    dense_id: torch.Tensor  # int32 [n_tiles * n_terms]: row of `dense`, or -1 for a sparse segment
-    dense: torch.Tensor  # wts's dtype [n_dense, 2**tile_bits]: weights by offset, 0 where absent
+    dense_id: torch.Tensor  # int16 [n_tiles * n_terms]: row of `dense` after dense_start[tile], or -1 (sparse)
+    dense: torch.Tensor  # [n_dense, 2**tile_bits] (float32, uint8 or int32): weights by offset, 0 where absent
+    tile_start: torch.Tensor  # int64 [n_tiles + 1]: first sparse posting of each tile, then P
+    dense_start: torch.Tensor  # int32 [n_tiles + 1]: first dense row of each tile, then n_dense
     step: float = 1.0  # what a stored weight is worth (1 for float32 weights)
     # Fixed-point arithmetic for float32 weights: the kernel multiplies the integers
     # round(weight · 2**weight_bits), stored as such (int32 `wts`), or converted from the
@@ -72,6 +84,8 @@ class TiledIndex:
     # weights), kept with a layout built on a GPU: rescoring reads a candidate's ~120
     # postings in order instead of binary-searching each query term's list (bench/NOTES.md).
     forward: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    # Packed sparse postings (5 bytes, float32 weights): the exponent base (.packing); None: 6 bytes.
+    exp_base: int | None = None
 
     @property
     def n_tiles(self) -> int:
@@ -84,10 +98,72 @@ class TiledIndex:
         return self.dense.shape[0]
 
     @property
+    def n_sparse(self) -> int:
+        """Number of sparse postings."""
+        return self.offs.numel()
+
+    @property
+    def packed(self) -> bool:
+        """Sparse postings in 5 bytes (:mod:`.packing`)."""
+        return self.exp_base is not None
+
+    @property
+    def quantized(self) -> bool:
+        """Weights stored as 8-bit levels (worth ``step`` each)."""
+        return self.dense.dtype == torch.uint8
+
+    @property
     def nbytes(self) -> int:
         """Device bytes of the arrays."""
-        arrays = (self.seg, self.offs, self.wts, self.dense_id, self.dense, self.list_pos, *(self.forward or ()))
-        return sum(t.numel() * t.element_size() for t in arrays if t is not None)
+        return sum(t.numel() * t.element_size() for t in self.arrays())
+
+    def arrays(self, forward: bool = True) -> list[torch.Tensor]:
+        """Every array the layout holds (``forward``: the forward copy's too)."""
+        own = (self.seg, self.offs, self.wts, self.dense_id, self.dense, self.tile_start, self.dense_start)
+        return [t for t in (*own, self.list_pos, *((self.forward or ()) if forward else ())) if t is not None]
+
+    def segments(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """int64 ``(start, end)`` among the sparse postings of the segments ``keys = tile ·
+        n_terms + term`` (empty for a dense segment)."""
+        keys = keys.to(torch.int64)
+        tile, term = keys // self.n_terms, keys % self.n_terms
+        at = tile * (self.n_terms + 1) + term
+        base = self.tile_start[tile]
+        return base + self.seg[at].to(torch.int64), base + self.seg[at + 1].to(torch.int64)
+
+    def segment_starts(self) -> torch.Tensor:
+        """int64 ``[n_tiles · n_terms + 1]``: the start of every segment, then ``P`` (tests, benchmarks)."""
+        keys = torch.arange(self.n_tiles * self.n_terms, device=self.seg.device)
+        return torch.cat([self.segments(keys)[0], self.tile_start[-1:]])
+
+    def dense_rows(self, keys: torch.Tensor) -> torch.Tensor:
+        """int64 row of ``dense`` of the segments ``keys``, or -1 for a sparse one."""
+        keys = keys.to(torch.int64)
+        local = self.dense_id[keys].to(torch.int64)
+        return torch.where(local >= 0, self.dense_start[keys // self.n_terms].to(torch.int64) + local, local)
+
+    def offsets_at(self, pos: torch.Tensor) -> torch.Tensor:
+        """int64 offsets inside their tile of the sparse postings ``pos``."""
+        if self.packed:
+            return unpack_offsets(self.offs[pos], self.tile_bits)
+        return self.offs[pos].to(torch.int64) & 0xFFFF  # stored as int16: the unsigned offset
+
+    def weights_at(self, pos: torch.Tensor) -> torch.Tensor:
+        """Stored weights of the sparse postings ``pos`` (float32, uint8 levels or int32 integers)."""
+        if self.packed:
+            return unpack_weights(self.offs[pos], self.wts[pos], self.exp_base, self.tile_bits)  # type: ignore[arg-type]
+        return self.wts[pos]
+
+
+def dense_segments(counts: torch.Tensor, n_terms: int, tile_bits: int, dense_min: float | None) -> torch.Tensor:
+    """bool ``[n_tiles · n_terms]``: the segments stored densely, from each (tile, term)
+    pair's postings ``counts``: those holding at least ``dense_min`` of a tile's documents, at
+    most :data:`MAX_DENSE_PER_TILE` a tile (the first in term order: ids are int16)."""
+    if dense_min is None:
+        return torch.zeros(counts.shape, dtype=torch.bool, device=counts.device)
+    dense = counts >= max(1, int(dense_min * (1 << tile_bits)))
+    rank = torch.cumsum(dense.view(-1, n_terms), 1, dtype=torch.int32).view(-1)
+    return dense & (rank <= MAX_DENSE_PER_TILE)
 
 
 def build_tiled(
@@ -100,17 +176,19 @@ def build_tiled(
     stored_fixed: bool = False,
     device: torch.device | str | None = None,
     chunk: int = BUILD_CHUNK,
+    pack: bool = True,
 ) -> TiledIndex:
     """Regroup an index's postings by (tile, term), on ``device`` (default: the index's).
 
     No sort is needed: inside a term's list documents are ascending, so each tile's share
     of the list is contiguous and keeps its order; a posting's new position is its
-    (tile, term) segment start plus its rank inside that share. The padded lists are read in
+    (tile, term) segment start plus its rank inside that share (the slab's postings since
+    the share's first one, carried from slab to slab). The padded lists are read in
     slabs of ``chunk`` positions (:func:`~gpusparse.layout.postings.posting_slabs`), copied
     to ``device`` one at a time when they live elsewhere (an index kept on the host); the
-    temporaries are bounded by ``chunk`` postings (~100 bytes each: 2**21 keep the build
-    within ~0.2 GB beside the layout) plus ``[n_tiles, V]`` counts (released before the
-    layout's own arrays are allocated, but for an int32 copy).
+    temporaries are bounded by ``chunk`` postings (~100 bytes each: 2**20 keep the build
+    within ~0.1 GB beside the layout), plus, where ``list_positions``, an int32 a (tile,
+    term) pair. The count matrices are released before the layout's own arrays are allocated.
 
     Segments holding at least ``dense_min`` of a tile's documents are stored densely instead
     (one weight per document of the tile): the kernel adds them with coalesced reads into
@@ -123,26 +201,60 @@ def build_tiled(
     unless ``stored_fixed``: then they are stored as the int32 integers themselves (the
     kernel's fastest form, but rescoring can no longer read them: for a layout beside the
     lists). ``list_positions``: also build :attr:`TiledIndex.list_pos` (only rescoring from
-    the lists reads it).
+    the lists reads it). ``pack``: float32 sparse postings in 5 bytes where the weights
+    allow it (:mod:`.packing`; else, or with ``pack=False``, 6).
     """
     if not 1 <= tile_bits <= MAX_TILE_BITS:
         raise ValueError(f"tile_bits must be in 1..{MAX_TILE_BITS}")
     dev = index.device if device is None else torch.device(device)
     n_terms, n_docs = len(index.vocab), index.n_docs
     n_tiles = max(1, (n_docs + (1 << tile_bits) - 1) >> tile_bits)
-    counts = torch.zeros(n_tiles * n_terms, dtype=torch.int64, device=dev)
-    for term, doc, _, _ in posting_slabs(index, dev, chunk):
-        key = (doc >> tile_bits) * n_terms + term
-        counts.index_add_(0, key, torch.ones_like(key))  # no [n_tiles · V] temporary per slab
-    is_dense = counts >= max(1, int(dense_min * (1 << tile_bits))) if dense_min is not None else counts < 0
-    n_dense = int(is_dense.sum())
     quant = index.quantization
     fixed = fixed and quant is None
     wdtype, step = (torch.uint8, quant.step) if quant is not None else (torch.float32, 1.0)
     weight_bits = fixed_weight_bits(max_score(index)) if fixed else None
-
     if weight_bits is not None and stored_fixed:
         wdtype = torch.int32
+    want_pack = pack and wdtype == torch.float32
+    counts = torch.zeros(n_tiles * n_terms, dtype=torch.int64, device=dev)
+    span = exponent_range(torch.zeros(0, device=dev))
+    for term, doc, score, _ in posting_slabs(index, dev, chunk):
+        key = (doc >> tile_bits) * n_terms + term
+        counts.index_add_(0, key, torch.ones_like(key))  # no [n_tiles · V] temporary per slab
+        if want_pack:
+            span = merge_range(span, exponent_range(score))
+    exp_base = exponent_base(int(span[0]), int(span[1]), tile_bits, weight_bits) if want_pack else None
+    is_dense = dense_segments(counts, n_terms, tile_bits, dense_min)
+    per_tile = is_dense.view(n_tiles, n_terms)
+    local = torch.cumsum(per_tile, 1, dtype=torch.int32) - 1  # < MAX_DENSE_PER_TILE
+    dense_id = torch.where(per_tile, local, -1).to(torch.int16).view(-1)
+    del local
+    dense_start = torch.zeros(n_tiles + 1, dtype=torch.int32, device=dev)
+    torch.cumsum(per_tile.sum(1, dtype=torch.int32), 0, out=dense_start[1:])
+    n_dense = int(dense_start[-1])
+    sparse_counts = torch.where(is_dense, torch.zeros_like(counts), counts).view(n_tiles, n_terms)
+    tile_start = torch.zeros(n_tiles + 1, dtype=torch.int64, device=dev)
+    torch.cumsum(sparse_counts.sum(1), 0, out=tile_start[1:])
+    if n_tiles and int((tile_start[1:] - tile_start[:-1]).max()) >= 1 << 31:
+        raise ValueError("a tile holds 2**31 sparse postings or more: use smaller tiles")
+    seg = torch.zeros((n_tiles, n_terms + 1), dtype=torch.int32, device=dev)
+    seg[:, 1:] = torch.cumsum(sparse_counts, 1, dtype=torch.int32)  # before the layout's big arrays
+    seg = seg.view(-1)
+    del sparse_counts, is_dense, per_tile
+    # Postings of term t in tiles before tile b: where the (b, t) share starts in t's list.
+    before = None
+    if list_positions:
+        before = (torch.cumsum(counts.view(n_tiles, n_terms), 0) - counts.view(n_tiles, n_terms)).to(torch.int32)
+    del counts
+    _release_cached(dev)
+    # the layout's own arrays only now, without the count matrices beside them
+    dense = torch.zeros((n_dense, 1 << tile_bits), dtype=wdtype, device=dev)
+    n_sparse = int(tile_start[-1])
+    packed = exp_base is not None
+    offs = torch.empty(n_sparse, dtype=torch.int32 if packed else torch.int16, device=dev)
+    wts = torch.empty(n_sparse, dtype=torch.uint8 if packed else wdtype, device=dev)
+    layout = TiledIndex(tile_bits, n_docs, n_terms, seg, offs, wts, dense_id, dense, tile_start, dense_start, step,
+                        weight_bits, exp_base=exp_base)  # fmt: skip
 
     def stored(scores: torch.Tensor) -> torch.Tensor:
         if wdtype == torch.int32:  # < 2**30
@@ -151,38 +263,51 @@ def build_tiled(
             return scores
         return levels(scores, step, quant.bits).to(torch.uint8)  # exact: scores are level · step
 
-    dense_id = torch.full((n_tiles * n_terms,), -1, dtype=torch.int32, device=dev)
-    dense_id[is_dense] = torch.arange(n_dense, dtype=torch.int32, device=dev)
-    sparse_counts = torch.where(is_dense, torch.zeros_like(counts), counts)
-    seg = torch.zeros(n_tiles * n_terms + 1, dtype=torch.int64, device=dev)
-    torch.cumsum(sparse_counts, 0, out=seg[1:])
-    del sparse_counts
-    # Postings of term t in tiles before tile b: the rank offset of the (b, t) share.
-    before = (torch.cumsum(counts.view(n_tiles, n_terms), 0) - counts.view(n_tiles, n_terms)).to(torch.int32)
-    del counts, is_dense
-    _release_cached(dev)
-    # the layout's own arrays only now, without the count matrices beside them
-    dense = torch.zeros((n_dense, 1 << tile_bits), dtype=wdtype, device=dev)
-    n_sparse = int(seg[-1])
-    offs = torch.empty(n_sparse, dtype=torch.int16, device=dev)
-    wts = torch.empty(n_sparse, dtype=wdtype, device=dev)
     mask = (1 << tile_bits) - 1
+    carry = (torch.full((), -1, dtype=torch.int64, device=dev), torch.zeros((), dtype=torch.int64, device=dev))
     for term, doc, score, rank in posting_slabs(index, dev, chunk):
+        if term.numel() == 0:
+            continue
         tile = doc >> tile_bits
         key = tile * n_terms + term
         off = doc & mask
-        did = dense_id[key].to(torch.int64)
-        in_share = rank - before[tile, term].to(torch.int64)  # rank inside the (tile, term) share
-        d = did >= 0
-        dense[did[d], off[d]] = stored(score[d])
+        if before is None:
+            first, carry = _share_starts(key, rank, carry)
+        else:
+            first = before[tile, term]
+        del tile, doc  # the slab's temporaries stay few (BUILD_CHUNK)
+        in_share = rank.sub_(first)  # rank inside the (tile, term) share
+        del first
+        row = layout.dense_rows(key)
+        d = row >= 0
+        dense[row[d], off[d]] = stored(score[d])
         s = ~d
-        new = seg[key[s]] + in_share[s]
-        offs[new] = torch.where(off[s] >= 1 << 15, off[s] - (1 << 16), off[s]).to(torch.int16)
-        wts[new] = stored(score[s])
-    list_pos = before.reshape(-1) if list_positions else None  # < n_docs
+        del row, d
+        new = layout.segments(key[s])[0].add_(in_share[s])
+        del key, in_share
+        if packed:
+            offs[new], wts[new] = packing.pack(off[s], score[s], exp_base, tile_bits)  # type: ignore[arg-type]
+        else:
+            offs[new] = torch.where(off[s] >= 1 << 15, off[s] - (1 << 16), off[s]).to(torch.int16)
+            wts[new] = stored(score[s])
+    list_pos = before.reshape(-1) if before is not None else None  # < n_docs
     del before
     _release_cached(dev)
-    return TiledIndex(tile_bits, n_docs, n_terms, seg, offs, wts, dense_id, dense, step, weight_bits, list_pos)
+    return replace(layout, list_pos=list_pos)
+
+
+def _share_starts(
+    key: torch.Tensor, rank: torch.Tensor, carry: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """The rank of the first posting of each posting's (tile, term) share, for a slab in list
+    order (a share's postings are consecutive); ``carry``: the previous slab's last key and
+    its share's first rank (0-dim tensors: no host sync), returned updated for the next slab."""
+    n = key.numel()
+    prev = torch.cat([carry[0].view(1), key[:-1]])
+    idx = torch.arange(n, device=key.device)
+    start_at = torch.cummax(torch.where(key != prev, idx, -1), 0).values  # -1: the previous slab's share
+    first = torch.where(start_at >= 0, rank[start_at.clamp_min(0)], carry[1])
+    return first, (key[-1], first[-1])
 
 
 def _release_cached(dev: torch.device) -> None:

@@ -94,11 +94,8 @@ def _device_steps(
     redo = torch.zeros(b, dtype=torch.bool, device=dev)
     for first, n in plan:
         tile_candidates.tiled_candidates(
-            layout.seg, layout.offs, layout.wts, layout.dense_id, layout.dense, terms32, weights,
-            q_scale, fp.delta,
-            n_docs=layout.n_docs, n_terms=layout.n_terms, tile_bits=layout.tile_bits, k=k, tiles=(first, n),
-            select=first == 0,
-            acc=acc, int_weights=int_weights, q_shift=fp.shift, weight_bits=layout.weight_bits,
+            layout, terms32, weights, q_scale, fp.delta, k=k, tiles=(first, n), select=first == 0,
+            acc=acc, int_weights=int_weights, q_shift=fp.shift,
             theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
         )  # fmt: skip
         redo |= count > cap  # candidates past the capacity were counted, not stored

@@ -7,30 +7,23 @@ import torch
 
 from ...exact import expand_ranges
 from ...kernels.tile_candidates import ACC_TOP
+from ...layout.tiled import TiledIndex
 from .fixed_point import emission_threshold
 
 
 def torch_tiled_candidates(
-    seg: torch.Tensor,
-    offs: torch.Tensor,
-    wts: torch.Tensor,
-    dense_id: torch.Tensor,
-    dense: torch.Tensor,
+    layout: TiledIndex,
     q_terms: torch.Tensor,
     q_weights: torch.Tensor,
     q_scale: torch.Tensor,
     q_delta: torch.Tensor,
     *,
-    n_docs: int,
-    n_terms: int,
-    tile_bits: int,
     k: int,
     tiles: tuple[int, int],
     select: bool,
     acc: str = "carry",
     int_weights: bool = False,
     q_shift: torch.Tensor | None = None,
-    weight_bits: int | None = None,
     theta: torch.Tensor,
     cand_count: torch.Tensor,
     cand_doc: torch.Tensor,
@@ -43,10 +36,13 @@ def torch_tiled_candidates(
     documents of the tile reach is a valid bound), the same emission rule. Candidates past a
     query's capacity are counted but not stored, as on the GPU. The sums are exact int64
     here, which every ``acc`` mode also gives within its range (checked); ``int_weights``
-    changes nothing here (the products are then integers anyway). ``weight_bits``: fixed-point
-    products ``(round(w_q · q_scale) · round(w_d · 2**weight_bits)) >> q_shift``, as on the GPU.
+    changes nothing here (the products are then integers anyway). The layout's
+    ``weight_bits``: fixed-point products ``(round(w_q · q_scale) · round(w_d · 2**weight_bits))
+    >> q_shift``, as on the GPU. The sparse postings are read through the layout's accessors
+    (packed or not: the same weights).
     """
-    dev = seg.device
+    dev = layout.seg.device
+    n_docs, n_terms, tile_bits, weight_bits = layout.n_docs, layout.n_terms, layout.tile_bits, layout.weight_bits
     b, cap, tile = q_terms.shape[0], cand_doc.shape[1], 1 << tile_bits
     rows, cols = (q_terms >= 0).nonzero(as_tuple=True)
     terms = q_terms[rows, cols].to(torch.int64)
@@ -68,14 +64,14 @@ def torch_tiled_candidates(
         base = t * tile
         width = min(tile, n_docs - base)
         sums = torch.zeros(b * width, dtype=torch.int64, device=dev)
-        did = dense_id[t * n_terms + terms].to(torch.int64)
+        did = layout.dense_rows(t * n_terms + terms)
         for p in (did >= 0).nonzero().flatten().tolist():
-            col = products(p, dense[did[p], :width])
+            col = products(p, layout.dense[did[p], :width])
             sums[rows[p] * width : (rows[p] + 1) * width] += col
-        lo, hi = seg[t * n_terms + terms], seg[t * n_terms + terms + 1]
+        lo, hi = layout.segments(t * n_terms + terms)
         for pair, pos in expand_ranges(lo, hi, 1 << 22):
-            off = offs[pos].to(torch.int64) & 0xFFFF
-            contrib = products(pair, wts[pos])
+            off = layout.offsets_at(pos)
+            contrib = products(pair, layout.weights_at(pos))
             sums.index_add_(0, rows[pair] * width + off, contrib)
         top = sums.max() if sums.numel() else 0
         if top >= 2 * ACC_TOP[acc]:

@@ -52,7 +52,7 @@ def integer_weights(layout: TiledIndex, batch: QueryBatch, fp: FixedPoint, acc: 
     """Whether the kernel may multiply integers: 8-bit levels, "u32", and every scaled query
     weight an integer (true for quantized queries: their step times the scale is a power of
     two of at least 1). Checked on the host copies: no device work."""
-    if layout.wts.dtype != torch.uint8 or acc != "u32":
+    if not layout.quantized or acc != "u32":
         return False
     _, weights, _ = batch.host_arrays()
     scale = fp.scale_host if fp.scale_host is not None else fp.scale.cpu().numpy()

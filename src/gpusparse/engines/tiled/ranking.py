@@ -85,26 +85,23 @@ def tiled_exact_scores(
     Document ``d`` lies in tile ``d >> tile_bits`` at offset ``o = d & mask``; its weight for
     a query term is in the dense row of the (tile, term) segment when it has one (0: absent),
     else found by binary search for ``o`` among the segment's ascending offsets. Weights are
-    the stored ones (float32, or 8-bit levels times the step, exact); the products are added
+    the stored ones (float32, packed or not, or 8-bit levels times the step, exact); the products are added
     in float64 in the query's term order and rounded once. The PyTorch reference of
     ``canonical_tiled`` in ``rescore.cu``.
     """
     if layout.wts.dtype == torch.int32:
         raise ValueError("this layout stores fixed-point integers (stored_fixed): rescoring needs its float32 weights")
-    sparse_w, dense_w = layout.wts, layout.dense
     m = docs.numel()
     out = torch.zeros(m, dtype=torch.float32, device=docs.device)
     width = batch.padded_terms.shape[1]
     if m == 0 or width == 0:
         return out
-    bits, v = layout.tile_bits, layout.n_terms
-    offs = layout.offs.to(torch.int64) & 0xFFFF  # stored as int16: the unsigned offset
+    bits, v, n_sparse = layout.tile_bits, layout.n_terms, layout.n_sparse
     qw = batch.padded_weights.to(torch.float64)
     step = max(1, max_cells // width)
 
-    def weight(src: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
-        w = src[at]
-        return (w.to(torch.float32) * layout.step).to(torch.float64) if w.dtype == torch.uint8 else w.to(torch.float64)
+    def weight(w: torch.Tensor) -> torch.Tensor:
+        return (w.to(torch.float32) * layout.step).to(torch.float64) if layout.quantized else w.to(torch.float64)
 
     for a in range(0, m, step):
         r, d = rows[a : a + step], docs[a : a + step, None].to(torch.int64)
@@ -112,24 +109,24 @@ def tiled_exact_scores(
         valid = terms >= 0
         key = (d >> bits) * v + terms.clamp_min(0)
         o = d & ((1 << bits) - 1)
-        row = layout.dense_id[key].to(torch.int64)
+        row = layout.dense_rows(key)
         in_dense = valid & (row >= 0)
         w = torch.zeros(terms.shape, dtype=torch.float64, device=docs.device)
-        if dense_w.shape[0]:
-            w = torch.where(in_dense, weight(dense_w.reshape(-1), (row.clamp_min(0) << bits) + o), w)
-        lo, hi = layout.seg[key], layout.seg[key + 1]
+        if layout.n_dense:
+            w = torch.where(in_dense, weight(layout.dense.reshape(-1)[(row.clamp_min(0) << bits) + o]), w)
+        lo, hi = layout.segments(key)
         lo = torch.where(valid & ~in_dense, lo, hi)  # empty range: nothing to find
         end = hi
         for _ in range(int((hi - lo).max()).bit_length() if lo.numel() else 0):
             active = lo < hi
             mid = torch.where(active, (lo + hi) // 2, torch.zeros_like(lo))
-            below = offs[mid] < o if offs.numel() else torch.zeros_like(active)
+            below = layout.offsets_at(mid) < o if n_sparse else torch.zeros_like(active)
             lo = torch.where(active & below, mid + 1, lo)
             hi = torch.where(active & ~below, mid, hi)
-        at = lo.clamp_max(max(offs.numel() - 1, 0))
-        found = (lo < end) & (offs[at] == o) if offs.numel() else torch.zeros_like(valid)
-        if offs.numel():
-            w = torch.where(found, weight(sparse_w, at), w)
+        at = lo.clamp_max(max(n_sparse - 1, 0))
+        found = (lo < end) & (layout.offsets_at(at) == o) if n_sparse else torch.zeros_like(valid)
+        if n_sparse:
+            w = torch.where(found, weight(layout.weights_at(at)), w)
         prod = w * qw[r]  # absent terms: weight 0, product +0, the sum unchanged
         acc = torch.zeros(r.numel(), dtype=torch.float64, device=docs.device)
         for j in range(width):  # sequential: the canonical summation order

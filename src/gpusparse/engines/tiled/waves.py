@@ -93,11 +93,8 @@ def candidates(
         overflow = False
         for first, n in plan:
             launch(
-                layout.seg, layout.offs, layout.wts, layout.dense_id, layout.dense, terms32,
-                weights, q_scale, fp.delta,
-                n_docs=layout.n_docs, n_terms=layout.n_terms, tile_bits=layout.tile_bits, k=k, tiles=(first, n),
-                select=first == 0,
-                acc=acc, int_weights=int_weights, q_shift=q_shift, weight_bits=layout.weight_bits,
+                layout, terms32, weights, q_scale, fp.delta, k=k, tiles=(first, n), select=first == 0,
+                acc=acc, int_weights=int_weights, q_shift=q_shift,
                 theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
             )  # fmt: skip
             most = int(count.max()) if b else 0

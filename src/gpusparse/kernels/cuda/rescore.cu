@@ -127,14 +127,21 @@ __device__ __forceinline__ float canonical_fwd(
 // not on the device: document d lies in tile d >> tile_bits at offset o; lane j finds query
 // term j's weight in d in the (tile, term) segment's dense row when it has one (0: absent),
 // else by binary search for o among the segment's ascending 16-bit offsets (a segment holds
-// one tile's share of the list: a few steps). Weights are float32 (t_wf, t_df) or 8-bit
-// levels times `step` (t_wq, t_dq; exact: step is a power of two); the products are added
+// one tile's share of the list: a few steps). Segments start at t_tile_start[tile] +
+// t_seg[tile * (V + 1) + term], dense rows at t_dense_start[tile] + t_dense_id[tile * V + term].
+// Weights are float32 (t_wf, t_df) or 8-bit levels times `step` (t_wq, t_dq; exact: step is
+// a power of two), or packed (t_low non-null, gpusparse.layout.packing): t_offs then holds
+// 32-bit words, offset << (32 - tile_bits) | the top of the weight's field, searched as they
+// are (word < o << (32 - tile_bits): offset below o), and the weight's bits are field + t_bias.
+// The products are added
 // in term order as canonical() adds them, so the bits are the same
 // (gpusparse.engines.tiled.ranking.tiled_exact_scores is the PyTorch reference).
 __device__ __forceinline__ float canonical_tiled(
-    const i64* __restrict__ t_seg, const short* __restrict__ t_offs, const int* __restrict__ t_dense_id,
+    const int* __restrict__ t_seg, const i64* __restrict__ t_tile_start, const void* __restrict__ t_offs,
+    const short* __restrict__ t_dense_id, const int* __restrict__ t_dense_start,
     const float* __restrict__ t_wf, const float* __restrict__ t_df,
     const unsigned char* __restrict__ t_wq, const unsigned char* __restrict__ t_dq, const float step,
+    const unsigned char* __restrict__ t_low, const unsigned int t_bias,
     const int tile_bits, const int V,
     const i64* __restrict__ terms, const float* __restrict__ weights, const int T, const int d)
 {
@@ -148,19 +155,36 @@ __device__ __forceinline__ float canonical_tiled(
         const i64 t = j < T ? terms[j] : -1;
         float w = 0.0f;
         if (t >= 0) {
-            const i64 key = tile * V + t;
-            const int row = t_dense_id[key];
+            const int row = t_dense_id[tile * V + t];
             if (row >= 0) {
-                const i64 at = ((i64)row << tile_bits) + o;
+                const i64 at = ((i64)(t_dense_start[tile] + row) << tile_bits) + o;
                 w = levels ? (float)t_dq[at] * step : t_df[at];
             } else {
-                i64 lo = t_seg[key], hi = t_seg[key + 1];
-                const i64 end = hi;
-                while (lo < hi) {
-                    const i64 mid = (lo + hi) >> 1;
-                    if ((int)(unsigned short)t_offs[mid] < o) lo = mid + 1; else hi = mid;
+                const int* seg = t_seg + tile * (V + 1) + t;
+                const i64 base = t_tile_start[tile];
+                int lo = seg[0], hi = seg[1];  // inside the tile's postings
+                const int end = hi;
+                if (t_low != nullptr) {
+                    const unsigned int* words = reinterpret_cast<const unsigned int*>(t_offs) + base;
+                    const int shift = 32 - tile_bits;
+                    const unsigned int key = (unsigned int)o << shift;
+                    while (lo < hi) {
+                        const int mid = (lo + hi) >> 1;
+                        if (words[mid] < key) lo = mid + 1; else hi = mid;
+                    }
+                    if (lo < end && (words[lo] >> shift) == (unsigned int)o) {
+                        const unsigned int field = ((words[lo] & ((1u << shift) - 1u)) << 8) | (unsigned int)t_low[base + lo];
+                        w = __uint_as_float(field + t_bias);
+                    }
+                } else {
+                    const short* offs = reinterpret_cast<const short*>(t_offs) + base;
+                    while (lo < hi) {
+                        const int mid = (lo + hi) >> 1;
+                        if ((int)(unsigned short)offs[mid] < o) lo = mid + 1; else hi = mid;
+                    }
+                    if (lo < end && (int)(unsigned short)offs[lo] == o)
+                        w = levels ? (float)t_wq[base + lo] * step : t_wf[base + lo];
                 }
-                if (lo < end && (int)(unsigned short)t_offs[lo] == o) w = levels ? (float)t_wq[lo] * step : t_wf[lo];
             }
         }
         const bool hit = w != 0.0f;  // stored weights are positive: 0 is an absent posting
@@ -207,9 +231,11 @@ extern "C" __global__ void __launch_bounds__(256, KEYS_MIN_BLOCKS) candidate_key
     const float* __restrict__ floor,  // optional [B]: candidates whose score must stay below it get key 0
     const i64* __restrict__ fwd_off, const int* __restrict__ fwd_terms, const float* __restrict__ fwd_w,
     const int use_table,
-    const i64* __restrict__ t_seg, const short* __restrict__ t_offs, const int* __restrict__ t_dense_id,
+    const int* __restrict__ t_seg, const i64* __restrict__ t_tile_start, const void* __restrict__ t_offs,
+    const short* __restrict__ t_dense_id, const int* __restrict__ t_dense_start,
     const float* __restrict__ t_wf, const float* __restrict__ t_df,
     const unsigned char* __restrict__ t_wq, const unsigned char* __restrict__ t_dq, const float t_step,
+    const unsigned char* __restrict__ t_low, const unsigned int t_bias,
     i64* __restrict__ keys)
 {
     extern __shared__ int4 table4[];
@@ -252,8 +278,9 @@ extern "C" __global__ void __launch_bounds__(256, KEYS_MIN_BLOCKS) candidate_key
                             ? canonical_fwd(fwd_off, fwd_terms, fwd_w, q_terms + r * T, q_weights + r * T, T, (int)d,
                                             table)
                             : t_seg != nullptr
-                            ? canonical_tiled(t_seg, t_offs, t_dense_id, t_wf, t_df, t_wq, t_dq, t_step, tile_bits, V,
-                                              q_terms + r * T, q_weights + r * T, T, (int)d)
+                            ? canonical_tiled(t_seg, t_tile_start, t_offs, t_dense_id, t_dense_start, t_wf, t_df, t_wq,
+                                              t_dq, t_step, t_low, t_bias, tile_bits, V, q_terms + r * T,
+                                              q_weights + r * T, T, (int)d)
                             : canonical(doc_ids, scores, offsets, lengths, q_terms + r * T, q_weights + r * T, T,
                                         (int)d, list_pos, tile_bits, V, n_tiles);
                     key = ((i64)__float_as_int(s) << 31) | (((i64)1 << 31) - 1 - d);

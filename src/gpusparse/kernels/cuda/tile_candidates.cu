@@ -1,7 +1,7 @@
 // The tiled engine's kernel: on-chip accumulation per (document tile, query), candidates out.
 // Launched by gpusparse.kernels.tile_candidates.tiled_candidates, compiled by NVRTC with
-// -DTILE_BITS -DTHREADS -DUNROLL -DMIN_BLOCKS -DACC_MODE -DWT -DINT_W -DFIXED_W (and, for
-// profiling builds only, -DPROFILE_SKIP_DENSE / -DPROFILE_SKIP_SPARSE).
+// -DTILE_BITS -DTHREADS -DUNROLL -DMIN_BLOCKS -DACC_MODE -DWT -DINT_W -DFIXED_W -DFIXED_STORED
+// -DPACKED (and, for profiling builds only, -DPROFILE_SKIP_DENSE / -DPROFILE_SKIP_SPARSE).
 // WT is passed as one token (-DWT=unsigned_char): these name the two-word types.
 typedef unsigned char unsigned_char;
 typedef unsigned int unsigned_int;
@@ -56,6 +56,25 @@ typedef unsigned long long u64;
 #else
 #define FIXED_OF(x) __float2uint_rn((x) * w_scale)
 #endif
+// PACKED: float32 sparse postings in 5 bytes (gpusparse.layout.packing): `offs` holds 32-bit
+// words, offset << (32 - TILE_BITS) | the top bits of the weight's (40 - TILE_BITS)-bit field,
+// and `wts` the field's low byte; the weight's bits are field + p_bias, p_bias = exp_base << 23
+// or, with FIXED_W, (exp_base + b) << 23: then the float is w · 2**b already (exact), rounded
+// as FIXED_OF rounds.
+#ifndef PACKED
+#define PACKED 0
+#endif
+#if PACKED
+typedef unsigned int OT;   // sparse offsets array: the words
+typedef unsigned char ST;  // sparse weights array: the low bytes
+#define PACK_SHIFT (32 - TILE_BITS)
+#define PACK_FIELD ((1u << PACK_SHIFT) - 1u)
+#define SPARSE_FIXED(x) __float2uint_rn(x)
+#else
+typedef unsigned short OT;
+typedef WT ST;
+#define SPARSE_FIXED(x) FIXED_OF(x)
+#endif
 #define INT_PRODUCTS (INT_W || FIXED_W)
 typedef long long i64;
 
@@ -81,7 +100,7 @@ struct Terms {
     int* d_row;            // [MAXT] dense row
     unsigned int* d_wi;    // [MAXT] integer query weight (INT_PRODUCTS)
     double* d_w;           // [WMAX] float64 query weight
-    i64* s_start;          // [MAXT] first posting of a sparse segment
+    int* s_start;          // [MAXT] first posting of a sparse segment, among the tile's
     int* s_pref;           // [MAXT + 1] segment lengths, then their exclusive prefix sums
     unsigned int* s_wi;    // [MAXT]
     double* s_w;           // [WMAX]
@@ -98,15 +117,14 @@ struct Terms {
 // needs is issued at once (its dense row and its segment bounds), so one round trip follows
 // the term id's instead of a chain of three.
 __device__ __forceinline__ void load_terms(
-    const int* terms, const float* qw, int nj, double scale, const int* did_tile, const i64* seg_tile, Terms& m)
+    const int* terms, const float* qw, int nj, double scale, const short* did_tile, const int* seg_tile, Terms& m)
 {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     __syncthreads();  // the previous chunk's metadata is no longer read
     int nd = 0, ns = 0;
     for (int r0 = 0; r0 < nj; r0 += THREADS) {
         const int j = r0 + tid;
-        int did = -1, len = 0;
-        i64 start = 0;
+        int did = -1, len = 0, start = 0;
         double w = 0.0;
         if (j < nj) {
             const int t = terms[j];
@@ -114,7 +132,7 @@ __device__ __forceinline__ void load_terms(
             if (t >= 0) {
                 did = did_tile[t];
                 start = seg_tile[t];
-                len = (int)(seg_tile[t + 1] - start);
+                len = seg_tile[t + 1] - start;
             }
         }
         const bool dense = did >= 0, sparse = !dense && len > 0;
@@ -164,10 +182,12 @@ __device__ __forceinline__ void load_terms(
 // posting's segment starts next to it.
 #define NCHUNK 512
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidates(
-    const i64* __restrict__ seg,              // [n_tiles * V + 1] start of each sparse (tile, term) segment
-    const unsigned short* __restrict__ offs,  // [P] document offset inside the tile
-    const WT* __restrict__ wts,               // [P] document weight
-    const int* __restrict__ dense_id,         // [n_tiles * V] row of `dense` for a dense segment, else -1
+    const int* __restrict__ seg,              // [n_tiles * (V + 1)] start of each sparse (tile, term) segment in its tile
+    const i64* __restrict__ tile_start,       // [n_tiles + 1] first sparse posting of each tile
+    const OT* __restrict__ offs,              // [P] document offset inside the tile (PACKED: the words)
+    const ST* __restrict__ wts,               // [P] document weight (PACKED: the low bytes)
+    const short* __restrict__ dense_id,       // [n_tiles * V] row of `dense` after the tile's first, else -1
+    const int* __restrict__ dense_start,      // [n_tiles + 1] first dense row of each tile
     const WT* __restrict__ dense,             // [n_dense, TILE] weights by offset (0 = absent)
     const int* __restrict__ q_terms,          // [B, T] term ids, -1 padding at the end of a row
     const float* __restrict__ q_weights,      // [B, T]
@@ -175,6 +195,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     const i64* __restrict__ q_delta,          // [B] error margin in units
     const int* __restrict__ q_shift,          // [B] FIXED_W: right shift of each product
     const float w_scale,                      // FIXED_W: 2**b, stored weight to fixed point
+    const unsigned int p_bias,                // PACKED: added to a posting's weight field (see above)
     const int T, const int V, const int n_docs, const int k, const int tile0, const int select,
     u64* __restrict__ theta,                  // [B] running lower bound of the k-th best score
     int* __restrict__ cand_count,             // [B]
@@ -190,7 +211,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     unsigned short* s_chunk = reinterpret_cast<unsigned short*>(hist);
     __shared__ int d_row[MAXT], s_pref[MAXT + 1], warp_counts[2 * NWARPS];
     __shared__ unsigned int d_wi[MAXT], s_wi[MAXT];
-    __shared__ i64 s_start[MAXT];
+    __shared__ int s_start[MAXT];
     __shared__ double d_w[WMAX], s_w[WMAX];
     __shared__ u64 s_max, s_val, s_th0;
     __shared__ unsigned int s_above;
@@ -214,8 +235,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     const int sh = FIXED_W ? q_shift[q] : 0;
     const int* terms = q_terms + (i64)q * T;
     const float* qw = q_weights + (i64)q * T;
-    const i64* seg_tile = seg + (i64)tile * V;
-    const int* did_tile = dense_id + (i64)tile * V;
+    const int* seg_tile = seg + (i64)tile * (V + 1);
+    const short* did_tile = dense_id + (i64)tile * V;
+    // the tile's own postings and rows: positions inside a tile are 32-bit
+    const OT* offs_tile = offs + tile_start[tile];
+    const ST* wts_tile = wts + tile_start[tile];
+    const WT* dense_tile = dense + (i64)dense_start[tile] * TILE;
 
     // The query's terms are handled in chunks of MAXT: their metadata (weight, dense row,
     // sparse segment) is loaded by all threads at once into shared memory, instead of by
@@ -239,7 +264,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
         continue;
 #endif
         for (int d = 0; d < meta.nd; ++d) {
-            const Pack<WT, VEC>* col = reinterpret_cast<const Pack<WT, VEC>*>(dense + (i64)d_row[d] * TILE);
+            const Pack<WT, VEC>* col = reinterpret_cast<const Pack<WT, VEC>*>(dense_tile + (i64)d_row[d] * TILE);
             const double w = INT_PRODUCTS ? 0.0 : d_w[d];
             const unsigned int wi = d_wi[d];
 #pragma unroll
@@ -321,7 +346,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
         // UNROLL postings per thread and step: all their loads are issued before the first
         // atomic, so several global loads are in flight per thread.
         for (int f0 = tid; f0 < total; f0 += UNROLL * THREADS) {
-            i64 idx[UNROLL];
+            int idx[UNROLL];
             double wq[UNROLL];
             unsigned int wqi[UNROLL];
 #pragma unroll
@@ -336,14 +361,26 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
                     wqi[u] = s_wi[j];
                 }
             }
+            ST wl[UNROLL];
+            OT ol[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                if (idx[u] >= 0) {
+                    wl[u] = wts_tile[idx[u]];
+                    ol[u] = offs_tile[idx[u]];
+                }
+            }
             WT wd[UNROLL];
             unsigned int o[UNROLL];
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
-                if (idx[u] >= 0) {
-                    wd[u] = wts[idx[u]];
-                    o[u] = offs[idx[u]];
-                }
+#if PACKED
+                o[u] = ol[u] >> PACK_SHIFT;
+                wd[u] = __uint_as_float((((ol[u] & PACK_FIELD) << 8) | (unsigned int)wl[u]) + p_bias);
+#else
+                o[u] = ol[u];
+                wd[u] = wl[u];
+#endif
             }
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
@@ -351,7 +388,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
                 // float32 x float32 is exact in float64 (wq holds w_q * scale, a power of two);
                 // one rounding to the integer unit.
 #if FIXED_W
-                const u64 v = ((u64)wqi[u] * (u64)FIXED_OF(wd[u])) >> sh;
+                const u64 v = ((u64)wqi[u] * (u64)SPARSE_FIXED(wd[u])) >> sh;
 #elif INT_W
                 const u64 v = (u64)(wqi[u] * (unsigned int)wd[u]);
 #else
