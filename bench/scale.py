@@ -131,6 +131,7 @@ def run(args: argparse.Namespace) -> dict:
         "tiles": layout.n_tiles,
         "sparse_postings": layout.offs.numel(),
         "dense_rows": layout.n_dense,
+        "packed": layout.packed,  # 5-byte sparse postings (float32 weights whose exponents allow it)
     }
     resident = {"layout": layout.nbytes, "index": index.derived.device_bytes() + sum(
         t.numel() * t.element_size() for t in index.arrays().values())}  # fmt: skip

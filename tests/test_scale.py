@@ -81,7 +81,7 @@ def test_stream_chunks_are_canonical_and_drawn_again_identically():
         stream.chunk(3)
 
 
-@pytest.mark.parametrize("weights", ["float32", "fixed", "uint8"])
+@pytest.mark.parametrize("weights", ["float32", "fixed", "uint8", "unpacked"])
 @pytest.mark.parametrize(("tile_bits", "dense_min"), [(3, 0.3), (5, 0.12), (6, None), (4, 0.01)])
 def test_build_from_chunks_equals_build_tiled(rng, weights, tile_bits, dense_min):
     """Piece by piece equals one shot, field by field; random sizes, a partial last tile."""
@@ -91,12 +91,14 @@ def test_build_from_chunks_equals_build_tiled(rng, weights, tile_bits, dense_min
     quant = Quantization(8, power_of_two_step(3.0, 8)) if weights == "uint8" else None
     whole = csr if quant is None else quantize_csr(*csr, quant.bits, quant.step)[0]
     one_shot = build_tiled(chunk_lists(whole, 60, quant, CPU), tile_bits, dense_min=dense_min,
-                           fixed=weights == "fixed", list_positions=False, chunk=53)  # fmt: skip
+                           fixed=weights == "fixed", list_positions=False, chunk=53,
+                           pack=weights != "unpacked")  # fmt: skip
+    assert one_shot.packed == (weights in ("float32", "fixed"))
     sizes = _random_sizes(rng, n_docs, tile_bits)
     calls = []
     layout, stats = build_tiled_chunks(
         lambda: iter(_cut(csr, sizes)), n_docs, 60, tile_bits=tile_bits, dense_min=dense_min, quantization=quant,
-        fixed=weights == "fixed", device=CPU, progress=lambda *a: calls.append(a),
+        fixed=weights == "fixed", pack=weights != "unpacked", device=CPU, progress=lambda *a: calls.append(a),
     )  # fmt: skip
     for f in dataclasses.fields(one_shot):
         a, b = getattr(one_shot, f.name), getattr(layout, f.name)
@@ -104,7 +106,7 @@ def test_build_from_chunks_equals_build_tiled(rng, weights, tile_bits, dense_min
             assert a.dtype == b.dtype and torch.equal(a, b), f.name
         else:
             assert a == b, f.name
-    assert layout.wts.dtype == (torch.uint8 if quant else torch.float32)
+    assert layout.dense.dtype == (torch.uint8 if quant else torch.float32)
     assert [c[0] for c in calls] == ["count"] * len(sizes) + ["build"] * len(sizes) and calls[-1][2] == n_docs
     lengths = torch.bincount(whole[1].to(torch.int64), minlength=60)
     assert torch.equal(stats.lengths, lengths) and stats.n_docs == n_docs
@@ -133,25 +135,34 @@ def test_chunks_are_checked():
         build(changing, 100, 30, tile_bits=3, dense_min=None, device=CPU)
 
 
-def test_append_piece_shifts_positions_and_rows():
+@pytest.mark.parametrize("packed", [False, True])
+def test_append_piece_shifts_positions_and_rows(packed):
     rng = np.random.default_rng(1)
     csr = _csr(random_collection(rng, 40, 12, 6))
-    piece = build_tiled(chunk_lists(csr, 12, None, CPU), 3, dense_min=0.3, list_positions=False)
+    piece = build_tiled(chunk_lists(csr, 12, None, CPU), 3, dense_min=0.3, list_positions=False, pack=False)
     assert piece.n_dense > 0
     from gpusparse.layout.chunked import empty_tiled
+    from gpusparse.layout.packing import exponent_base, exponent_range
 
-    n_sparse, n_dense = piece.offs.numel(), piece.n_dense
-    layout = empty_tiled(80, 12, 3, 7 + n_sparse, 2 + n_dense, torch.float32, CPU)
-    layout.dense_id.fill_(-1)
+    exp_base = exponent_base(*(int(e) for e in exponent_range(csr[2])), 3) if packed else None
+    assert (exp_base is not None) == packed
+    n_sparse, n_dense = piece.n_sparse, piece.n_dense
+    layout = empty_tiled(80, 12, 3, 7 + n_sparse, 2 + n_dense, torch.float32, CPU, exp_base=exp_base)
     at = append_piece(layout, piece, 5, (7, 2))
     assert at == (7 + n_sparse, 2 + n_dense)
     v = 12
-    assert torch.equal(layout.seg[5 * v + 1 : 10 * v + 1], piece.seg[1:] + 7)
-    assert torch.equal(layout.offs[7:], piece.offs) and torch.equal(layout.wts[7:], piece.wts)
+    assert torch.equal(layout.seg[5 * (v + 1) : 10 * (v + 1)], piece.seg)
+    assert torch.equal(layout.tile_start[6:11], piece.tile_start[1:] + 7)
+    assert torch.equal(layout.dense_start[6:11], piece.dense_start[1:] + 2)
+    keys = torch.arange(5 * v)
+    assert torch.equal(layout.segments(keys + 5 * v)[0], piece.segments(keys)[0] + 7)
+    rows, prow = layout.dense_rows(keys + 5 * v), piece.dense_rows(keys)
+    assert torch.equal(rows[prow >= 0], prow[prow >= 0] + 2) and bool((rows[prow < 0] == -1).all())
+    pos = torch.arange(n_sparse)
+    assert torch.equal(layout.offsets_at(pos + 7), piece.offsets_at(pos))
+    assert torch.equal(layout.weights_at(pos + 7), piece.weights_at(pos))  # packed: the same float32 bits
     assert torch.equal(layout.dense[2:], piece.dense)
-    d = layout.dense_id[5 * v : 10 * v]
-    assert torch.equal(d[piece.dense_id >= 0], piece.dense_id[piece.dense_id >= 0] + 2)
-    assert bool((d[piece.dense_id < 0] == -1).all())
+    assert bool((layout.dense_id[: 5 * v] == -1).all()) and bool((layout.dense_id[10 * v :] == -1).all())
     with pytest.raises(ValueError, match="runs past"):
         append_piece(layout, piece, 6, (0, 0))
     with pytest.raises(ValueError, match="no room"):

@@ -4,15 +4,17 @@
 A chunk is a run of whole tiles (``2**tile_bits`` documents; the last chunk may end with a
 partial tile) given as canonical CSR on any device. Every (tile, term) segment lies in one
 chunk, so a chunk's piece of the layout — built by :func:`~.tiled.build_tiled` on a small
-index of the chunk alone — is the final layout's rows for its tiles, with its positions
-shifted by the sparse postings before it and its dense rows by the dense rows before it
-(:func:`append_piece`). Two passes over the chunks: the first counts (the final arrays'
-sizes, and the statistics the engine reads: :class:`ChunkStatistics`), the second builds
-and appends; the chunks must come back the same the second time (checked by the sizes).
+index of the chunk alone — is the final layout's rows for its tiles (segment starts and
+dense ids are relative to their tile), with its tiles' first posting and first dense row
+shifted by the sparse postings and dense rows before it (:func:`append_piece`), and its
+postings packed with the whole collection's exponent base. Two passes over the chunks:
+the first counts (the final arrays' sizes, the exponent range, and the statistics the
+engine reads: :class:`ChunkStatistics`), the second builds and appends; the chunks must
+come back the same the second time (checked by the sizes).
 
 Memory: the final layout, plus one chunk's CSR, its padded lists and its piece (about 30
-bytes a posting of a chunk). Positions are int64 throughout (``seg`` holds them; a layout
-of 100M documents has ~1.2e10 postings).
+bytes a posting of a chunk). Positions are int64 (``tile_start`` holds them; a layout of
+100M documents has ~1.2e10 postings).
 
 A quantized layout needs its step before the first posting is stored: ``quantization``
 is given up front (e.g. :func:`~gpusparse.quantize.power_of_two_step` of the generator's
@@ -29,6 +31,8 @@ import torch
 
 from ..quantize import Quantization, quantize_csr
 from ..vocab import Vocabulary
+from . import packing
+from .packing import exponent_base, exponent_range, merge_range
 from .postings import PostingLists, build_inverted_index
 from .tiled import TiledIndex, build_tiled, fixed_weight_bits
 
@@ -104,44 +108,61 @@ def piece_sizes(csr: CSR, n_terms: int, tile_bits: int, dense_min: float | None)
 
 def empty_tiled(
     n_docs: int, n_terms: int, tile_bits: int, n_sparse: int, n_dense: int, wdtype: torch.dtype,
-    device: torch.device, step: float = 1.0, weight_bits: int | None = None,
+    device: torch.device, step: float = 1.0, weight_bits: int | None = None, exp_base: int | None = None,
 ) -> TiledIndex:  # fmt: skip
-    """A layout's arrays, allocated for :func:`append_piece` to fill: ``seg`` zeros, ``dense``
-    zeros (absent documents weigh 0), the rest uninitialised."""
+    """A layout's arrays, allocated for :func:`append_piece` to fill: ``seg``, ``tile_start``,
+    ``dense_start`` and ``dense`` zeros (absent documents weigh 0), ``dense_id`` -1 (sparse),
+    the postings uninitialised. ``exp_base``: sparse postings packed in 5 bytes (float32
+    weights whose exponents :func:`~.packing.exponent_base` accepted)."""
     n_tiles = max(1, (n_docs + (1 << tile_bits) - 1) >> tile_bits)  # build_tiled's count
+    packed = exp_base is not None
     return TiledIndex(
         tile_bits, n_docs, n_terms,
-        seg=torch.zeros(n_tiles * n_terms + 1, dtype=torch.int64, device=device),
-        offs=torch.empty(n_sparse, dtype=torch.int16, device=device),
-        wts=torch.empty(n_sparse, dtype=wdtype, device=device),
-        dense_id=torch.empty(n_tiles * n_terms, dtype=torch.int32, device=device),
+        seg=torch.zeros(n_tiles * (n_terms + 1), dtype=torch.int32, device=device),
+        offs=torch.empty(n_sparse, dtype=torch.int32 if packed else torch.int16, device=device),
+        wts=torch.empty(n_sparse, dtype=torch.uint8 if packed else wdtype, device=device),
+        dense_id=torch.full((n_tiles * n_terms,), -1, dtype=torch.int16, device=device),
         dense=torch.zeros((n_dense, 1 << tile_bits), dtype=wdtype, device=device),
-        step=step, weight_bits=weight_bits,
+        tile_start=torch.zeros(n_tiles + 1, dtype=torch.int64, device=device),
+        dense_start=torch.zeros(n_tiles + 1, dtype=torch.int32, device=device),
+        step=step, weight_bits=weight_bits, exp_base=exp_base,
     )  # fmt: skip
 
 
 def append_piece(layout: TiledIndex, piece: TiledIndex, tile0: int, at: tuple[int, int]) -> tuple[int, int]:
     """Write ``piece`` (the layout of the documents of tiles ``tile0 ..``, numbered from the
-    tile's first) into ``layout``: its segments after the ``at = (sparse postings, dense rows)``
-    already there; returns the new ``at``. ``seg``, ``dense_id``, ``offs``, ``wts`` and ``dense``
-    are the only fields written (the layout's sizes, step and weight_bits are its own)."""
+    tile's first, built unpacked) into ``layout``: its tiles' postings after the ``at = (sparse
+    postings, dense rows)`` already there; returns the new ``at``. ``seg`` and ``dense_id`` are
+    relative to their tile and copy as they are; ``tile_start`` and ``dense_start`` are shifted
+    by ``at``; the sparse postings are packed with the layout's ``exp_base`` where it has one
+    (every piece then shares one base, decided before the first)."""
     pos0, row0 = at
     v = layout.n_terms
-    if piece.n_terms != v or piece.tile_bits != layout.tile_bits or piece.wts.dtype != layout.wts.dtype:
+    if piece.n_terms != v or piece.tile_bits != layout.tile_bits or piece.dense.dtype != layout.dense.dtype:
         raise ValueError("a piece must have the layout's vocabulary, tile size and weight type")
-    n_pairs = piece.dense_id.numel()
-    a, b = tile0 * v, tile0 * v + n_pairs
-    if b > layout.dense_id.numel():
-        raise ValueError(f"a piece of {n_pairs // v} tiles from tile {tile0} runs past the layout's")
-    n_sparse, n_dense = int(piece.seg[-1]), piece.n_dense
-    if pos0 + n_sparse > layout.offs.numel() or row0 + n_dense > layout.n_dense:
+    if piece.packed:
+        raise ValueError("a piece is appended unpacked (the layout packs it with its own exp_base)")
+    nt = piece.n_tiles
+    if tile0 + nt > layout.n_tiles:
+        raise ValueError(f"a piece of {nt} tiles from tile {tile0} runs past the layout's")
+    n_sparse, n_dense = piece.n_sparse, piece.n_dense
+    if pos0 + n_sparse > layout.n_sparse or row0 + n_dense > layout.n_dense:
         raise ValueError(f"no room for the piece from tile {tile0}: more postings or dense rows than allocated")
-    layout.seg[a + 1 : b + 1] = piece.seg[1:] + pos0  # int64: positions past 2**31 stay exact
-    layout.dense_id[a:b] = torch.where(piece.dense_id >= 0, piece.dense_id + row0, piece.dense_id)
-    layout.offs[pos0 : pos0 + n_sparse] = piece.offs
-    layout.wts[pos0 : pos0 + n_sparse] = piece.wts
+    layout.seg[tile0 * (v + 1) : (tile0 + nt) * (v + 1)] = piece.seg
+    layout.dense_id[tile0 * v : (tile0 + nt) * v] = piece.dense_id
+    layout.tile_start[tile0 : tile0 + nt + 1] = piece.tile_start + pos0  # int64: past 2**31 exact
+    layout.dense_start[tile0 : tile0 + nt + 1] = piece.dense_start + row0
+    end = pos0 + n_sparse
+    if layout.packed:
+        everything = torch.arange(n_sparse, device=piece.offs.device)
+        offs, low = packing.pack(
+            piece.offsets_at(everything), piece.weights_at(everything), layout.exp_base, layout.tile_bits
+        )
+        layout.offs[pos0:end], layout.wts[pos0:end] = offs, low
+    else:
+        layout.offs[pos0:end], layout.wts[pos0:end] = piece.offs, piece.wts
     layout.dense[row0 : row0 + n_dense] = piece.dense
-    return pos0 + n_sparse, row0 + n_dense
+    return end, row0 + n_dense
 
 
 def build_tiled_chunks(
@@ -153,6 +174,7 @@ def build_tiled_chunks(
     dense_min: float | None,
     quantization: Quantization | None = None,
     fixed: bool = False,
+    pack: bool = True,
     device: torch.device | str,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> tuple[TiledIndex, ChunkStatistics]:
@@ -163,8 +185,10 @@ def build_tiled_chunks(
     Each chunk but the last holds a multiple of ``2**tile_bits`` documents. ``quantization``:
     store 8-bit levels with this step (each chunk is quantized with it; weights rounding to
     level 0 are dropped, as in a quantized build). ``fixed``: record the fixed-point exponent
-    of the largest weight (float32 weights only). ``progress(pass, chunk, documents done)`` is
-    called after each chunk of each pass (``"count"``, then ``"build"``).
+    of the largest weight (float32 weights only). ``pack``: float32 sparse postings in 5 bytes
+    where the whole collection's weights allow it (as :func:`~.tiled.build_tiled`).
+    ``progress(pass, chunk, documents done)`` is called after each chunk of each pass
+    (``"count"``, then ``"build"``).
     """
     dev = torch.device(device)
     stats = ChunkStatistics.empty(n_terms, dev)
@@ -183,24 +207,28 @@ def build_tiled_chunks(
         if doc0 != n_docs:
             raise ValueError(f"the chunks hold {doc0} documents, not {n_docs}")
 
+    span = exponent_range(torch.zeros(0, device=dev))
     for i, (doc0, csr) in enumerate(prepared()):
         stats.add(csr)
         s, d = piece_sizes(csr, n_terms, tile_bits, dense_min)
         n_sparse, n_dense = n_sparse + s, n_dense + d
+        if pack and quantization is None:
+            span = merge_range(span, exponent_range(csr[2].to(dev)))
         if progress is not None:
             progress("count", i, doc0 + csr[0].numel() - 1)
     wdtype, step = (torch.uint8, quantization.step) if quantization is not None else (torch.float32, 1.0)
     weight_bits = fixed_weight_bits(stats.max_weight) if fixed and quantization is None else None
-    layout = empty_tiled(n_docs, n_terms, tile_bits, n_sparse, n_dense, wdtype, dev, step, weight_bits)
-    if n_docs == 0:
-        layout.dense_id.fill_(-1)
+    exp_base = None
+    if pack and quantization is None:  # build_tiled's choice, over the whole collection
+        exp_base = exponent_base(int(span[0]), int(span[1]), tile_bits, weight_bits)
+    layout = empty_tiled(n_docs, n_terms, tile_bits, n_sparse, n_dense, wdtype, dev, step, weight_bits, exp_base)
     at = (0, 0)
     for i, (doc0, csr) in enumerate(prepared()):
         n = csr[0].numel() - 1
         if n:
             lists = chunk_lists(csr, n_terms, quantization, dev)
             del csr
-            piece = build_tiled(lists, tile_bits, dense_min=dense_min, list_positions=False, device=dev)
+            piece = build_tiled(lists, tile_bits, dense_min=dense_min, list_positions=False, device=dev, pack=False)
             del lists
             at = append_piece(layout, piece, doc0 >> tile_bits, at)
             del piece

@@ -69,7 +69,7 @@ class LayoutOnly(PostingLists):
         v = layout.n_terms
         if stats.n_docs != layout.n_docs or stats.lengths.numel() != v:
             raise ValueError("the statistics are not the layout's (documents or terms differ)")
-        if (quantization is None) != (layout.wts.dtype != torch.uint8):
+        if (quantization is None) == layout.quantized:
             raise ValueError("a layout of 8-bit levels needs its quantization, and only it")
         no_lists = {
             "doc_ids": torch.zeros(0, dtype=torch.int32, device=dev),

@@ -35,7 +35,6 @@ def layout_reference_search(
         return scores, ids
     bits, v, width = layout.tile_bits, layout.n_terms, 1 << layout.tile_bits
     tiles = torch.arange(layout.n_tiles, dtype=torch.int64, device=dev)
-    offs = layout.offs.to(torch.int64) & 0xFFFF  # stored as int16: the unsigned offset
     in_tile = torch.arange(width, dtype=torch.int64, device=dev)
     doc_ids = torch.arange(n, dtype=torch.int64, device=dev)[None]
 
@@ -49,7 +48,7 @@ def layout_reference_search(
         for j in range(int(lengths[r])):  # ascending term order: the canonical sum
             wq = float(weights[r, j])  # float32 → float64, exact; products are exact in float64
             key = tiles * v + int(terms[r, j])
-            rows = layout.dense_id[key].to(torch.int64)
+            rows = layout.dense_rows(key)
             dense_tiles = (rows >= 0).nonzero().squeeze(1)
             for a in range(0, dense_tiles.numel(), tiles_per_step):
                 dt = dense_tiles[a : a + tiles_per_step]
@@ -57,8 +56,8 @@ def layout_reference_search(
                 real = docs < n  # the last tile may be partial (its row is 0 past the end)
                 add = (weight(layout.dense[rows[dt]]).flatten() * wq)[real]
                 acc.index_add_(0, docs[real], add)
-            for pair, pos in expand_ranges(layout.seg[key], layout.seg[key + 1], max_postings):
-                acc.index_add_(0, (tiles[pair] << bits) + offs[pos], weight(layout.wts[pos]) * wq)
+            for pair, pos in expand_ranges(*layout.segments(key), max_postings):
+                acc.index_add_(0, (tiles[pair] << bits) + layout.offsets_at(pos), weight(layout.weights_at(pos)) * wq)
         best = topk_by_key(acc.to(torch.float32)[None], doc_ids, k)
         scores[r], ids[r] = (x[0] for x in pad_results(best, k, 1, dev))
     return scores, ids
