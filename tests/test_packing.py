@@ -162,7 +162,8 @@ def _all_candidates(launch, layout, batch, fp, acc: str):
 @pytest.mark.parametrize("fixed", [False, True], ids=["float", "fixed"])
 def test_cuda_kernels_read_the_packed_layout_exactly(rng, tile_bits, fixed):
     """The candidate kernel's sums over the packed layout equal its sums over the unpacked one
-    and the PyTorch contract's, document by document; canonical rescoring from the packed
+    and (fixed point) the PyTorch contract's, document by document (float products: within
+    the row's margin, as the contract allows); canonical rescoring from the packed
     layout (``canonical_tiled``) gives the reference's bits."""
     from gpusparse.kernels import rescore
     from gpusparse.kernels.tile_candidates import tiled_candidates
@@ -181,7 +182,11 @@ def test_cuda_kernels_read_the_packed_layout_exactly(rng, tile_bits, fixed):
     emulated = _all_candidates(torch_tiled_candidates, layouts[0], batch, fp, acc)
     for r, ((d0, v0), (d1, v1), (d2, v2)) in enumerate(zip(packed, plain, emulated, strict=True)):
         assert torch.equal(d0, d1) and torch.equal(v0, v1), r
-        assert torch.equal(d0, d2) and torch.equal(v0, v2), r
+        assert torch.equal(d0, d2), r
+        if fixed:  # integer products: the same integers
+            assert torch.equal(v0, v2), r
+        else:  # float products rounded one by one, in another order: within the row's margin
+            assert int((v0 - v2).abs().max(initial=0)) <= int(fp.delta[r]), r
     # rescoring from the packed layout: every pair, with values that leave every score uncertain
     cand = torch.from_numpy(rng.integers(-1, 3000, (12, 400))).cuda()
     vals = torch.ones((12, 400), dtype=torch.int64, device="cuda")
