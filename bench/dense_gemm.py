@@ -122,7 +122,7 @@ def gemm_over_tiles(layout, q: torch.Tensor, kind: str, group: int, args, *, sam
     """Time ``kind``'s GEMMs over every group of ``group`` tiles (or the first ``sample`` groups,
     scaled to all tiles) and count their work."""
     dev = q.device
-    row_start, row_term = ops.tile_dense_rows(layout.dense_id, layout.n_tiles, layout.n_terms)
+    row_start, row_term = ops.tile_dense_rows(layout)
     spans = ops.groups(layout.n_tiles, group)
     chosen = spans if sample is None else spans[:sample]
     ms = flops = out_bytes = in_bytes = slots = 0.0
@@ -185,7 +185,8 @@ def coverage(index, layout, batch) -> dict:
     dense_tiles = torch.zeros(v, dtype=torch.int64, device=layout.seg.device)
     for t0 in range(0, nt, 64):
         t1 = min(nt, t0 + 64)
-        sparse_per_term += (layout.seg[t0 * v + 1 : t1 * v + 1] - layout.seg[t0 * v : t1 * v]).view(t1 - t0, v).sum(0)
+        seg = layout.seg[t0 * (v + 1) : t1 * (v + 1)].view(t1 - t0, v + 1).to(torch.int64)  # per tile
+        sparse_per_term += (seg[:, 1:] - seg[:, :-1]).sum(0)
         dense_tiles += (layout.dense_id[t0 * v : t1 * v].view(t1 - t0, v) >= 0).sum(0)
     lengths = index.lengths.to(torch.int64).to(sparse_per_term.device)
     dense_per_term = lengths - sparse_per_term
@@ -202,6 +203,7 @@ def coverage(index, layout, batch) -> dict:
         "n_dense_rows": layout.n_dense, "dense_rows_per_tile": layout.n_dense / nt,
         "dense_row_bytes": slots * layout.dense.element_size(),
         "sparse_bytes": sum(t.numel() * t.element_size() for t in (layout.offs, layout.wts)),
+        "packed": layout.packed,
         "dense_slot_occupancy":
         int(dense_per_term.sum()) / slots if slots else 0.0, "layout_bytes": layout.nbytes,
         "batch_pairs": pairs, "batch_dense_pairs": dense_pairs, "batch_sparse_pairs": pairs - dense_pairs,

@@ -52,15 +52,14 @@ FP16_PATH = {"path": "out_dtype"}
 # -- the layout's dense rows, grouped -------------------------------------------------
 
 
-def tile_dense_rows(dense_id: torch.Tensor, n_tiles: int, n_terms: int) -> tuple[torch.Tensor, torch.Tensor]:
+def tile_dense_rows(layout) -> tuple[torch.Tensor, torch.Tensor]:
     """``(row_start, row_term)``: the dense rows of tile ``t`` are ``row_start[t]:row_start[t + 1]``
-    (the build numbers them in (tile, term) order), ``row_term[r]`` the term of row ``r``."""
-    is_dense = dense_id >= 0
-    per_tile = is_dense.view(n_tiles, n_terms).sum(1)
-    row_start = torch.zeros(n_tiles + 1, dtype=torch.int64, device=dense_id.device)
-    torch.cumsum(per_tile, 0, out=row_start[1:])
-    keys = torch.nonzero(is_dense).flatten()  # ascending key = ascending row
-    if keys.numel() and not torch.equal(dense_id[keys].to(torch.int64), torch.arange(keys.numel(), device=keys.device)):
+    (the layout's ``dense_start``; the build numbers them in (tile, term) order), ``row_term[r]``
+    the term of row ``r``."""
+    n_terms = layout.n_terms
+    row_start = layout.dense_start.to(torch.int64)
+    keys = torch.nonzero(layout.dense_id >= 0).flatten()  # ascending key = ascending row
+    if keys.numel() and not torch.equal(layout.dense_rows(keys), torch.arange(keys.numel(), device=keys.device)):
         raise ValueError("dense rows are not numbered in (tile, term) order")
     return row_start, keys % n_terms
 

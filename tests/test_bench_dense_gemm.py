@@ -23,9 +23,10 @@ def _sparse_part(layout, q: torch.Tensor, n_docs: int) -> list[list[int]]:
     """The sparse segments' contribution ``Σ q[t] · w`` per (query, document), as Python integers,
     read straight from the layout's segments (independent of the GEMM code)."""
     v, tile = layout.n_terms, 1 << layout.tile_bits
-    seg = layout.seg.tolist()
-    offs = (layout.offs.to(torch.int64) & 0xFFFF).tolist()
-    wts = layout.wts.to(torch.int64).tolist()
+    seg = layout.segment_starts().tolist()
+    everything = torch.arange(layout.n_sparse)
+    offs = layout.offsets_at(everything).tolist()
+    wts = layout.weights_at(everything).to(torch.int64).tolist()  # uint8 levels or int32 integers here
     qs = q.tolist()
     out = [[0] * n_docs for _ in qs]
     for t in range(layout.n_tiles):
@@ -40,7 +41,7 @@ def _sparse_part(layout, q: torch.Tensor, n_docs: int) -> list[list[int]]:
 
 def _dense_part(layout, q: torch.Tensor, kind: str, group: int, limit: int, doc_ints) -> tuple[list, list]:
     """The GEMMs' contribution over every group of ``group`` tiles, Python integers, and the plans."""
-    row_start, row_term = ops.tile_dense_rows(layout.dense_id, layout.n_tiles, layout.n_terms)
+    row_start, row_term = ops.tile_dense_rows(layout)
     tile = 1 << layout.tile_bits
     out = [[0] * layout.n_docs for _ in range(q.shape[0])]
     plans = []
@@ -148,11 +149,11 @@ def test_combine_shift_is_the_floor_of_the_exact_sum(kind):
 def test_tile_dense_rows_name_each_rows_tile_and_term():
     index, _, _ = _quantized_case(7)
     layout = build_tiled(index, 4, dense_min=0.2, list_positions=False)
-    row_start, row_term = ops.tile_dense_rows(layout.dense_id, layout.n_tiles, layout.n_terms)
+    row_start, row_term = ops.tile_dense_rows(layout)
     did = layout.dense_id.view(layout.n_tiles, layout.n_terms)
     for t in range(layout.n_tiles):
         rows = range(int(row_start[t]), int(row_start[t + 1]))
-        assert [int(did[t, int(row_term[r])]) for r in rows] == list(rows)
+        assert [int(row_start[t]) + int(did[t, int(row_term[r])]) for r in rows] == list(rows)
     assert int(row_start[-1]) == layout.n_dense
 
 

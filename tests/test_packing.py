@@ -186,7 +186,7 @@ def test_cuda_kernels_read_the_packed_layout_exactly(rng, tile_bits, fixed):
         if fixed:  # integer products: the same integers
             assert torch.equal(v0, v2), r
         else:  # float products rounded one by one, in another order: within the row's margin
-            assert int((v0 - v2).abs().max(initial=0)) <= int(fp.delta[r]), r
+            assert v0.numel() == 0 or int((v0 - v2).abs().max()) <= int(fp.delta[r]), r
     # rescoring from the packed layout: every pair, with values that leave every score uncertain
     cand = torch.from_numpy(rng.integers(-1, 3000, (12, 400))).cuda()
     vals = torch.ones((12, 400), dtype=torch.int64, device="cuda")
