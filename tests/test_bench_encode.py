@@ -31,5 +31,12 @@ def test_encode_benchmark_tiny_run_writes_json(tmp_path, capsys):
         assert row["tokenize_passages_per_s"] > 0
     assert base["prune_top"] == 256 and base["mean_nnz"] <= 256
     assert e2e["postings"] == tiny["nnz"] and e2e["npz_bytes"] > 0 and "from cranfield" in saved["texts"]
+    for row in (tiny, base):
+        assert list(row["variants"]) == ["old", "rust", "new"] and row["bare_pool_s"] > 0
+        for v in row["variants"].values():
+            assert v["nnz"] == row["nnz"] and v["encode_s"] == min(v["encode_s_reps"])
+            assert {"tokenize", "launch", "wait_tokens", "assemble"} <= set(v["stages"]) and v["device"] == {}
     table = capsys.readouterr().out.strip().splitlines()
-    assert table[0].split()[:3] == ["part", "passages", "encode/s"] and len(table) == 5
+    assert table[0].split()[:3] == ["part", "passages", "encode/s"] and table[5] == ""
+    assert [line.split()[1] for line in table[8:12]] == ["old", "rust", "new", "bare"]
+    assert len(table) == 16

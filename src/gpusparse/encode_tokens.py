@@ -176,6 +176,7 @@ def token_batches(
             if timer is not None:
                 timer["pad"] = timer.get("pad", 0.0) + clock() - t0
             yield batch
+            time.sleep(0)  # in a thread: lets the thread running the model have the GIL now
 
 
 def windows(n: int, window: int, batch_size: int) -> Iterator[tuple[int, int]]:

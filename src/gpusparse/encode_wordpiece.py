@@ -30,6 +30,7 @@ import json
 import re
 import string
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -92,6 +93,7 @@ class BertWordPiece:
                 if len(self._codes) > _MAX_CACHED_WORDS:
                     self._reset()
                 parts.append(self._encode(texts[a : a + _CHUNK]))
+                time.sleep(0)  # lets a thread waiting for the GIL (the model's) have it now
         if not parts:
             return np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, bool)
         lengths, flat, truncated = zip(*parts, strict=True)
