@@ -9,8 +9,10 @@ import string
 
 import numpy as np
 import pytest
+import torch
 
 from gpusparse import encode_wordpiece
+from gpusparse.encode import EncodeStats
 from gpusparse.encode_tokens import Tokenize, token_batches, windows
 
 from .shared_data import cranfield_slice, needs_shared, tiny_encoder, tiny_transformers
@@ -139,3 +141,26 @@ def test_encoder_vectors_do_not_depend_on_the_word_cache():
     np.testing.assert_array_equal(a.values, b.values)
     with pytest.raises(ValueError, match="prefetch must be a positive integer"):
         type(cached)("unused", loaded=(cached.tokenizer, cached.model), device="cpu", prefetch=0)
+
+
+@needs_shared
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_encoder_word_cache_and_prefetch_do_not_change_vectors():
+    """On the device: the word cache against the Rust tokenizer, a window ahead against 2
+    batches ahead (several windows, the first ones small), float32."""
+    from gpusparse.encode import SpladeEncoder
+
+    from .shared_data import SPLADE_TINY
+
+    docs, _, _ = cranfield_slice(150)
+    texts = [f"{d['title']} {d['text']}" for d in docs] + ["", "wing [MASK] é"]
+    settings = {"device": "cuda", "dtype": "float32", "batch_size": 8, "doc_max_length": 40, "sort_window": 64}
+    new = SpladeEncoder(SPLADE_TINY, **settings)
+    old = SpladeEncoder(SPLADE_TINY, word_cache=False, prefetch=2, **settings)
+    for top in (None, 20):
+        a, b = new.encode_documents(texts, prune_top=top), old.encode_documents(texts, prune_top=top)
+        np.testing.assert_allclose(a.to_scipy().toarray(), b.to_scipy().toarray(), rtol=1e-5, atol=1e-6)
+    stats = EncodeStats()
+    new.encode_documents(texts, stats=stats)
+    assert stats.stages["launch"] > 0 and stats.stages["tokenize"] > 0 and stats.stages["wait_device"] >= 0
