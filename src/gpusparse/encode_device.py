@@ -8,11 +8,14 @@ per batch runs on the device: the copy of the (pinned) token ids, the model, poo
 extraction of the non-zeros, as one ``topk`` of the batch's largest count followed by a
 sort of the kept term ids. Their results come back to pinned host memory asynchronously.
 
-The host never waits on the batch the device is running: a batch's counts are read (to
-size its extraction) only after the next batch's model is queued, and its extracted
-arrays after the one after that (with ``prune_top`` the extraction has a known size and
-is queued with the model, so its arrays are read one batch later). On the CPU the same
-code runs synchronously. :func:`assemble` puts the batches' rows back in input order.
+The host keeps the device's queue two batches deep: a batch's counts are read (to size
+its extraction) only after the models of the next two batches are queued, and its
+extracted arrays after the one after that (with ``prune_top`` the extraction has a known
+size and is queued with the model, so its arrays are read at the first of those). So when
+the host waits for a batch, the device still has a whole batch to run, which absorbs the
+host's hiccups (the tokenising thread holding the GIL, a garbage collection). On the CPU
+the same code runs synchronously. :func:`assemble` puts the batches' rows back in input
+order.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from .encode_tokens import TokenBatch
 Pooling = Literal["max", "sum"]
 POOLINGS = ("max", "sum")
 Forward = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+_AHEAD = 2  # batches queued on the device beyond those the host waits for
 
 
 def splade_pool(
@@ -197,7 +201,7 @@ def sparse_batches(
         t2 = clock()
         add("launch", t2 - t1)
         waited = timer.get("wait_device", 0.0)
-        for fl in list(pending)[:-1]:  # older batches, one step each: the new one keeps the device busy
+        for fl in list(pending)[:-_AHEAD]:  # older batches, one step each: the newer ones keep the device busy
             fl.advance(timer)
         add("host", clock() - t2 - (timer.get("wait_device", 0.0) - waited))
         while pending and pending[0].result is not None:

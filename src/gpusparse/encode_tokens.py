@@ -32,7 +32,7 @@ import torch
 from .encode_wordpiece import BertWordPiece, bert_word_piece
 
 DEFAULT_SORT_WINDOW = 16384  # texts tokenised and sorted together
-_RUST_CHUNK = 4096  # texts per call of the Rust tokenizer
+_RUST_CHUNK = 1024  # texts per call of the Rust tokenizer
 T = TypeVar("T")
 
 

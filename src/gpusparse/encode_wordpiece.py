@@ -39,7 +39,7 @@ import numpy as np
 _CONTROL = "\x00-\x08\x0b\x0c\x0e-\x1f\x7f"  # ASCII control characters other than \t \n \r
 _PUNCT = "[" + re.escape(string.punctuation) + "]"
 _SEPARATOR = "\x00"
-_CHUNK = 512  # texts per numpy pass: keeps each C call (which holds the GIL) short
+_CHUNK = 256  # texts per pass: keeps each C call (which holds the GIL) to about a millisecond
 _MAX_CACHED_WORDS = 1 << 21  # the cache starts afresh beyond this many words
 
 
