@@ -1,16 +1,19 @@
 """Token batches for the SPLADE encoder: tokenised once, sorted by length, padded per batch.
 
-Texts are taken a window at a time (``window`` texts, in input order). A window is
-tokenised in one call (a Hugging Face fast tokenizer encodes a batch in Rust, in parallel
-and without holding Python's GIL), its texts are sorted by token length (ties keep input
-order) and cut into batches of ``batch_size`` texts, each padded to its own longest text.
-So padding is small while the output, put back in input order by the caller, does not
-depend on the window beyond float rounding.
+Texts are taken a window at a time (``window`` texts, in input order; the first windows
+are 4 batches and double up to ``window``, so the model can start early). A window is
+tokenised at once: a BERT tokenizer's ASCII texts through a word cache
+(:mod:`gpusparse.encode_wordpiece`), the others by the Hugging Face fast tokenizer's Rust
+code (in parallel and without holding Python's GIL). Its texts are sorted by token length
+(ties keep input order) and cut into batches of ``batch_size`` texts, each padded to its
+own longest text. So padding is small while the output, put back in input order by the
+caller, does not depend on the window beyond float rounding.
 
 A batch's token ids are one int32 ``[b, longest]`` tensor, in page-locked (pinned) memory
 when the model runs on a CUDA device, so its copy to the device is asynchronous.
-:func:`prefetched` runs the tokenisation in a background thread, a few batches ahead of
-the model.
+:func:`prefetched` runs the tokenisation in a background thread ahead of the model (the
+encoder lets it run a window ahead, so a window is tokenised while the model works through
+the one before).
 
 Empty (all-whitespace) texts are not tokenised: they get empty vectors without the model.
 """
