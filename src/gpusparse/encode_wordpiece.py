@@ -11,16 +11,18 @@ without control characters:
 * the WordPiece model on each word, which depends on the word alone.
 
 So the ids of a word are computed once (by the tokenizer's own model) and kept in a cache;
-a text costs a regular-expression split and a dictionary look-up per word, all of it in C
-under Python, against the Rust tokenizer's per-character alignment bookkeeping and its
-``Encoding`` objects. Texts are put together with numpy, then truncated (on the side and
-to the length the tokenizer would use) and framed with the special tokens.
+a text costs a few string operations (lower-casing, spacing out punctuation, splitting) and
+a dictionary look-up per word, all of it in C under Python, against the Rust tokenizer's
+per-character alignment bookkeeping and its ``Encoding`` objects. Texts are put together
+with numpy, then truncated (on the side and to the length the tokenizer would use) and
+framed with the special tokens.
 
 Texts this does not cover exactly go to the Rust tokenizer (:meth:`BertWordPiece.covers`):
 any non-ASCII character, an ASCII control character (``clean_text`` removes them, which
 can join words), or anything that reads as one of the tokenizer's added tokens
 (``[MASK]``, ``[SEP]`` ..., compared without case). A tokenizer of another kind gets no
-:class:`BertWordPiece` (:func:`bert_word_piece` returns ``None``).
+:class:`BertWordPiece` (:func:`bert_word_piece` returns ``None``). The cache holds up to
+about a million words (~120 MB) and starts afresh beyond.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ _CONTROL = "\x00-\x08\x0b\x0c\x0e-\x1f\x7f"  # ASCII control characters other th
 _PUNCT = "[" + re.escape(string.punctuation) + "]"
 _SEPARATOR = "\x00"
 _CHUNK = 256  # texts per pass: keeps each C call (which holds the GIL) to about a millisecond
-_MAX_CACHED_WORDS = 1 << 21  # the cache starts afresh beyond this many words
+_MAX_CACHED_WORDS = 1 << 20  # the cache starts afresh beyond this many words (~120 MB)
 
 
 class BertWordPiece:
