@@ -246,11 +246,14 @@ def timed_encode(enc: SpladeEncoder, texts: list[str], prune_top: int | None, re
 
 def run_variants(enc: SpladeEncoder, texts: list[str], args, prune_top: int | None, bare_s: float) -> dict:
     """Each of ``args.variants`` (:data:`VARIANTS`) on the same texts: encode and tokenise alone."""
-    out = {}
+    out: dict = {}
+    tokenize_s: dict[bool, float] = {}  # by word_cache: the variants share it
     for name in args.variants:
         _apply(enc, VARIANTS[name])
         r = timed_encode(enc, texts, prune_top, args.reps)
-        tok_s = tokenize_only(enc, texts)
+        if enc.word_cache not in tokenize_s:
+            tokenize_s[enc.word_cache] = tokenize_only(enc, texts)
+        tok_s = tokenize_s[enc.word_cache]
         out[name] = {
             "settings": VARIANTS[name],
             "encode_s": r["encode_s"],
