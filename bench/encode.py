@@ -21,6 +21,14 @@ to ``--passages``; synthetic passages (random vocabulary words) when no folder i
 says which. Every part records seconds, passages/s and the peak GPU memory (torch; CuPy is not
 used by encoding or index building, and its pool is reported if it was imported).
 
+Where the time goes, in the same run: each of ``--variants`` (``VARIANTS``: the Rust tokenizer 4
+batches ahead as before, the Rust tokenizer a window ahead, and the defaults with the word cache)
+encodes the same passages; its row has the host seconds by stage (``EncodeStats.stages``: the
+tokenising thread's tokenise and pad; the model thread's wait for token batches, launches, waits
+for the device, host work, reordering) and the device's (CUDA events around each batch's forward:
+busy seconds, gaps between forwards, the wait before the first one). The bare rows time the model
+alone and the model with the pooling on batches already on the device.
+
 Usage (GPU machine, from the repository root, with splade-tiny at ./shared/models/splade-tiny):
     python bench/encode.py --out $OUT --commit $(git rev-parse --short HEAD)
 On a CPU in seconds: ``python bench/encode.py --tiny --out /tmp/x``.
@@ -45,15 +53,36 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from gpusparse import Index, read_vectors
+from gpusparse import Index, encode_device, read_vectors
 from gpusparse.beir import read_beir
-from gpusparse.collection import SparseCollection
-from gpusparse.encode import SpladeEncoder, random_bert_base
+from gpusparse.encode import EncodeStats, SpladeEncoder, random_bert_base
 from gpusparse.encode_tokens import Tokenize, token_batches
 from gpusparse.vector_writers import write_seismic_bin
 from gpusparse.vectors_npz import write_npz
 
 ROOT = Path(__file__).resolve().parents[1]
+# Encoder settings compared in one run (--variants; "ahead": batches queued on the device beyond
+# the one the host waits for, encode_device._AHEAD). "old": tokenised by the Rust tokenizer,
+# 4 batches ahead of the model, one batch queued (the pipeline of c4d8959, but with its first
+# windows small); "rust": the Rust tokenizer a window ahead, two batches queued; "new": the
+# defaults (ASCII texts through the word cache); "ahead1": the defaults with one batch queued.
+VARIANTS: dict[str, dict] = {
+    "old": {"word_cache": False, "prefetch": 4, "ahead": 1},
+    "rust": {"word_cache": False, "prefetch": None, "ahead": 2},
+    "new": {"word_cache": True, "prefetch": None, "ahead": 2},
+    "ahead1": {"word_cache": True, "prefetch": None, "ahead": 1},
+}
+DEFAULT_VARIANTS = ["old", "rust", "new"]
+
+
+def _apply(enc: SpladeEncoder, variant: dict) -> None:
+    for key, value in variant.items():
+        if key == "ahead":
+            encode_device._AHEAD = value
+        else:
+            setattr(enc, key, value)
+
+
 TINY_BASE = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 
 
@@ -108,59 +137,149 @@ def _peak(device: torch.device) -> dict:
     return out
 
 
-def bare_forward(enc: SpladeEncoder, texts: list[str], max_length: int, reps: int) -> tuple[float, int]:
-    """Seconds of ``model(ids, mask).logits`` over the encoder's batches of ``texts``, already on the device."""
+def bare_forward(enc: SpladeEncoder, texts: list[str], max_length: int, reps: int) -> tuple[float, float, int]:
+    """Seconds of ``model(ids, mask).logits`` over the encoder's batches of ``texts``, already on
+    the device, and of the encoder's forward (the model and the SPLADE pooling) over the same
+    batches: the device's share of ``encode`` but for the extraction of the non-zeros."""
     tok = Tokenize(enc.tokenizer, max_length)
     batches = []
     tokens = 0
     for tb in token_batches(texts, tok, enc.batch_size, window=enc.sort_window):
         ids = tb.input_ids.to(enc.device).long()
         mask = (torch.arange(ids.shape[1], device=enc.device)[None, :] < tb.lengths_t.to(enc.device)[:, None]).long()
-        batches.append((ids, mask))
+        batches.append((ids, mask, int(tb.lengths.min())))
         tokens += int(ids.numel())
-    best = float("inf")
+    best, best_pool = float("inf"), float("inf")
     with torch.inference_mode():
         for _ in range(reps):
             _sync(enc.device)
             t0 = time.perf_counter()
-            for ids, mask in batches:
+            for ids, mask, _ in batches:
                 with torch.autocast(enc.device.type, dtype=enc.autocast_dtype) if enc.autocast_dtype else nullcontext():
                     enc.model(input_ids=ids, attention_mask=mask).logits  # noqa: B018 (the forward pass is the point)
             _sync(enc.device)
-            best = min(best, time.perf_counter() - t0)
-    return best, tokens
+            t1 = time.perf_counter()
+            for ids, mask, shortest in batches:
+                enc._forward(ids, mask, shortest)
+            _sync(enc.device)
+            best, best_pool = min(best, t1 - t0), min(best_pool, time.perf_counter() - t1)
+    return best, best_pool, tokens
 
 
 def tokenize_only(enc: SpladeEncoder, texts: list[str]) -> float:
     """Seconds to tokenise, sort and pad ``texts`` into (pinned) batches in this thread: the host's ceiling."""
-    tok = Tokenize(enc.tokenizer, enc.doc_max_length)  # its tokenizer copy is made before timing, as in encode
+    tok = Tokenize(enc.tokenizer, enc.doc_max_length, word_cache=enc.word_cache)  # made before timing, as in encode
     t0 = time.perf_counter()
     for _ in token_batches(texts, tok, enc.batch_size, window=enc.sort_window, pin=enc.device.type == "cuda"):
         pass
     return time.perf_counter() - t0
 
 
-def timed_encode(
-    enc: SpladeEncoder, texts: list[str], prune_top: int | None, reps: int
-) -> tuple[float, SparseCollection]:
-    best, coll = float("inf"), None
+class DeviceMarks:
+    """CUDA events around each batch's forward (model and pooling) of an encoder, and at the
+    start and end of the run: the device's time in the forwards, the gaps between forwards (the
+    previous batch's extraction, the next batch's copy, and idleness), the time before the first
+    forward and after the last one. Nothing on the CPU."""
+
+    def __init__(self, enc: SpladeEncoder) -> None:
+        self.enc, self.marks, self.on = enc, [], enc.device.type == "cuda"
+
+    @staticmethod
+    def _event() -> torch.cuda.Event:
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
+    def __enter__(self) -> DeviceMarks:
+        if self.on:
+            forward = self.enc._forward
+
+            def marked(ids, mask, shortest):
+                start = self._event()
+                out = forward(ids, mask, shortest)
+                self.marks.append((start, self._event()))
+                return out
+
+            self.enc._forward = marked  # type: ignore[method-assign]
+            self.begin = self._event()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.on:
+            self.end = self._event()
+            del self.enc._forward  # the class's method again
+
+    def summary(self) -> dict:
+        if not self.on or not self.marks:
+            return {}
+        torch.cuda.synchronize(self.enc.device)
+        spans = [(self.begin.elapsed_time(a) / 1e3, self.begin.elapsed_time(b) / 1e3) for a, b in self.marks]
+        gaps = [spans[i][0] - spans[i - 1][1] for i in range(1, len(spans))]
+        return {
+            "forward_s": sum(b - a for a, b in spans),
+            "gaps_s": sum(gaps),
+            "max_gap_s": max(gaps, default=0.0),
+            "before_first_s": spans[0][0],
+            "after_last_s": self.begin.elapsed_time(self.end) / 1e3 - spans[-1][1],
+            "batches": len(spans),
+        }
+
+
+def timed_encode(enc: SpladeEncoder, texts: list[str], prune_top: int | None, reps: int) -> dict:
+    """The best of ``reps`` encodings: seconds, the collection, host seconds by stage, device marks."""
+    best: dict = {"encode_s": float("inf")}
+    times = []
     for _ in range(reps):
+        stats = EncodeStats()
         _sync(enc.device)
-        t0 = time.perf_counter()
-        coll = enc.encode_documents(texts, prune_top=prune_top)
-        _sync(enc.device)
-        best = min(best, time.perf_counter() - t0)
-    return best, coll  # type: ignore[return-value]
+        with DeviceMarks(enc) as marks:
+            t0 = time.perf_counter()
+            coll = enc.encode_documents(texts, prune_top=prune_top, stats=stats)
+            _sync(enc.device)
+            seconds = time.perf_counter() - t0
+        times.append(seconds)
+        if seconds < best["encode_s"]:
+            best = {"encode_s": seconds, "coll": coll, "stages": stats.stages, "device": marks.summary()}
+    best["encode_s_reps"] = times
+    return best
+
+
+def run_variants(enc: SpladeEncoder, texts: list[str], args, prune_top: int | None, bare_s: float) -> dict:
+    """Each of ``args.variants`` (:data:`VARIANTS`) on the same texts: encode and tokenise alone."""
+    out: dict = {}
+    tokenize_s: dict[bool, float] = {}  # by word_cache: the variants share it
+    for name in args.variants:
+        _apply(enc, VARIANTS[name])
+        r = timed_encode(enc, texts, prune_top, args.reps)
+        if enc.word_cache not in tokenize_s:
+            tokenize_s[enc.word_cache] = tokenize_only(enc, texts)
+        tok_s = tokenize_s[enc.word_cache]
+        out[name] = {
+            "settings": VARIANTS[name],
+            "encode_s": r["encode_s"],
+            "encode_s_reps": r["encode_s_reps"],
+            "encode_passages_per_s": len(texts) / r["encode_s"],
+            "encode_over_bare": r["encode_s"] / bare_s,
+            "tokenize_s": tok_s,
+            "tokenize_passages_per_s": len(texts) / tok_s,
+            "stages": r["stages"],
+            "device": r["device"],
+            "nnz": r["coll"].nnz,
+        }
+    _apply(enc, VARIANTS["new"])
+    return out
 
 
 def encode_vs_bare(name: str, enc: SpladeEncoder, texts: list[str], args, prune_top: int | None) -> dict:
     enc.encode_documents(texts[: enc.batch_size * 4], prune_top=prune_top)  # warm up kernels and allocator
     _reset_peak(enc.device)
-    bare_s, padded_tokens = bare_forward(enc, texts, enc.doc_max_length, args.reps)
+    bare_s, pool_s, padded_tokens = bare_forward(enc, texts, enc.doc_max_length, args.reps)
     bare_peak = _peak(enc.device)
     _reset_peak(enc.device)
-    enc_s, coll = timed_encode(enc, texts, prune_top, args.reps)
-    tok_s = tokenize_only(enc, texts)
+    variants = run_variants(enc, texts, args, prune_top, bare_s)
+    if len({v["nnz"] for v in variants.values()}) != 1:
+        raise RuntimeError(f"{name}: the variants' vectors differ in their number of non-zeros")
+    main = variants["new"] if "new" in variants else next(iter(variants.values()))
     row = {
         "part": name,
         "model": enc.name,
@@ -170,15 +289,18 @@ def encode_vs_bare(name: str, enc: SpladeEncoder, texts: list[str], args, prune_
         "dtype": str(enc.autocast_dtype or torch.float32).removeprefix("torch."),
         "prune_top": prune_top,
         "padded_tokens": padded_tokens,
-        "nnz": coll.nnz,
-        "mean_nnz": coll.nnz / len(texts),
+        "nnz": main["nnz"],
+        "mean_nnz": main["nnz"] / len(texts),
         "bare_s": bare_s,
         "bare_passages_per_s": len(texts) / bare_s,
-        "encode_s": enc_s,
-        "encode_passages_per_s": len(texts) / enc_s,
-        "encode_over_bare": enc_s / bare_s,
-        "tokenize_s": tok_s,
-        "tokenize_passages_per_s": len(texts) / tok_s,
+        "bare_pool_s": pool_s,
+        "bare_pool_passages_per_s": len(texts) / pool_s,
+        "encode_s": main["encode_s"],
+        "encode_passages_per_s": main["encode_passages_per_s"],
+        "encode_over_bare": main["encode_s"] / bare_s,
+        "tokenize_s": main["tokenize_s"],
+        "tokenize_passages_per_s": main["tokenize_passages_per_s"],
+        "variants": variants,
         "bare_memory": bare_peak,
         "encode_memory": _peak(enc.device),
     }
@@ -268,6 +390,10 @@ def _versions() -> dict:
             "cuda": torch.version.cuda, "python": platform.python_version()}  # fmt: skip
 
 
+STAGES = ("tokenize", "pad", "wait_tokens", "launch", "wait_device", "host", "assemble")
+DEVICE = ("forward_s", "gaps_s", "max_gap_s", "before_first_s", "after_last_s")
+
+
 def table(result: dict) -> str:
     head = f"{'part':<5} {'passages':>9} {'encode/s':>10} {'bare/s':>10} {'enc/bare':>8} {'tok/s':>10}"
     lines = [f"{head} {'peak GB':>8}  model"]
@@ -286,7 +412,38 @@ def table(result: dict) -> str:
                 f"{r['tokenize_passages_per_s']:>10,.0f} {mem:>8.2f}  {r['model']}"
             )
     lines.append(f"{result['card']}; {result['texts']}")
+    lines.append("")
+    lines.append(
+        "where the time goes (s; host: the thread running the model, but tokenize/pad: the tokenising thread; "
+        "device: CUDA events around each forward = model + pooling)"
+    )
+    host = " ".join(f"{s[:8]:>8}" for s in STAGES)
+    device = " ".join(f"{d.removesuffix('_s')[:9]:>9}" for d in DEVICE)
+    head = f"{'part':<5} {'variant':<7} {'encode/s':>9} {'enc/bare':>8} {'tok/s':>9} {'encode':>7}"
+    lines.append(f"{head} | {host} | {device}")
+    for r in result["rows"]:
+        for name, v in r.get("variants", {}).items():
+            st, dv = v["stages"], v["device"]
+            host = " ".join(f"{st.get(s, 0.0):>8.3f}" for s in STAGES)
+            device = " ".join(f"{dv[d]:>9.3f}" if d in dv else f"{'-':>9}" for d in DEVICE)
+            lines.append(
+                f"{r['part']:<5} {name:<7} {v['encode_passages_per_s']:>9,.0f} {v['encode_over_bare']:>8.2f} "
+                f"{v['tokenize_passages_per_s']:>9,.0f} {v['encode_s']:>7.3f} | {host} | {device}"
+            )
+        if "bare_pool_s" in r:
+            lines.append(
+                f"{r['part']:<5} {'bare':<7} model {r['bare_s']:.3f} s, model + pooling {r['bare_pool_s']:.3f} s "
+                f"({r['bare_pool_passages_per_s']:,.0f}/s)"
+            )
     return "\n".join(lines)
+
+
+def _variants(text: str) -> list[str]:
+    names = [v.strip() for v in text.split(",") if v.strip()]
+    unknown = [v for v in names if v not in VARIANTS]
+    if not names or unknown:
+        raise argparse.ArgumentTypeError(f"variants are {', '.join(VARIANTS)} (comma-separated), not {text!r}")
+    return names
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -301,6 +458,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--base-prune-top", type=int, default=256, help="random weights: keep this many per vector")
     p.add_argument("--max-length", type=int, default=256, help="tokens per passage")
     p.add_argument("--reps", type=int, default=2, help="timed repetitions (best of)")
+    p.add_argument("--variants", type=_variants, default=DEFAULT_VARIANTS, help="encoder settings to compare: "
+                   + "; ".join(f"{k}: {v}" for k, v in VARIANTS.items()))  # fmt: skip
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--tiny", action="store_true", help="a seconds-long CPU run (tests)")
     p.add_argument("--out", default=None, help="folder for the result JSON (default: $OUT when set)")

@@ -118,6 +118,13 @@ MUTATIONS = [
         "(field & 0xF0).to(torch.uint8)",
         ("tests/test_packing.py",),
     ),
+    Mutation(
+        "the encoder's word cache takes texts with special tokens or control characters",
+        "encode_wordpiece.py",
+        "return text.isascii() and (self._suspect(text) is None or self._refuse(text) is None)",
+        "return text.isascii()",
+        ("tests/test_encode_wordpiece.py::test_word_cache_equals_the_rust_tokenizer",),
+    ),
 ]
 
 

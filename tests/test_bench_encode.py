@@ -31,5 +31,29 @@ def test_encode_benchmark_tiny_run_writes_json(tmp_path, capsys):
         assert row["tokenize_passages_per_s"] > 0
     assert base["prune_top"] == 256 and base["mean_nnz"] <= 256
     assert e2e["postings"] == tiny["nnz"] and e2e["npz_bytes"] > 0 and "from cranfield" in saved["texts"]
+    for row in (tiny, base):
+        assert list(row["variants"]) == ["old", "rust", "new"] and row["bare_pool_s"] > 0
+        for v in row["variants"].values():
+            assert v["nnz"] == row["nnz"] and v["encode_s"] == min(v["encode_s_reps"])
+            assert {"tokenize", "launch", "wait_tokens", "assemble"} <= set(v["stages"]) and v["device"] == {}
     table = capsys.readouterr().out.strip().splitlines()
-    assert table[0].split()[:3] == ["part", "passages", "encode/s"] and len(table) == 5
+    assert table[0].split()[:3] == ["part", "passages", "encode/s"] and table[5] == ""
+    assert [line.split()[1] for line in table[8:12]] == ["old", "rust", "new", "bare"]
+    assert len(table) == 16
+
+
+@needs_shared
+def test_tokenize_rate_benchmark_runs_and_compares_the_same_texts(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    spec = importlib.util.spec_from_file_location("bench_tokenize_rate", BENCH.parent / "tokenize_rate.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    args = ["--passages", "600", "--batch-size", "64", "--reps", "1", "--device-ms", "1", "--out", str(tmp_path)]
+    result = bench.main([*args, "--tiny-model", str(SPLADE_TINY)])
+    saved = json.loads(Path(result["path"]).read_text())
+    assert set(saved["passages_per_s"]) == {"rust", "cache_cold", "cache_warm"}
+    assert set(saved["pipeline"]) == {"old", "rust", "new"}
+    for r in saved["pipeline"].values():
+        assert r["wall_s"] >= r["stages"]["launch"] >= r["device_s"] == pytest.approx(10 * 0.001)  # 4 + 6 batches
+    assert "word cache / Rust" in capsys.readouterr().out

@@ -69,7 +69,13 @@ _INSTALL_HINT = "the SPLADE encoder needs transformers: pip install 'gpusparse[e
 
 @dataclass
 class EncodeStats:
-    """What an encoding saw: counts a user should hear about."""
+    """What an encoding saw: counts a user should hear about.
+
+    ``stages``: seconds by stage of the work, summed over the encodings this object saw:
+    ``tokenize`` and ``pad`` (in the tokenising thread), ``wait_tokens``, ``launch``,
+    ``wait_device``, ``host`` (see :func:`~gpusparse.encode_device.sparse_batches`) and
+    ``assemble`` (putting the rows in input order, in :meth:`SpladeEncoder.encode`).
+    """
 
     texts: int = 0
     empty_texts: int = 0
@@ -81,6 +87,7 @@ class EncodeStats:
     seconds: float = 0.0
     kind: str = "text"
     extra: dict[str, Any] = field(default_factory=dict)
+    stages: dict[str, float] = field(default_factory=dict)
 
     def summary(self) -> str:
         """One line for the CLI."""
@@ -191,6 +198,10 @@ class SpladeEncoder(TextEncoder):
             loading ``model`` (which is then only its name), e.g. :func:`random_bert_base`.
         sort_window: texts tokenised and sorted by length together (see
             :mod:`gpusparse.encode_tokens`); larger windows pad less.
+        word_cache: a BERT tokenizer's ASCII texts are tokenised through a word cache (the
+            same ids, several times faster: :mod:`gpusparse.encode_wordpiece`); ``False``:
+            all through the Rust tokenizer.
+        prefetch: token batches made ahead of the model (default: a window's worth and 4).
 
     Raises:
         InputError: a model folder that is missing files or cannot be loaded.
@@ -209,6 +220,8 @@ class SpladeEncoder(TextEncoder):
         dtype: DType = "auto",
         loaded: tuple[Any, torch.nn.Module] | None = None,
         sort_window: int = DEFAULT_SORT_WINDOW,
+        word_cache: bool = True,
+        prefetch: int | None = None,
     ) -> None:
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, not {pooling!r}")
@@ -219,11 +232,12 @@ class SpladeEncoder(TextEncoder):
             ("doc_max_length", doc_max_length),
             ("batch_size", batch_size),
             ("sort_window", sort_window),
+            ("prefetch", 1 if prefetch is None else prefetch),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, not {value!r}")
-        self.sort_window = sort_window
-        self._tokenizers: dict[int, Tokenize] = {}
+        self.sort_window, self.word_cache, self.prefetch = sort_window, word_cache, prefetch
+        self._tokenizers: dict[tuple[int, bool], Tokenize] = {}
         self.pooling: Pooling = pooling
         self.query_max_length = query_max_length
         self.doc_max_length = doc_max_length
@@ -286,7 +300,9 @@ class SpladeEncoder(TextEncoder):
             bar.update(len(batch.rows))
         bar.update(n - bar.n)
         bar.close()
+        t1 = time.perf_counter()
         indptr, indices, values = assemble(batches, n)
+        stats.stages["assemble"] = stats.stages.get("assemble", 0.0) + time.perf_counter() - t1
         coll = SparseCollection(indptr, indices, values, ids=ids, vocab=self.vocab, copy=False)
         stats.seconds = seconds + time.perf_counter() - t0
         return coll
@@ -316,17 +332,22 @@ class SpladeEncoder(TextEncoder):
         t0 = time.perf_counter()
         n = len(texts)
         pin = self.device.type == "cuda"
-        tokenize = self._tokenizers.get(max_length)
+        key = (max_length, self.word_cache)
+        tokenize = self._tokenizers.get(key)
         if tokenize is None:  # a copy of the Rust tokenizer: made once per length (it takes ~0.1 s)
-            tokenize = self._tokenizers[max_length] = Tokenize(self.tokenizer, max_length)
-        tokens = token_batches(texts, tokenize, self.batch_size, window=self.sort_window, pin=pin)
+            tokenize = self._tokenizers[key] = Tokenize(self.tokenizer, max_length, word_cache=self.word_cache)
+        tokens = token_batches(texts, tokenize, self.batch_size, window=self.sort_window, pin=pin, timer=stats.stages)
         if n > self.batch_size:
-            tokens = prefetched(tokens)  # the next batches are tokenised while the model runs
+            # The next batches are tokenised while the model runs, a window ahead: the thread
+            # tokenises the next window while the model works through this one's batches.
+            depth = self.prefetch if self.prefetch is not None else -(-self.sort_window // self.batch_size) + 4
+            tokens = prefetched(tokens, depth=depth)
         nonempty = 0
         try:
             for batch in sparse_batches(
-                tokens, self._forward, self.device, prune_top=prune_top, prune_threshold=prune_threshold
-            ):
+                tokens, self._forward, self.device, prune_top=prune_top, prune_threshold=prune_threshold,
+                timer=stats.stages,
+            ):  # fmt: skip
                 nonempty += len(batch.rows)
                 lengths = np.diff(batch.indptr)
                 stats.truncated += batch.truncated

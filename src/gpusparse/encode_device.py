@@ -8,15 +8,19 @@ per batch runs on the device: the copy of the (pinned) token ids, the model, poo
 extraction of the non-zeros, as one ``topk`` of the batch's largest count followed by a
 sort of the kept term ids. Their results come back to pinned host memory asynchronously.
 
-The host never waits on the batch the device is running: a batch's counts are read (to
-size its extraction) only after the next batch's model is queued, and its extracted
-arrays after the one after that (with ``prune_top`` the extraction has a known size and
-is queued with the model, so its arrays are read one batch later). On the CPU the same
-code runs synchronously. :func:`assemble` puts the batches' rows back in input order.
+The host keeps the device's queue two batches deep: a batch's counts are read (to size
+its extraction) only after the models of the next two batches are queued, and its
+extracted arrays after the one after that (with ``prune_top`` the extraction has a known
+size and is queued with the model, so its arrays are read at the first of those). So when
+the host waits for a batch, the device still has a whole batch to run, which absorbs the
+host's hiccups (the tokenising thread holding the GIL, a garbage collection). On the CPU
+the same code runs synchronously. :func:`assemble` puts the batches' rows back in input
+order.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -30,6 +34,7 @@ from .encode_tokens import TokenBatch
 Pooling = Literal["max", "sum"]
 POOLINGS = ("max", "sum")
 Forward = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]
+_AHEAD = 2  # batches queued on the device beyond those the host waits for
 
 
 def splade_pool(
@@ -119,9 +124,13 @@ class _InFlight:
         self.event = _record(self.device)
 
     @torch.inference_mode()
-    def advance(self) -> bool:
-        """Wait for the last step queued and queue the next; ``True`` once ``result`` is set."""
+    def advance(self, timer: dict[str, float] | None = None) -> bool:
+        """Wait for the last step queued and queue the next; ``True`` once ``result`` is set.
+        ``timer``: adds the seconds waited for the device (``"wait_device"``)."""
+        t0 = time.perf_counter()
         _wait(self.event)
+        if timer is not None:
+            timer["wait_device"] = timer.get("wait_device", 0.0) + time.perf_counter() - t0
         if self.reps is not None:  # the counts are in: extract the batch's largest count
             k = int(self.counts[1].max())
             weights, terms = _extract(self.reps, k)
@@ -163,22 +172,45 @@ def sparse_batches(
     *,
     prune_top: int | None = None,
     prune_threshold: float | None = None,
+    timer: dict[str, float] | None = None,
 ) -> Iterator[SparseBatch]:
     """Encode ``batches`` on ``device``; their non-zeros in the order of ``batches``.
 
     ``forward(input_ids, attention_mask, shortest)``: int64 ``[b, L]`` ids and mask on
-    the device and the batch's shortest length → ``[b, V]`` float32 vectors.
+    the device and the batch's shortest length → ``[b, V]`` float32 vectors. ``timer``
+    (when given) adds this thread's seconds by stage: waiting for the next token batch
+    (``"wait_tokens"``), queuing a batch's work on the device (``"launch"``), waiting for the
+    device (``"wait_device"``) and the host's own work on the results (``"host"``).
     """
+    timer = {} if timer is None else timer
+    clock = time.perf_counter
+
+    def add(stage: str, seconds: float) -> None:
+        timer[stage] = timer.get(stage, 0.0) + seconds
+
     pending: deque[_InFlight] = deque()
-    for tb in batches:
+    source = iter(batches)
+    while True:
+        t0 = clock()
+        tb = next(source, None)
+        t1 = clock()
+        add("wait_tokens", t1 - t0)
+        if tb is None:
+            break
         pending.append(_launch(tb, forward, device, prune_top, prune_threshold))
-        for fl in list(pending)[:-1]:  # older batches, one step each: the new one keeps the device busy
-            fl.advance()
+        t2 = clock()
+        add("launch", t2 - t1)
+        waited = timer.get("wait_device", 0.0)
+        for fl in list(pending)[:-_AHEAD]:  # older batches, one step each: the newer ones keep the device busy
+            fl.advance(timer)
+        add("host", clock() - t2 - (timer.get("wait_device", 0.0) - waited))
         while pending and pending[0].result is not None:
             yield _done(pending.popleft())
     while pending:
-        while not pending[0].advance():
+        t0, waited = clock(), timer.get("wait_device", 0.0)
+        while not pending[0].advance(timer):
             pass
+        add("host", clock() - t0 - (timer.get("wait_device", 0.0) - waited))
         yield _done(pending.popleft())
 
 

@@ -1,16 +1,19 @@
 """Token batches for the SPLADE encoder: tokenised once, sorted by length, padded per batch.
 
-Texts are taken a window at a time (``window`` texts, in input order). A window is
-tokenised in one call (a Hugging Face fast tokenizer encodes a batch in Rust, in parallel
-and without holding Python's GIL), its texts are sorted by token length (ties keep input
-order) and cut into batches of ``batch_size`` texts, each padded to its own longest text.
-So padding is small while the output, put back in input order by the caller, does not
-depend on the window beyond float rounding.
+Texts are taken a window at a time (``window`` texts, in input order; the first windows
+are 4 batches and double up to ``window``, so the model can start early). A window is
+tokenised at once: a BERT tokenizer's ASCII texts through a word cache
+(:mod:`gpusparse.encode_wordpiece`), the others by the Hugging Face fast tokenizer's Rust
+code (in parallel and without holding Python's GIL). Its texts are sorted by token length
+(ties keep input order) and cut into batches of ``batch_size`` texts, each padded to its
+own longest text. So padding is small while the output, put back in input order by the
+caller, does not depend on the window beyond float rounding.
 
 A batch's token ids are one int32 ``[b, longest]`` tensor, in page-locked (pinned) memory
 when the model runs on a CUDA device, so its copy to the device is asynchronous.
-:func:`prefetched` runs the tokenisation in a background thread, a few batches ahead of
-the model.
+:func:`prefetched` runs the tokenisation in a background thread ahead of the model (the
+encoder lets it run a window ahead, so a window is tokenised while the model works through
+the one before).
 
 Empty (all-whitespace) texts are not tokenised: they get empty vectors without the model.
 """
@@ -21,6 +24,7 @@ import copy
 import itertools
 import queue
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -28,7 +32,10 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from .encode_wordpiece import BertWordPiece, bert_word_piece
+
 DEFAULT_SORT_WINDOW = 16384  # texts tokenised and sorted together
+_RUST_CHUNK = 1024  # texts per call of the Rust tokenizer
 T = TypeVar("T")
 
 
@@ -59,28 +66,49 @@ class Tokenize:
 
     A fast tokenizer is used through its Rust backend (a private copy, so the caller's
     tokenizer settings are untouched): one call encodes the batch and tells which texts it
-    truncated. A slow tokenizer goes through its ``__call__`` (twice: the second, at
-    ``max_length + 1`` tokens, tells which texts were longer).
+    truncated. A BERT tokenizer takes its ASCII texts through a word cache instead
+    (:mod:`gpusparse.encode_wordpiece`: the same ids, several times faster), unless
+    ``word_cache=False``. A slow tokenizer goes through its ``__call__`` (twice: the second,
+    at ``max_length + 1`` tokens, tells which texts were longer).
     """
 
-    def __init__(self, tokenizer: Any, max_length: int) -> None:
+    def __init__(self, tokenizer: Any, max_length: int, *, word_cache: bool = True) -> None:
         self.tokenizer, self.max_length = tokenizer, max_length
         backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
         self.backend = None
+        self.words: BertWordPiece | None = None
         if backend is not None:
             self.backend = copy.deepcopy(backend)
             self.backend.no_padding()
             self.backend.enable_truncation(max_length, direction=getattr(tokenizer, "truncation_side", "right"))
+            self.words = bert_word_piece(self.backend, max_length) if word_cache else None
         self.pad_id = int(tokenizer.pad_token_id) if tokenizer.pad_token_id is not None else 0
 
     def __call__(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if not texts:
             return np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, bool)
+        if self.words is None:
+            return self._rust(texts)
+        covered = np.fromiter(map(self.words.covers, texts), dtype=bool, count=len(texts))
+        if covered.all():
+            return self.words(texts)
+        fast = np.flatnonzero(covered)
+        rest = np.flatnonzero(~covered)
+        parts = [self.words([texts[i] for i in fast.tolist()]), self._rust([texts[i] for i in rest.tolist()])]
+        return _interleave(np.concatenate([fast, rest]), parts)
+
+    def _rust(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if self.backend is not None:
+            # In chunks: turning the Encodings into Python objects holds the GIL, which the
+            # thread running the model needs too.
             encode = getattr(self.backend, "encode_batch_fast", self.backend.encode_batch)  # tokenizers >= 0.21
-            encodings = encode(list(texts), add_special_tokens=True)
-            ids = [e.ids for e in encodings]
-            truncated = np.fromiter((len(e.overflowing) > 0 for e in encodings), dtype=bool, count=len(texts))
+            ids, over = [], []
+            for a in range(0, len(texts), _RUST_CHUNK):
+                encodings = encode(list(texts[a : a + _RUST_CHUNK]), add_special_tokens=True)
+                ids.extend(e.ids for e in encodings)
+                over.extend(len(e.overflowing) > 0 for e in encodings)
+                del encodings
+            truncated = np.asarray(over, dtype=bool)
         else:
             ids = self.tokenizer(list(texts), truncation=True, max_length=self.max_length)["input_ids"]
             longer = self.tokenizer(list(texts), truncation=True, max_length=self.max_length + 1)["input_ids"]
@@ -90,18 +118,47 @@ class Tokenize:
         return lengths, flat, truncated
 
 
+def _interleave(
+    rows: np.ndarray, parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The texts of ``parts`` (one after the other; text ``j`` of them is input ``rows[j]``)
+    as ``(lengths, flat, truncated)`` in input order."""
+    lengths_in = np.concatenate([p[0] for p in parts])
+    flat_in = np.concatenate([p[1] for p in parts])
+    n = rows.size
+    lengths = np.empty(n, dtype=np.int64)
+    lengths[rows] = lengths_in
+    truncated = np.empty(n, dtype=bool)
+    truncated[rows] = np.concatenate([p[2] for p in parts])
+    src = np.empty(n, dtype=np.int64)
+    src[rows] = np.cumsum(lengths_in) - lengths_in
+    dst = np.cumsum(lengths) - lengths
+    gather = np.repeat(src - dst, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
+    return lengths, flat_in[gather], truncated
+
+
 def token_batches(
-    texts: Sequence[str], tokenize: Tokenize, batch_size: int, *, window: int = DEFAULT_SORT_WINDOW, pin: bool = False
+    texts: Sequence[str],
+    tokenize: Tokenize,
+    batch_size: int,
+    *,
+    window: int = DEFAULT_SORT_WINDOW,
+    pin: bool = False,
+    timer: dict[str, float] | None = None,
 ) -> Iterator[TokenBatch]:
     """The non-empty ``texts`` as :class:`TokenBatch` es (see the module docstring).
+
+    The first windows are smaller (:func:`windows`), so the model starts early. ``timer``
+    (when given) adds the seconds spent tokenising (``"tokenize"``) and padding (``"pad"``).
 
     Raises:
         TypeError: a text is not a ``str``.
     """
-    window = max(window, batch_size)
-    for w0 in range(0, len(texts), window):
+    clock = time.perf_counter
+    for w0, w1 in windows(len(texts), window, batch_size):
+        t0 = clock()
         rows = []
-        for i in range(w0, min(len(texts), w0 + window)):
+        for i in range(w0, w1):
             t = texts[i]
             if not isinstance(t, str):
                 raise TypeError(f"text {i} is {type(t).__name__}, not str")
@@ -113,9 +170,28 @@ def token_batches(
         starts = np.cumsum(lengths) - lengths
         order = np.argsort(lengths, kind="stable")
         window_rows = np.asarray(rows, dtype=np.int64)
+        if timer is not None:
+            timer["tokenize"] = timer.get("tokenize", 0.0) + clock() - t0
         for b0 in range(0, order.size, batch_size):
+            t0 = clock()
             sel = order[b0 : b0 + batch_size]
-            yield _padded(window_rows[sel], lengths[sel], starts[sel], flat, int(truncated[sel].sum()), tokenize, pin)
+            batch = _padded(window_rows[sel], lengths[sel], starts[sel], flat, int(truncated[sel].sum()), tokenize, pin)
+            if timer is not None:
+                timer["pad"] = timer.get("pad", 0.0) + clock() - t0
+            yield batch
+            time.sleep(0)  # in a thread: lets the thread running the model have the GIL now
+
+
+def windows(n: int, window: int, batch_size: int) -> Iterator[tuple[int, int]]:
+    """``[start, end)`` of the windows of ``n`` texts sorted together: ``window`` texts (at
+    least ``batch_size``), except the first ones, which start at 4 batches and double (the
+    model waits for the first window only)."""
+    window = max(window, batch_size)
+    size, start = min(window, 4 * batch_size), 0
+    while start < n:
+        yield start, min(n, start + size)
+        start += size
+        size = min(window, 2 * size)
 
 
 def _padded(
