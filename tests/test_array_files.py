@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 
@@ -93,3 +94,18 @@ def test_index_loads_to_the_gpu_through_staging_and_checks_it(tmp_path, monkeypa
     f.write_bytes(bytes(data))
     with pytest.raises(IndexFormatError, match=r"scores\.npy does not match its checksum"):
         Index.load(tmp_path / "idx", device="cuda")
+
+
+def test_many_files_read_at_once_parse_their_headers_safely(tmp_path):
+    """Threads reading .npy files side by side (np.load parses headers with ast.literal_eval,
+    which CPython 3.11 cannot run in two threads at once)."""
+    arrays = {f"a{i}.npy": np.arange(i * 7, dtype=np.float32) for i in range(64)}
+    metas = {name: af.write_npy(tmp_path / name, a) for name, a in arrays.items()}
+    for _ in range(5):
+        cpu = torch.device("cpu")
+        jobs = {
+            n: functools.partial(af.read_npy, tmp_path / n, np.float32, device=cpu, mmap=True, sha256=m["sha256"])
+            for n, m in metas.items()
+        }
+        got = af.read_all(jobs)
+        assert all(np.array_equal(got[n].numpy(), a) for n, a in arrays.items())

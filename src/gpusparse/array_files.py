@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,6 +25,9 @@ from .errors import IndexFormatError
 
 CHUNK = 1 << 26  # bytes a slice: large enough for full-speed copies and hashing, small to stage
 THREADS = 4  # files at a time; the largest arrays of an index are two or three files
+# CPython 3.11's compile() (under ast.literal_eval) keeps its recursion depth per interpreter, not
+# per thread: two threads parsing at once fail with "AST constructor recursion depth mismatch".
+_HEADER_LOCK = threading.Lock()
 
 
 class _HashingWriter:
@@ -91,7 +95,8 @@ def read_npy(
             that does not match.
     """
     try:
-        mapped = np.load(path, mmap_mode="c", allow_pickle=False)
+        with _HEADER_LOCK:  # np.load parses the header with ast.literal_eval: not thread-safe on 3.11
+            mapped = np.load(path, mmap_mode="c", allow_pickle=False)
     except (ValueError, OSError) as exc:
         raise IndexFormatError(f"{path.parent}: {path.name} is not a readable .npy array ({exc})") from None
     if mapped.dtype != dtype or mapped.ndim != 1:
