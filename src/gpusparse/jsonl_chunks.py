@@ -34,6 +34,7 @@ import orjson
 
 from .collection import _short, check_id, id_problem, json_type_name
 from .errors import InputError
+from .jsonl_columns import KeyTable, columns_of_chunk
 from .vocab import Vocabulary
 
 Unknown = Literal["error", "skip"]
@@ -56,7 +57,9 @@ class TokenIds:
     def __init__(self, vocab: Vocabulary) -> None:
         self.get = vocab.lookup
         self.packed: dict[str, bytes] | None = None
+        self.table: KeyTable | None = None
         if not vocab.is_integer:
+            self.table = KeyTable(vocab.tokens())
             packed: dict[str, bytes] = {}
             for i, tok in enumerate(vocab.tokens()):
                 packed.setdefault(tok, i.to_bytes(4, "little"))  # the first of repeated tokens, as Vocabulary
@@ -366,8 +369,27 @@ def _no_repeats(line: bytes, obj: dict[str, Any], vec: dict[str, Any]) -> bool:
     return line.count(b":") == len(obj) + len(vec) + inside
 
 
+def _columns_chunk(data: bytes, ids_of: TokenIds, unknown: Unknown) -> ChunkResult:
+    """The chunk read by :func:`~gpusparse.jsonl_columns.columns_of_chunk` (no Python object a posting)."""
+    cols = None if ids_of.table is None else columns_of_chunk(data, ids_of.table, ids_of.get, unknown)
+    if cols is None:
+        raise _Fallback
+    ids = cols.raw_ids
+    for i, raw in enumerate(ids):
+        if type(raw) is not str or id_problem(raw) is not None:
+            ids[i] = check_id(raw)  # an integer id, or an error
+    res = _result(ids, cols.lines, cols.lengths, cols.terms, cols.values, data.count(b"\n"))  # type: ignore[arg-type]
+    res.unknown_skipped = cols.unknown_skipped
+    return res
+
+
 def parse_chunk(data: bytes, ids_of: TokenIds, unknown: Unknown) -> ChunkResult:
-    """Records of ``data`` (whole lines), fast when possible, else as the strict path reads them."""
+    """Records of ``data`` (whole lines): by columns when possible, else by orjson, else as
+    the strict path reads them."""
+    try:
+        return _columns_chunk(data, ids_of, unknown)
+    except (_Fallback, InputError):
+        pass
     try:
         return _fast_chunk(data, ids_of, unknown)
     except (_Fallback, InputError, orjson.JSONDecodeError, TypeError, OverflowError, ValueError, RecursionError):
