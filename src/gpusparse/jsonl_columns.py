@@ -36,8 +36,13 @@ _MAX_EXACT = 2**53  # a mantissa up to this is exact in float64 (Clinger's fast 
 
 # The bytes of the structural scan.
 _QUOTE, _BACKSLASH, _COLON, _COMMA, _OPEN, _CLOSE, _NEWLINE = b'"\\:,{}\n'
-_SPECIALS = b'"\\:,{}[]\n'
+_SPECIALS = b'"\\{}[]\n'  # not ':' and ',': found from the strings around them
 _P10 = 10 ** np.arange(18, dtype=np.uint64)
+_P10F = _P10.astype(np.float64)  # exact (10**k is, for k <= 22)
+# (1 << 8k) times these has 7 - k (15 - k) in its top byte: the digits after a dot at byte k
+# of the low (high) word.
+_AFTER_LO = np.uint64(0x0706050403020100)
+_AFTER_HI = np.uint64(0x0F0E0D0C0B0A0908)
 
 
 _ONES = np.uint64(0x0101010101010101)
@@ -70,6 +75,35 @@ def _key_words(words: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> tupl
     return tuple(out)
 
 
+def _spellings(tokens: Sequence[str]) -> dict[bytes, int]:
+    """Each token's spellings inside a JSON string (at most 24 bytes) -> its first term id.
+
+    The vocabulary is written as one JSON array by ``json.dumps`` twice (with and without
+    ``\\uXXXX`` escapes, the encoder in C) and split at the separators, which cannot occur
+    inside a string (a quote there is escaped).
+    """
+    out: dict[bytes, int] = {}
+    for ascii_only in (False, True):
+        text = json.dumps(list(tokens), ensure_ascii=ascii_only)
+        try:
+            raw = text[2:-2].encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate: tokens one by one
+            raw = None
+        if raw is None or not tokens:
+            parts = []
+            for tok in tokens:
+                try:
+                    parts.append(json.dumps(tok, ensure_ascii=ascii_only)[1:-1].encode("utf-8"))
+                except UnicodeEncodeError:
+                    parts.append(b"\xff" * (_KEY_BYTES + 1))  # never matched: looked up one by one
+        else:
+            parts = raw.split(b'", "')
+        n = len(parts)
+        first = dict(zip(reversed(parts), range(n - 1, -1, -1), strict=True))  # the first of repeated tokens
+        out.update((k, v) for k, v in first.items() if len(k) <= _KEY_BYTES and k not in out)
+    return out
+
+
 class KeyTable:
     """The vocabulary's tokens as they are spelled inside JSON strings, in an open-addressing
     hash table of keys up to 24 bytes, looked up for many keys at once.
@@ -82,21 +116,10 @@ class KeyTable:
     """
 
     def __init__(self, tokens: Sequence[str]) -> None:
-        seen: dict[bytes, int] = {}
-        for tid, tok in enumerate(tokens):
-            if tok.isascii() and tok.isprintable() and '"' not in tok and "\\" not in tok:
-                seen.setdefault(tok.encode(), tid)  # spelled as it is
-                continue
-            for text in (json.dumps(tok, ensure_ascii=False), json.dumps(tok)):
-                try:
-                    raw = text[1:-1].encode("utf-8")
-                except UnicodeEncodeError:  # a lone surrogate: looked up one by one
-                    continue
-                seen.setdefault(raw, tid)
-        seen = {k: v for k, v in seen.items() if len(k) <= _KEY_BYTES}
+        seen = _spellings(tokens)
         self.bits = max(8, int(np.ceil(np.log2(max(len(seen), 1) * 4))))
         size = 1 << self.bits
-        packed = b"".join(k.ljust(_KEY_BYTES, b"\0") for k in seen) + bytes(8)
+        packed = np.array(list(seen) or [b""], dtype=f"S{_KEY_BYTES}").tobytes() + bytes(8)
         kw = _key_words(_word_view(packed), np.arange(len(seen)) * _KEY_BYTES, np.full(len(seen), _KEY_BYTES))
         ids = np.fromiter(seen.values(), np.int32, len(seen))
         # A slot: the key's three words and its term id + 1 (0: empty), one cache line a look-up.
@@ -153,11 +176,6 @@ def _non_digits(w: np.ndarray) -> np.ndarray:
     return ~(at_least_0 & ~above_9) & _HIGH
 
 
-def _byte_index(bits: np.ndarray) -> np.ndarray:
-    """Index of the one byte whose high bit is set in ``bits``."""
-    return (((bits >> np.uint64(7)) * np.uint64(0x0001020304050607)) >> np.uint64(56)).astype(np.intp)
-
-
 def parse_numbers(
     words: np.ndarray, data: bytes, starts: np.ndarray, ends: np.ndarray, neg: np.ndarray
 ) -> np.ndarray | None:
@@ -184,17 +202,18 @@ def parse_numbers(
     has_dot = (dot_hi | dot_lo) != 0
     n_odd = _count_high(nd_hi) + _count_high(nd_lo)
     simple = (length <= 16) & (n_odd == neg.view(np.uint8) + has_dot.view(np.uint8))
-    # fraction digits: after the dot (its byte index from the single high bit, by a multiply)
-    frac = np.where(dot_lo != 0, 7 - _byte_index(dot_lo), np.where(dot_hi != 0, 15 - _byte_index(dot_hi), 0))
+    # fraction digits: those after the dot, read off its single high bit by a multiply
+    frac = ((dot_lo >> np.uint64(7)) * _AFTER_LO + (dot_hi >> np.uint64(7)) * _AFTER_HI) >> np.uint64(56)
+    frac = frac.view(np.int64)
     hi ^= (hi ^ _ZEROS) & _spread(nd_hi)  # the sign and the dot read as 0
     lo ^= (lo ^ _ZEROS) & _spread(nd_lo)
     x = _eight_digits(hi) * np.uint64(10**8) + _eight_digits(lo)
-    p = np.take(_P10, frac)
-    mant = np.where(has_dot, x - np.uint64(9) * (x // (p * np.uint64(10))) * p, x)
+    p = np.take(_P10, frac, mode="clip")
+    mant = x - np.uint64(9) * (x // (p * np.uint64(10))) * p * has_dot  # (no dot: p = 1, nothing taken)
     fast = simple & (mant <= _MAX_EXACT)
-    values = mant.astype(np.float64) / p.astype(np.float64)
-    values = np.where(neg, -values, values)
-    values = np.where(has_dot, values, values + 0.0)  # -0 as an integer is 0
+    values = mant.astype(np.float64) / np.take(_P10F, frac, mode="clip")
+    np.negative(values, out=values, where=neg)
+    np.add(values, 0.0, out=values, where=~has_dot)  # -0 as an integer is 0
     for i in np.flatnonzero(~fast).tolist():
         text = data[int(starts[i]) - _PAD : int(ends[i]) - _PAD]
         v = float(text)
@@ -251,22 +270,15 @@ _UNSET = msgspec.UNSET
 _NAMES = {name: int.from_bytes(name.ljust(8, b"\0"), "little") for name in (b"id", b"_id", b"vector")}
 
 
-_DECODE_ALL = msgspec.json.Decoder(list[_Record]).decode
+_DECODE = msgspec.json.Decoder(_Record).decode
 
 
 def _raw_ids(lines: list[bytes], which: list[int]) -> list[object] | None:
     """The id of each line as ``obj.get("id", obj.get("_id"))`` reads it, msgspec having
-    checked that the lines are well-formed JSON objects; ``None`` if one is not.
-
-    The lines are decoded as one JSON array (one call, not one a line). That proves each
-    line well-formed on its own only with what the caller checks of the chunk's structure:
-    as many objects as lines, no string across lines, every object closed on its line.
-    """
+    checked that each line is a well-formed JSON object; ``None`` if one is not."""
     try:
-        recs = _DECODE_ALL(b"[" + b",".join([lines[i] for i in which]) + b"]")
+        recs = [_DECODE(lines[i]) for i in which]
     except (msgspec.MsgspecError, ValueError, RecursionError):
-        return None
-    if len(recs) != len(which):
         return None
     return [r.id if r.id is not _UNSET else None if r.alt_id is _UNSET else r.alt_id for r in recs]
 
@@ -328,32 +340,55 @@ class _Tokens:
         return np.take(self.opens, r), np.take(self.closes, r)
 
 
-def _record_keys_ok(t: _Tokens, words: np.ndarray, which: list[int], n_lines: int) -> np.ndarray | None:
+def _record_keys_ok(
+    t: _Tokens, buf: np.ndarray, words: np.ndarray, which: list[int], n_lines: int
+) -> np.ndarray | None:
     """Token index of each line's vector object, if each non-blank line is one object whose
     ``"vector"`` key holds its only nested object, ``id``, ``_id`` and ``vector`` are not
     repeated and no key of the record has an escape; else ``None``."""
     vec = np.flatnonzero((t.cls == _OPEN) & (t.depth == 2))
-    if vec.size != len(which) or vec.min(initial=2) < 2 or not np.array_equal(t.line(vec), which):
+    if vec.size != len(which) or vec.min(initial=1) < 1 or not np.array_equal(t.line(vec), which):
         return None
-    if not ((t.cls[vec - 1] == _COLON) & (t.cls[vec - 2] == _QUOTE)).all():
-        return None
-    string = t.cls == _QUOTE
-    prev = t.cls[np.maximum(np.flatnonzero(string & (t.depth == 1)) - 1, 0)]
-    keys = np.flatnonzero(string & (t.depth == 1))[(prev == _OPEN) | (prev == _COMMA)]
-    lo, hi = t.span(keys)
+    if not (np.take(t.cls, vec - 1) == _QUOTE).all():
+        return None  # (a string just before an object is its key: the JSON is well-formed)
+    strings = np.flatnonzero((t.cls == _QUOTE) & (t.depth == 1))
+    lo, hi = t.span(strings)
+    keys = _followed_by(buf, hi + 1, _COLON)  # a key is followed by ':', a value is not
+    strings, lo, hi = np.compress(keys, strings), np.compress(keys, lo), np.compress(keys, hi)
     if t.backslashes.size and (np.searchsorted(t.backslashes, hi) > np.searchsorted(t.backslashes, lo)).any():
         return None
     size = hi - lo
-    head = words[lo] & _LOW[np.minimum(size, 8)]
+    head = words[lo] & np.take(_LOW, np.minimum(size, 8))
     named = {name: (size == len(name)) & (head == code) for name, code in _NAMES.items()}
     for name in (b"id", b"_id"):
-        if (np.bincount(t.line(keys[named[name]]), minlength=n_lines) > 1).any():
+        if (np.bincount(t.line(np.compress(named[name], strings)), minlength=n_lines) > 1).any():
             return None
     is_vector = np.zeros(t.cls.size, bool)
-    is_vector[keys[named[b"vector"]]] = True
-    if int(named[b"vector"].sum()) != len(which) or not is_vector[vec - 2].all():
+    is_vector[np.compress(named[b"vector"], strings)] = True
+    if int(named[b"vector"].sum()) != len(which) or not is_vector[vec - 1].all():
         return None
     return vec
+
+
+def _followed_by(buf: np.ndarray, at: np.ndarray, byte: int) -> np.ndarray:
+    """Whether the first byte from ``at`` on that is not whitespace is ``byte``."""
+    first = np.take(buf, at)
+    while (space := _space(first)).any():
+        at = at + space
+        first = np.take(buf, at)
+    return first == byte
+
+
+def _skip(buf: np.ndarray, at: np.ndarray, step: int, byte: int | None = None) -> np.ndarray:
+    """``at`` moved by ``step`` past whitespace (reading ``buf[at]``, or ``buf[at - 1]`` going
+    back), then past one ``byte`` where it is there and past whitespace again."""
+    off = 0 if step > 0 else -1
+    while (space := _space(np.take(buf, at + off))).any():
+        at = at + step * space
+    if byte is not None:
+        at = at + step * (np.take(buf, at + off) == byte)
+        at = _skip(buf, at, step)
+    return at
 
 
 def _term_ids(
@@ -367,7 +402,8 @@ def _term_ids(
     terms = table.find(*kw)
     terms[size > _KEY_BYTES] = -1
     # bytes above 0x7F in keys the table knows (valid UTF-8: they equal a token's spelling)
-    key_high = int(sum(_count_high(w & _HIGH).astype(np.int64) @ (terms >= 0) for w in kw))
+    high = ((kw[0] & _HIGH) >> np.uint64(7)) + ((kw[1] & _HIGH) >> np.uint64(7)) + ((kw[2] & _HIGH) >> np.uint64(7))
+    key_high = int(((high * _ONES) >> np.uint64(56)).view(np.int64) @ (terms >= 0))
     missed: dict[bytes, int] = {}
     for i in np.flatnonzero(terms < 0).tolist():
         raw = data[int(lo[i]) - _PAD : int(hi[i]) - _PAD]
@@ -410,29 +446,24 @@ def columns_of_chunk(data: bytes, table: KeyTable, lookup: Callable[[str], int |
     buf = np.frombuffer(padded, np.uint8)
     words = _word_view(padded)
     t = _Tokens(buf)
-    if not t.ok or t.brackets or t.depth.max() > 2 or t.newlines.size != data.count(b"\n"):
+    if not t.ok or t.brackets or t.depth.max() > 2 or t.newlines.size != len(lines) - 1:
         return None
     if (t.depth[t.newlines] != 0).any():
         return None  # an object across lines
-    vec = _record_keys_ok(t, words, which, len(lines))
+    vec = _record_keys_ok(t, buf, words, which, len(lines))
     if vec is None:
         return None
-    # Inside the vectors (depth 2, no deeper): "key" : number , ... : every colon comes after
-    # a string (its key) and before a comma or the closing brace; no other string.
-    colons = np.flatnonzero((t.cls == _COLON) & (t.depth == 2))
-    keys = colons - 1
-    after = np.take(t.cls, colons + 1)
-    if not ((np.take(t.cls, keys) == _QUOTE).all() and ((after == _COMMA) | (after == _CLOSE)).all()):
+    # Inside the vectors (depth 2, no deeper) the strings are keys, each followed by
+    # ': number' and ',' or the closing brace; a string weight would leave no number
+    # between a key and the next token (itself).
+    keys = np.flatnonzero((t.cls == _QUOTE) & (t.depth == 2))
+    close_quotes = np.take(t.closes, np.take(t.rank, keys))
+    nxt = np.take(t.pos, keys + 1)  # the next key's quote or the closing brace
+    starts = _skip(buf, close_quotes + 1, 1, _COLON)
+    ends = _skip(buf, nxt, -1, _COMMA)
+    if not (ends > starts).all():
         return None
-    if np.count_nonzero((t.cls == _QUOTE) & (t.depth == 2)) != keys.size:
-        return None  # a string weight
-    starts, ends = np.take(t.pos, colons) + 1, np.take(t.pos, colons + 1)
     first = np.take(buf, starts)
-    while (space := _space(first)).any():
-        starts = starts + space
-        first = np.take(buf, starts)
-    while (space := _space(np.take(buf, ends - 1))).any():
-        ends = ends - space
     neg = first == 45
     if not (neg | ((first - np.uint8(48)) < 10)).all():
         return None  # true, false, null
