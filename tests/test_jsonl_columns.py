@@ -12,7 +12,7 @@ import struct
 import numpy as np
 import pytest
 
-from gpusparse import InputError, Vocabulary
+from gpusparse import InputError, Vocabulary, jsonl_keys, jsonl_numbers
 from gpusparse import jsonl_chunks as jc
 from gpusparse import jsonl_columns as jcol
 
@@ -25,11 +25,12 @@ TABLE = IDS.table
 def _parse(texts: list[bytes]) -> np.ndarray | None:
     """parse_numbers on ``texts`` written one after the other, separated by commas."""
     data = b",".join(texts)
-    padded = b" " * jcol._PAD + data + b" " * jcol._PAD
-    ends = np.cumsum([len(t) + 1 for t in texts]) - 1 + jcol._PAD
+    pad = 16
+    padded = b" " * pad + data
+    ends = np.cumsum([len(t) + 1 for t in texts]) - 1 + pad
     starts = ends - np.array([len(t) for t in texts])
     neg = np.frombuffer(padded, np.uint8)[starts] == 45
-    return jcol.parse_numbers(jcol._word_view(padded), data, starts, ends, neg)
+    return jsonl_numbers.parse_numbers(jsonl_numbers.rows_view(padded, 16), data, pad, starts, ends, neg)
 
 
 def _python(text: bytes) -> float:
@@ -285,13 +286,14 @@ def test_the_columnar_path_takes_typical_lines():
 
 def test_key_table_first_of_repeated_tokens_and_all_spellings():
     vocab = Vocabulary(["a", "é", "b", "a", '"', "\\", "\x01", "日本"])
-    table = jcol.KeyTable(vocab.tokens())
+    table = jsonl_keys.KeyTable(vocab.tokens())
     spell = [b"a", b"\xc3\xa9", b"\\u00e9", b"b", b'\\"', b"\\\\", b"\\u0001", "日本".encode(), b"\\u65e5\\u672c"]
     want = [0, 1, 1, 2, 4, 5, 6, 7, 7]
     padded = b" " * 8 + b"".join(s + b" " * 24 for s in spell) + b" " * 32
     starts = 8 + np.cumsum([0] + [len(s) + 24 for s in spell[:-1]])
     sizes = np.array([len(s) for s in spell])
-    got = table.find(*jcol._key_words(jcol._word_view(padded), starts, sizes))
+    got = table.find(jsonl_keys.key_words(jsonl_numbers.rows_view(padded, 24), starts, sizes))
     assert got.tolist() == want
-    missing = table.find(*jcol._key_words(jcol._word_view(b"zz" + b" " * 40), np.array([0]), np.array([2])))
+    rows = jsonl_numbers.rows_view(b"zz" + b" " * 40, 24)
+    missing = table.find(jsonl_keys.key_words(rows, np.array([0]), np.array([2])))
     assert missing.tolist() == [-1]
