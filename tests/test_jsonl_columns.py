@@ -297,3 +297,28 @@ def test_key_table_first_of_repeated_tokens_and_all_spellings():
     rows = jsonl_numbers.rows_view(b"zz" + b" " * 40, 24)
     missing = table.find(jsonl_keys.key_words(rows, np.array([0]), np.array([2])))
     assert missing.tolist() == [-1]
+
+
+MUTATIONS = [b'"', b"\\", b":", b",", b"{", b"}", b"[", b"]", b" ", b"\n", b"\t", b"\r", b"0", b"9", b"-", b".",
+             b"e", b"E", b"+", b"t", b"n", b"x", b"\xff", b"\xc3", b"\x00", b"\x0c", b"", b'\\"', b"\\u"]  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_mutated_chunks_same_as_strict(seed):
+    # a few bytes inserted, deleted or replaced anywhere: whatever the columnar path takes
+    # it reads as the strict path does, and it takes nothing the strict path refuses
+    rng = np.random.default_rng(1000 + seed)
+    base = bytearray(_random_chunk(2000 + seed, n=12, repeats=True))
+    for _ in range(10):
+        data = bytearray(base)
+        for _ in range(int(rng.integers(1, 4))):
+            at = int(rng.integers(len(data)))
+            new = MUTATIONS[int(rng.integers(len(MUTATIONS)))]
+            data[at : at + int(rng.integers(0, 2))] = new
+        data = bytes(data)
+        for mode in ("error", "skip"):
+            strict = jc._strict_chunk(data, VOCAB.lookup, mode)
+            assert_same_chunk(jc.parse_chunk(data, IDS, mode), strict)
+            if strict.error is not None:
+                with pytest.raises((jc._Fallback, InputError)):
+                    jc._columns_chunk(data, IDS, mode)
