@@ -269,6 +269,12 @@ def test_not_utf8_refused(raw):
     assert strict.error is not None and strict.error[0] == "not UTF-8 text"
 
 
+def test_only_empty_vectors():
+    data = b'{"id": "a", "vector": {}}\n{"id": "b", "vector": { }}\n'
+    assert jcol.columns_of_chunk(data, TABLE, VOCAB.lookup, "error") is not None
+    assert_same_chunk(jc._columns_chunk(data, IDS, "error"), jc._strict_chunk(data, VOCAB.lookup, "error"))
+
+
 def test_the_columnar_path_takes_typical_lines():
     # spellings real files use: json.dumps (spaces, \\u escapes, 17-digit weights) and compact
     # orjson (UTF-8, shortest float32); ids as strings or integers; a blank line

@@ -81,8 +81,9 @@ class KeyTable:
         kw = np.frombuffer(np.array(list(seen) or [b""], dtype=f"S{KEY_BYTES}").tobytes(), "<u8").reshape(-1, 3)
         kw = kw[: len(seen)]
         ids = np.fromiter(seen.values(), np.int32, len(seen))
-        # A slot: the key's three words and its term id + 1 (0: empty), one cache line a look-up.
-        self.slots = np.zeros((size, 4), np.uint64)
+        # Four arrays of slots: the key's three words and its term id + 1 (0: empty).
+        self.w0, self.w1, self.w2 = (np.zeros(size, np.uint64) for _ in range(3))
+        self.tid = np.zeros(size, np.int64)
         # Linear probing, built in rounds: in round r every key not yet placed tries slot
         # home + r; the first key of each free slot takes it. A key sits after all slots from
         # its home on were taken, so a look-up may stop at the first empty slot.
@@ -93,10 +94,10 @@ class KeyTable:
             slot = (home[todo] + self.probes) & (size - 1)
             first = np.zeros(todo.size, bool)
             first[np.unique(slot, return_index=True)[1]] = True
-            take = (self.slots[slot, 3] == 0) & first
-            for j in range(3):
-                self.slots[slot[take], j] = kw[todo[take], j]
-            self.slots[slot[take], 3] = ids[todo[take]].astype(np.uint64) + np.uint64(1)
+            take = (self.tid[slot] == 0) & first
+            for j, table in enumerate((self.w0, self.w1, self.w2)):
+                table[slot[take]] = kw[todo[take], j]
+            self.tid[slot[take]] = ids[todo[take]].astype(np.int64) + 1
             todo = todo[~take]
             self.probes += 1
 
@@ -105,16 +106,17 @@ class KeyTable:
         table has no such spelling."""
         mask = (1 << self.bits) - 1
         slot = _hash(words, self.bits)
-        w0, w1, w2 = (np.ascontiguousarray(words[:, j]) for j in range(3))
+        w = [np.ascontiguousarray(words[:, j]) for j in range(3)]
         out = np.full(len(words), -1, np.int32)
         todo = np.arange(len(words))
-        for r in range(self.probes):
-            s = np.take(self.slots, slot if r == 0 else (np.take(slot, todo) + r) & mask, axis=0)
-            a, b, c = (w0, w1, w2) if r == 0 else (np.take(w0, todo), np.take(w1, todo), np.take(w2, todo))
-            full = s[:, 3] != 0
-            hit = (s[:, 0] == a) & (s[:, 1] == b) & (s[:, 2] == c) & full
-            out[np.compress(hit, todo)] = (np.compress(hit, s[:, 3]) - np.uint64(1)).astype(np.int32)
-            todo = np.compress(~hit & full, todo)  # an empty slot ends the search
+        for r in range(self.probes):  # (np.take and np.compress: much faster than [] here)
+            s = slot if r == 0 else (np.take(slot, todo) + r) & mask
+            tid = np.take(self.tid, s)
+            hit = tid != 0
+            for table, col in zip((self.w0, self.w1, self.w2), w, strict=True):
+                hit &= np.take(table, s) == (col if r == 0 else np.take(col, todo))
+            out[np.compress(hit, todo)] = np.compress(hit, tid) - 1
+            todo = np.compress(~hit & (tid != 0), todo)  # an empty slot ends the search
             if not todo.size:
                 break
         return out

@@ -33,7 +33,7 @@ def rows_view(raw: bytes, width: int) -> np.ndarray:
 
 def words_of(rows: np.ndarray, at: np.ndarray) -> np.ndarray:
     """The rows of a :func:`rows_view` at ``at`` as ``(len(at), width // 8)`` little-endian words."""
-    return rows[at].view("<u8").reshape(len(at), -1)
+    return rows[at].view("<u8").reshape(len(at), rows.dtype.itemsize // 8)
 
 
 def _eight_digits(w: np.ndarray) -> np.ndarray:
