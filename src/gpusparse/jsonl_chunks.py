@@ -389,7 +389,7 @@ def _columns_chunk(data: bytes, ids_of: TokenIds, unknown: Unknown) -> ChunkResu
         for i, raw in enumerate(ids):
             if type(raw) is not str or id_problem(raw) is not None:
                 ids[i] = check_id(raw)  # an integer id, or an error
-    res = _result(ids, cols.lines, cols.lengths, cols.terms, cols.values, data.count(b"\n"))  # type: ignore[arg-type]
+    res = _result(ids, cols.lines, cols.lengths, cols.terms, cols.values, cols.newlines)  # type: ignore[arg-type]
     res.unknown_skipped = cols.unknown_skipped
     return res
 

@@ -27,6 +27,7 @@ term ids in order (repeated tokens kept), float64 weights equal to Python's ``fl
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -52,6 +53,7 @@ class Columns:
     (``raw_ids``: msgspec's values of ``id``/``_id``), weights are float64."""
 
     raw_ids: list[object]
+    newlines: int  # newline characters in the chunk
     lines: np.ndarray  # int64: line of each record in the chunk
     lengths: np.ndarray  # int64: postings of each record
     terms: np.ndarray  # int32
@@ -71,16 +73,31 @@ _NAMES = {name: int.from_bytes(name.ljust(8, b"\0"), "little") for name in (b"id
 
 
 _DECODE = msgspec.json.Decoder(_Record).decode
+_GET_ID = operator.attrgetter("id")
 
 
-def _raw_ids(lines: list[bytes], which: list[int]) -> list[object] | None:
+def _raw_ids(lines: list[bytes], which: list[int] | range) -> list[object] | None:
     """The id of each line as ``obj.get("id", obj.get("_id"))`` reads it, msgspec having
     checked that each line is a well-formed JSON object; ``None`` if one is not."""
     try:
-        recs = [_DECODE(lines[i]) for i in which]
+        if isinstance(which, range):  # every line (map: no Python code a line)
+            recs = list(map(_DECODE, lines[which.start : which.stop]))
+        else:
+            recs = [_DECODE(lines[i]) for i in which]
     except (msgspec.MsgspecError, ValueError, RecursionError):
         return None
-    return [r.id if r.id is not _UNSET else None if r.alt_id is _UNSET else r.alt_id for r in recs]
+    ids = list(map(_GET_ID, recs))
+    if _UNSET in ids:  # no "id": "_id", or None
+        ids = [r.id if r.id is not _UNSET else None if r.alt_id is _UNSET else r.alt_id for r in recs]
+    return ids
+
+
+def _non_blank(data: bytes, lines: list[bytes]) -> list[int] | range:
+    """Indices of the lines that are not blank (``not line.strip()``, as the strict path)."""
+    n = len(lines) - (lines[-1] == b"")
+    if data.count(b"\n{") + data.startswith(b"{") == n:  # every line starts with "{"
+        return range(n)
+    return [i for i, ln in enumerate(lines) if ln and not ln.isspace()]
 
 
 def _unescape(raw: bytes) -> str | None:
@@ -142,13 +159,13 @@ class _Tokens:
 
 
 def _record_keys_ok(
-    t: _Tokens, buf: np.ndarray, rows24: np.ndarray, which: list[int], n_lines: int
+    t: _Tokens, buf: np.ndarray, rows24: np.ndarray, which: list[int] | range, n_lines: int
 ) -> np.ndarray | None:
     """Token index of each line's vector object, if each non-blank line is one object whose
     ``"vector"`` key holds its only nested object, ``id``, ``_id`` and ``vector`` are not
     repeated and no key of the record has an escape; else ``None``."""
     vec = np.flatnonzero((t.cls == _OPEN) & (t.depth == 2))
-    if vec.size != len(which) or vec.min(initial=1) < 1 or not np.array_equal(t.line(vec), which):
+    if vec.size != len(which) or vec.min(initial=1) < 1 or not np.array_equal(t.line(vec), np.asarray(which)):
         return None
     if not (np.take(t.cls, vec - 1) == _QUOTE).all():
         return None  # (a string just before an object is its key: the JSON is well-formed)
@@ -241,7 +258,7 @@ def _utf8_ok(t: _Tokens, buf: np.ndarray, data: bytes, lines: list[bytes], key_h
 def columns_of_chunk(data: bytes, table: KeyTable, lookup: Callable[[str], int | None], unknown: str) -> Columns | None:
     """The records of ``data`` (whole JSONL lines), or ``None`` where the strict path must decide."""
     lines = data.split(b"\n")
-    which = [i for i, ln in enumerate(lines) if ln and not ln.isspace()]
+    which = _non_blank(data, lines)
     raw_ids = _raw_ids(lines, which) if which else None
     if raw_ids is None:
         return None
@@ -293,4 +310,4 @@ def columns_of_chunk(data: bytes, table: KeyTable, lookup: Callable[[str], int |
         rec = np.repeat(np.arange(len(which)), lengths)
         lengths = np.bincount(np.compress(keep, rec), minlength=len(which)).astype(np.int64)
         terms, values = np.compress(keep, terms), np.compress(keep, values)
-    return Columns(raw_ids, np.array(which, np.int64), lengths, terms, values, skipped)
+    return Columns(raw_ids, len(lines) - 1, np.asarray(which, np.int64), lengths, terms, values, skipped)
