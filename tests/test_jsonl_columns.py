@@ -328,3 +328,17 @@ def test_mutated_chunks_same_as_strict(seed):
             if strict.error is not None:
                 with pytest.raises((jc._Fallback, InputError)):
                     jc._columns_chunk(data, IDS, mode)
+
+
+def test_key_table_finds_every_token_of_bert():
+    # every spelling in the table is found where it is, not only by the one-by-one look-up
+    spellings = jsonl_keys._spellings(VOCAB.tokens())
+    raw = list(spellings)
+    padded = b"".join(k.ljust(24, b" ") for k in raw) + b" " * 24
+    got = TABLE.find(
+        jsonl_keys.key_words(
+            jsonl_numbers.rows_view(padded, 24), np.arange(len(raw)) * 24, np.array([len(k) for k in raw])
+        )
+    )
+    assert got.tolist() == list(spellings.values())
+    assert TABLE.probes > 1  # collisions happened, and were probed past

@@ -266,10 +266,9 @@ def columns_of_chunk(data: bytes, table: KeyTable, lookup: Callable[[str], int |
     buf = np.frombuffer(padded, np.uint8)
     rows16, rows24 = rows_view(padded, 16), rows_view(padded, 24)
     t = _Tokens(buf)
-    if not t.ok or t.brackets or t.depth.max() > 2 or t.newlines.size != len(lines) - 1:
+    # (each line is one well-formed object, so no string or object runs across a newline)
+    if not t.ok or t.brackets or t.depth.max() > 2:
         return None
-    if (t.depth[t.newlines] != 0).any():
-        return None  # an object across lines
     vec = _record_keys_ok(t, buf, rows24, which, len(lines))
     if vec is None:
         return None
