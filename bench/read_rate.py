@@ -91,7 +91,7 @@ def stages(path: str, chunks: int = 6) -> dict[str, float]:
         c = tick("msgspec: lines well-formed, ids", c)
         padded = b" " * jc._PAD + chunk + b" " * jc._PAD
         buf = np.frombuffer(padded, np.uint8)
-        rows16, rows24 = jsonl_numbers.rows_view(padded, 16), jsonl_numbers.rows_view(padded, 24)
+        rows24 = jsonl_numbers.rows_view(padded, 24)
         tok = jc._Tokens(buf)
         c = tick("structural scan (quotes, braces, strings)", c)
         jc._record_keys_ok(tok, buf, rows24, which, len(lines))
@@ -99,7 +99,7 @@ def stages(path: str, chunks: int = 6) -> dict[str, float]:
         starts = jc._skip(buf, np.take(tok.closes, np.take(tok.rank, keys)) + 1, 1, jc._COLON)
         ends = jc._skip(buf, np.take(tok.pos, keys + 1), -1, jc._COMMA)
         c = tick("records, keys and weight spans", c)
-        jsonl_numbers.parse_numbers(rows16, chunk, jc._PAD, starts, ends, np.take(buf, starts) == 45)
+        jsonl_numbers.parse_numbers(padded, starts, ends, np.take(buf, starts) == 45)
         c = tick("weights (exact decimal parser)", c)
         jc._term_ids(tok, keys, rows24, chunk, table, vocab.lookup)
         c = tick("token ids (hash table)", c)

@@ -52,26 +52,26 @@ def _non_digits(w: np.ndarray) -> np.ndarray:
     return ~(at_least_0 & ~above_9) & HIGH
 
 
-def parse_numbers(
-    rows16: np.ndarray, data: bytes, pad: int, starts: np.ndarray, ends: np.ndarray, neg: np.ndarray
-) -> np.ndarray | None:
-    """float64 values of the JSON numbers at ``data[starts - pad : ends - pad]`` (``rows16``:
-    :func:`rows_view` of ``data`` with ``pad`` bytes before it; ``neg``: the numbers that
-    start with ``-``) as Python reads them: ``float(text)``, with an integer's ``-0`` read
-    as ``0.0`` (``json`` reads integers as ``int``); ``None`` if one is not finite.
+def parse_numbers(padded: bytes, starts: np.ndarray, ends: np.ndarray, neg: np.ndarray) -> np.ndarray | None:
+    """float64 values of the JSON numbers at ``padded[starts:ends]`` (``padded``: bytes with
+    at least 24 more before and after the numbers; ``neg``: the numbers that start with
+    ``-``) as Python reads them: ``float(text)``, with an integer's ``-0`` read as ``0.0``
+    (``json`` reads integers as ``int``); ``None`` if one is not finite.
 
     Numbers of at most 16 characters with at most a sign and a decimal point besides
     digits, and a mantissa up to 2**53, are read from the 16 bytes ending at the number:
     its digits as an integer ``X`` (the point read as a 0, bytes before the number as 0s),
     the mantissa ``m = X - 9 * (X // 10**(F+1)) * 10**F`` with ``F`` fraction digits, then
     ``m / 10**F``: both exact in float64, so one correctly rounded division, which is
-    what ``float()`` gives. Others (exponents, longer mantissas) go through ``float()`` one
-    by one.
+    what ``float()`` gives. The others (exponents, 17 significant digits as ``json.dumps``
+    writes float64 values) are gathered into a fixed-width bytes array and converted by
+    numpy's string-to-float cast, correctly rounded like ``float()``; longer than 24
+    characters, one by one by ``float()``.
     """
     length = ends - starts
     keep_hi = np.take(_KEEP, np.clip(length - 8, 0, 8))  # the number's bytes among characters -16 .. -9
     keep_lo = np.take(_KEEP, np.minimum(length, 8))  # and among the last 8
-    both = words_of(rows16, ends - 16)
+    both = words_of(rows_view(padded, 16), ends - 16)
     hi = (both[:, 0] & keep_hi) | (_ZEROS & ~keep_hi)
     lo = (both[:, 1] & keep_lo) | (_ZEROS & ~keep_lo)
     nd_hi, nd_lo = _non_digits(hi), _non_digits(lo)
@@ -91,15 +91,30 @@ def parse_numbers(
     values = mant.astype(np.float64) / np.take(_P10F, frac, mode="clip")
     np.negative(values, out=values, where=neg)
     np.add(values, 0.0, out=values, where=~has_dot)  # -0 as an integer is 0
-    for i in np.flatnonzero(~fast).tolist():
-        text = data[int(starts[i]) - pad : int(ends[i]) - pad]
-        v = float(text)
-        if not (b"." in text or b"e" in text or b"E" in text):
-            v += 0.0
-        values[i] = v
+    slow = np.flatnonzero(~fast)
+    if slow.size:
+        values[slow] = _parse_slow(padded, np.take(starts, slow), np.take(length, slow))
     if not np.isfinite(values).all():
         return None
     return values
+
+
+def _parse_slow(padded: bytes, starts: np.ndarray, length: np.ndarray) -> np.ndarray:
+    """:func:`parse_numbers` for the numbers its integer arithmetic leaves."""
+    out = np.empty(starts.size)
+    short = np.flatnonzero(length <= 24)
+    rows = rows_view(padded, 24)[np.take(starts, short)].view(np.uint8).reshape(short.size, 24)
+    rows = np.where(np.arange(24) < np.take(length, short)[:, None], rows, np.uint8(0))  # NUL: padding of "S24"
+    with np.errstate(over="ignore", invalid="ignore"):
+        got = rows.view("S24").reshape(-1).astype(np.float64)
+    integer = ~((rows == 46) | (rows == 101) | (rows == 69)).any(axis=1)  # no '.', 'e', 'E'
+    np.add(got, 0.0, out=got, where=integer)
+    out[short] = got
+    for i in np.flatnonzero(length > 24).tolist():
+        text = padded[int(starts[i]) : int(starts[i]) + int(length[i])]
+        v = float(text)
+        out[i] = v if b"." in text or b"e" in text or b"E" in text else v + 0.0
+    return out
 
 
 def count_high(bits: np.ndarray) -> np.ndarray:
