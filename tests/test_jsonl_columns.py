@@ -272,7 +272,8 @@ def test_not_utf8_refused(raw):
 def test_chunks_of_long_weights_go_to_orjson():
     # json.dumps of float64 weights (17 significant digits) is read faster by orjson: the
     # columnar path leaves such chunks, and they read the same
-    vec = {t: float(np.float32(w)) for t, w in zip(["cat", "dog", "the", "##ing"], [0.123, 1.7, 2.5e-3, 0.9], strict=True)}
+    weights = [0.123, 1.7, 2.5e-3, 0.9]
+    vec = {t: float(np.float32(w)) for t, w in zip(["cat", "dog", "the", "##ing"], weights, strict=True)}
     data = "".join(json.dumps({"id": f"d{i}", "vector": vec}) + "\n" for i in range(3)).encode()
     assert jcol.columns_of_chunk(data, TABLE, VOCAB.lookup, "error") is None
     assert_same_chunk(jc.parse_chunk(data, IDS, "error"), jc._strict_chunk(data, VOCAB.lookup, "error"))
