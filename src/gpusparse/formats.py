@@ -21,6 +21,7 @@ the file, the line (or record) and the field.
 
 from __future__ import annotations
 
+import ctypes
 import gzip
 import itertools
 import json
@@ -142,6 +143,23 @@ _WORKER: dict[str, Any] = {}
 
 def _init_worker(ids_of: TokenIds, unknown: Unknown) -> None:
     _WORKER.update(ids_of=ids_of, unknown=unknown)
+    _keep_freed_memory()
+
+
+def _keep_freed_memory() -> None:
+    """In a worker process (ours alone): have glibc keep the memory it frees for reuse.
+
+    By default glibc maps each large array afresh and gives freed heap back to the system,
+    so every chunk's numpy temporaries (tens of MB) fault their pages in again: a third of
+    a worker's CPU time on the dev box (system time). Arrays up to 32 MiB then come from the
+    heap, and up to 256 MiB of freed heap is kept. Nothing where glibc is not the C library.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD (its maximum on 64-bit glibc)
+        libc.mallopt(-1, 256 << 20)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):
+        pass
 
 
 def _parse_bytes(data: bytes) -> ChunkResult:

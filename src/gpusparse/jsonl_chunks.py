@@ -34,6 +34,7 @@ import orjson
 
 from .collection import _short, check_id, id_problem, json_type_name
 from .errors import InputError
+from .jsonl_columns import KeyTable, columns_of_chunk
 from .vocab import Vocabulary
 
 Unknown = Literal["error", "skip"]
@@ -45,22 +46,33 @@ class _Fallback(Exception):
 
 
 class TokenIds:
-    """A vocabulary's token -> term id map in the two forms the chunk parser uses.
+    """A vocabulary's token -> term id map in the forms the chunk parsers use.
 
-    ``get`` is :attr:`Vocabulary.lookup` (``None`` for an unknown token); ``packed`` maps each
-    token to its id as 4 little-endian bytes, so that a whole chunk's tokens become an int32
-    array with one ``itemgetter`` call and one ``bytes.join``, both in C (``None`` for an
-    integer vocabulary, whose tokens are parsed by ``get``). Pickled to worker processes.
+    ``get`` is :attr:`Vocabulary.lookup` (``None`` for an unknown token); ``table`` finds the
+    tokens of a whole chunk at once in numpy (:class:`~gpusparse.jsonl_columns.KeyTable`);
+    ``packed`` (made when first needed) maps each token to its id as 4 little-endian bytes,
+    so that a chunk's tokens decoded by orjson become an int32 array with one ``itemgetter``
+    call and one ``bytes.join``, both in C. ``table`` and ``packed`` are ``None`` for an
+    integer vocabulary, whose tokens are parsed by ``get``. Pickled to worker processes.
     """
 
     def __init__(self, vocab: Vocabulary) -> None:
         self.get = vocab.lookup
-        self.packed: dict[str, bytes] | None = None
+        self.table: KeyTable | None = None
+        self._tokens: list[str] | None = None
+        self._packed: dict[str, bytes] | None = None
         if not vocab.is_integer:
+            self._tokens = vocab.tokens()
+            self.table = KeyTable(self._tokens)
+
+    @property
+    def packed(self) -> dict[str, bytes] | None:
+        if self._packed is None and self._tokens is not None:
             packed: dict[str, bytes] = {}
-            for i, tok in enumerate(vocab.tokens()):
+            for i, tok in enumerate(self._tokens):
                 packed.setdefault(tok, i.to_bytes(4, "little"))  # the first of repeated tokens, as Vocabulary
-            self.packed = packed
+            self._packed = packed
+        return self._packed
 
 
 # A weight refused by the whole-read checks, in the order they are applied (see weight_problems).
@@ -366,8 +378,29 @@ def _no_repeats(line: bytes, obj: dict[str, Any], vec: dict[str, Any]) -> bool:
     return line.count(b":") == len(obj) + len(vec) + inside
 
 
+def _columns_chunk(data: bytes, ids_of: TokenIds, unknown: Unknown) -> ChunkResult:
+    """The chunk read by :func:`~gpusparse.jsonl_columns.columns_of_chunk` (no Python object a posting)."""
+    cols = None if ids_of.table is None else columns_of_chunk(data, ids_of.table, ids_of.get, unknown)
+    if cols is None:
+        raise _Fallback
+    ids = cols.raw_ids
+    joined = "".join(ids) if set(map(type, ids)) == {str} else None  # type: ignore[arg-type]
+    if joined is None or not joined.isprintable() or " " in joined or "" in ids:  # else all pass id_problem
+        for i, raw in enumerate(ids):
+            if type(raw) is not str or id_problem(raw) is not None:
+                ids[i] = check_id(raw)  # an integer id, or an error
+    res = _result(ids, cols.lines, cols.lengths, cols.terms, cols.values, cols.newlines)  # type: ignore[arg-type]
+    res.unknown_skipped = cols.unknown_skipped
+    return res
+
+
 def parse_chunk(data: bytes, ids_of: TokenIds, unknown: Unknown) -> ChunkResult:
-    """Records of ``data`` (whole lines), fast when possible, else as the strict path reads them."""
+    """Records of ``data`` (whole lines): by columns when possible, else by orjson, else as
+    the strict path reads them."""
+    try:
+        return _columns_chunk(data, ids_of, unknown)
+    except (_Fallback, InputError):
+        pass
     try:
         return _fast_chunk(data, ids_of, unknown)
     except (_Fallback, InputError, orjson.JSONDecodeError, TypeError, OverflowError, ValueError, RecursionError):
