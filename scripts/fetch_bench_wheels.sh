@@ -20,6 +20,7 @@ PLATFORMS+=(--platform manylinux2014_x86_64 --platform manylinux1_x86_64)
 
 WHEELS=(
   # the engines
+  msgspec==0.19.0           # core: the JSONL reader (the GPU image lacks it)
   pyseismic-lsr==0.5.2      # the last release with a cp312 manylinux wheel
   bmp==0.2.8
   pyterrier-pisa==0.4.9
