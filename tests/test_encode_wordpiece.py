@@ -66,7 +66,7 @@ def random_texts(n: int, seed: int = 0) -> list[str]:
 
 
 def assert_same(tokenizer, texts: list[str], max_length: int) -> Tokenize:
-    fast = Tokenize(tokenizer, max_length)
+    fast = Tokenize(tokenizer, max_length, word_cache=True)
     want = Tokenize(tokenizer, max_length, word_cache=False)(texts)
     got = fast(texts)
     for name, w, g in zip(("lengths", "ids", "truncated"), want, got, strict=True):
@@ -102,10 +102,14 @@ def test_word_cache_starts_afresh_when_full(monkeypatch):
 def test_other_tokenizers_take_the_rust_path():
     from tokenizers import pre_tokenizers
 
-    assert Tokenize(FastTokenizer(small_bert(pre_tokenizer=pre_tokenizers.Whitespace())), 16).words is None
-    assert Tokenize(FastTokenizer(small_bert()), 2).words is None  # no room beside [CLS] [SEP]
+    assert (
+        Tokenize(FastTokenizer(small_bert(pre_tokenizer=pre_tokenizers.Whitespace())), 16, word_cache=True).words
+        is None
+    )
+    assert Tokenize(FastTokenizer(small_bert()), 2, word_cache=True).words is None  # no room beside [CLS] [SEP]
     assert Tokenize(FastTokenizer(small_bert()), 16, word_cache=False).words is None
-    assert Tokenize(FastTokenizer(small_bert()), 16).words is not None
+    assert Tokenize(FastTokenizer(small_bert()), 16, word_cache=True).words is not None
+    assert Tokenize(FastTokenizer(small_bert()), 16).words is None  # off by default (measured slower in the encoder)
 
 
 def test_windows_start_small_and_cover_the_texts():
@@ -123,7 +127,7 @@ def test_word_cache_on_real_text_and_splade_tiny():
     tok, _ = tiny_transformers()
     for max_length in (8, 40, 256):
         assert_same(tok, texts, max_length)
-    fast = Tokenize(tok, 40)
+    fast = Tokenize(tok, 40, word_cache=True)
     timer: dict[str, float] = {}
     batches = list(token_batches(texts, fast, 16, window=64, timer=timer))
     assert set(timer) == {"tokenize", "pad"}
@@ -134,7 +138,7 @@ def test_word_cache_on_real_text_and_splade_tiny():
 def test_encoder_vectors_do_not_depend_on_the_word_cache():
     docs, _, _ = cranfield_slice(40)
     texts = [f"{d['title']} {d['text']}" for d in docs] + ["", "wing [MASK] é"]
-    cached = tiny_encoder(doc_max_length=40, batch_size=8)
+    cached = tiny_encoder(doc_max_length=40, batch_size=8, word_cache=True)
     rust = tiny_encoder(doc_max_length=40, batch_size=8, word_cache=False)
     a, b = cached.encode_documents(texts), rust.encode_documents(texts)
     assert a.indptr.tolist() == b.indptr.tolist() and a.indices.tolist() == b.indices.tolist()
@@ -156,7 +160,7 @@ def test_gpu_encoder_word_cache_and_prefetch_do_not_change_vectors():
     docs, _, _ = cranfield_slice(150)
     texts = [f"{d['title']} {d['text']}" for d in docs] + ["", "wing [MASK] é"]
     settings = {"device": "cuda", "dtype": "float32", "batch_size": 8, "doc_max_length": 40, "sort_window": 64}
-    new = SpladeEncoder(SPLADE_TINY, **settings)
+    new = SpladeEncoder(SPLADE_TINY, word_cache=True, **settings)
     old = SpladeEncoder(SPLADE_TINY, word_cache=False, prefetch=2, **settings)
     for top in (None, 20):
         a, b = new.encode_documents(texts, prune_top=top), old.encode_documents(texts, prune_top=top)

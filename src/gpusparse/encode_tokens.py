@@ -66,13 +66,13 @@ class Tokenize:
 
     A fast tokenizer is used through its Rust backend (a private copy, so the caller's
     tokenizer settings are untouched): one call encodes the batch and tells which texts it
-    truncated. A BERT tokenizer takes its ASCII texts through a word cache instead
-    (:mod:`gpusparse.encode_wordpiece`: the same ids, several times faster), unless
-    ``word_cache=False``. A slow tokenizer goes through its ``__call__`` (twice: the second,
+    truncated. With ``word_cache``, a BERT tokenizer takes its ASCII texts through a word cache
+    instead (:mod:`gpusparse.encode_wordpiece`: the same ids, several times faster on one
+    core). A slow tokenizer goes through its ``__call__`` (twice: the second,
     at ``max_length + 1`` tokens, tells which texts were longer).
     """
 
-    def __init__(self, tokenizer: Any, max_length: int, *, word_cache: bool = True) -> None:
+    def __init__(self, tokenizer: Any, max_length: int, *, word_cache: bool = False) -> None:
         self.tokenizer, self.max_length = tokenizer, max_length
         backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
         self.backend = None
