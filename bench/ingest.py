@@ -74,6 +74,7 @@ def _gpu_memory() -> dict | None:
 
 def _stage(rows: list[dict], name: str, docs: int, fn):
     if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # else an earlier stage's cached blocks count as this one's
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     out = fn()
