@@ -32,6 +32,7 @@ def worker(args: argparse.Namespace) -> dict:
     import torch
 
     import gpusparse
+    from gpu_peaks import gpu_memory
     from gpusparse import Index, Vocabulary
     from gpusparse.synthetic import generate
 
@@ -74,25 +75,10 @@ def worker(args: argparse.Namespace) -> dict:
                 del loaded
             med = statistics.median(times)
             out[label] = {"median_s": med, "s": times, "gb_per_s": size / 1e9 / med, "same_arrays": same,
-                          "gpu_peak": _peak(dev) if cuda else None}  # fmt: skip
+                          "gpu_peak": gpu_memory(dev)}  # fmt: skip
     finally:
         shutil.rmtree(work, ignore_errors=True)
     out["save_gb_per_s"] = size / 1e9 / out["save_s"]
-    return out
-
-
-def _peak(dev) -> dict:
-    import torch
-
-    out = {"torch_max_allocated": torch.cuda.max_memory_allocated(dev),
-           "torch_max_reserved": torch.cuda.max_memory_reserved(dev), "cupy_pool": 0}  # fmt: skip
-    try:
-        import cupy
-
-        out["cupy_pool"] = int(cupy.get_default_memory_pool().total_bytes())
-    except ImportError:
-        pass
-    out["all_allocators"] = out["torch_max_reserved"] + out["cupy_pool"]
     return out
 
 

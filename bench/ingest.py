@@ -36,6 +36,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gpu_peaks import gpu_memory
 from gpusparse import Index, Vocabulary, read_vectors
 from gpusparse.formats import available_cores
 from ingest_data import write_shards
@@ -51,27 +52,6 @@ def _card(device: str) -> str:
     return f"cpu ({platform.processor() or platform.machine()})"
 
 
-def _gpu_memory() -> dict | None:
-    """This stage's GPU bytes over every allocator: PyTorch's peaks (reset per stage), CuPy's pool, the device."""
-    if not torch.cuda.is_available():
-        return None
-    free, total = torch.cuda.mem_get_info()
-    out = {
-        "torch_max_allocated": torch.cuda.max_memory_allocated(),
-        "torch_max_reserved": torch.cuda.max_memory_reserved(),
-        "device_used": total - free,
-        "cupy_pool": 0,
-    }
-    try:
-        import cupy
-
-        out["cupy_pool"] = int(cupy.get_default_memory_pool().total_bytes())
-    except ImportError:
-        pass
-    out["all_allocators"] = out["torch_max_reserved"] + out["cupy_pool"]
-    return out
-
-
 def _stage(rows: list[dict], name: str, docs: int, fn):
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # else an earlier stage's cached blocks count as this one's
@@ -82,7 +62,7 @@ def _stage(rows: list[dict], name: str, docs: int, fn):
         torch.cuda.synchronize()
     wall = time.perf_counter() - t0
     rows.append({"stage": name, "docs": docs, "wall_s": wall, "docs_per_s": docs / wall, "peak_rss_bytes": _peak_rss(),
-                 "gpu_memory": _gpu_memory()})  # fmt: skip
+                 "gpu_memory": gpu_memory()})  # fmt: skip
     print(f"{name:>10}: {docs:,} docs in {wall:.1f} s", file=sys.stderr, flush=True)
     return out
 

@@ -134,21 +134,9 @@ def _n_sm(dev) -> int:
 
 
 def _peaks(dev) -> dict:
-    import torch
+    from gpu_peaks import gpu_memory
 
-    free, total = torch.cuda.mem_get_info(dev)
-    out = {"torch_max_allocated": torch.cuda.max_memory_allocated(dev),
-           "torch_max_reserved": torch.cuda.max_memory_reserved(dev), "device_used": total - free,
-           "device_total": total, "cupy_pool": 0}  # fmt: skip
-    try:
-        import cupy
-
-        out["cupy_pool"] = int(cupy.get_default_memory_pool().total_bytes())
-    except ImportError:
-        pass
-    # every allocator: torch's reserved pool and CuPy's pool (device_used adds the context)
-    out["all_allocators"] = out["torch_max_reserved"] + out["cupy_pool"]
-    return out
+    return gpu_memory(dev)
 
 
 def _git_head() -> str | None:

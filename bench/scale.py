@@ -37,24 +37,12 @@ GB = 1e9
 
 
 def _memory(dev) -> dict:
-    """Bytes held now and the peaks since the last reset, over every allocator."""
-    import torch
+    """Bytes held now and the peaks since the last reset, over every allocator (bench/gpu_peaks.py)."""
+    from gpu_peaks import gpu_memory
 
-    if dev.type != "cuda":
-        return {}
-    free, total = torch.cuda.mem_get_info(dev)
-    out = {"torch_allocated": torch.cuda.memory_allocated(dev), "torch_reserved": torch.cuda.memory_reserved(dev),
-           "torch_max_allocated": torch.cuda.max_memory_allocated(dev),
-           "torch_max_reserved": torch.cuda.max_memory_reserved(dev),
-           "device_used": total - free, "device_total": total, "cupy_pool": 0}  # fmt: skip
-    try:
-        import cupy
-
-        out["cupy_pool"] = int(cupy.get_default_memory_pool().total_bytes())
-    except ImportError:
-        pass
-    out["all_allocators"] = out["torch_reserved"] + out["cupy_pool"]
-    out["peak_all_allocators"] = out["torch_max_reserved"] + out["cupy_pool"]
+    out = gpu_memory(dev) or {}
+    if out:  # this script's names: all_allocators is what is held, peak_all_allocators the peak
+        out["peak_all_allocators"], out["all_allocators"] = out.pop("all_allocators"), out.pop("held_all_allocators")
     return out
 
 
