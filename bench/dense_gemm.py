@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import hashlib
 import json
 import platform
 import statistics
@@ -57,6 +56,7 @@ from gpusparse.engines.tiled.fixed_point import fixed_point
 from gpusparse.layout.statistics import max_scores_host
 from gpusparse.queries import prepare_queries, query_batch
 from gpusparse.synthetic import generate
+from search_timing import timed_search
 
 KINDS = ("fp16", "int8")
 
@@ -214,19 +214,7 @@ def coverage(index, layout, batch) -> dict:
 
 
 def search_times(index, queries, args) -> dict:
-    out = {}
-    for k in args.ks:
-        first = index.search(queries, k, batch_size=args.batch)
-        times = []
-        for _ in range(args.reps):
-            t0 = time.perf_counter()
-            res = index.search(queries, k, batch_size=args.batch)
-            times.append((time.perf_counter() - t0) * 1e3)
-        if not (torch.equal(res.ids, first.ids) and torch.equal(res.scores, first.scores)):
-            raise RuntimeError("a repeated search returned other results")
-        digest = hashlib.sha256(res.ids.numpy().tobytes() + res.scores.numpy().tobytes()).hexdigest()[:16]
-        out[str(k)] = {"median_ms": statistics.median(times), "checksum": digest, "engine": res.engine}
-    return out
+    return {str(k): timed_search(index, queries, k, args.batch, args.reps) for k in args.ks}
 
 
 def phase_times(index, queries, args) -> dict:

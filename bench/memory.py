@@ -26,10 +26,8 @@ row records the plan (``plan``: mode chosen, its predicted peak, the warning) be
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -46,6 +44,7 @@ def worker(args: argparse.Namespace) -> dict:
     from gpusparse import Index, SparseCollection, Vocabulary
     from gpusparse.config import override_config
     from gpusparse.synthetic import generate
+    from search_timing import timed_search
 
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
@@ -80,19 +79,7 @@ def worker(args: argparse.Namespace) -> dict:
             torch.cuda.reset_peak_memory_stats(dev)
         out: dict = {"gpusparse_file": gpusparse.__file__, "generate_s": gen_s, "index_build_s": build_s, "rows": {}}
         for k in args.ks:
-            t0 = time.perf_counter()
-            first = index.search(queries, k, batch_size=args.batch)
-            first_s = time.perf_counter() - t0
-            times = []
-            for _ in range(args.reps):
-                t0 = time.perf_counter()
-                res = index.search(queries, k, batch_size=args.batch)
-                times.append((time.perf_counter() - t0) * 1e3)
-            if not (torch.equal(res.ids, first.ids) and torch.equal(res.scores, first.scores)):
-                raise RuntimeError("a repeated search returned other results")
-            digest = hashlib.sha256(res.ids.numpy().tobytes() + res.scores.numpy().tobytes()).hexdigest()[:16]
-            out["rows"][str(k)] = {"first_s": first_s, "median_ms": statistics.median(times), "ms": times,
-                                   "checksum": digest}  # fmt: skip
+            out["rows"][str(k)] = timed_search(index, queries, k, args.batch, args.reps)
         report = index.memory(batch_size=args.batch, k=max(args.ks), n_sm=_n_sm(dev))
         out["index_memory"] = report
         out["layouts"] = _layouts(index)
