@@ -236,8 +236,12 @@ class Prepared:
             except (TypeError, RuntimeError):  # a torch without mm's out_dtype
                 FP16_PATH["path"] = "tf32"
         if self.q_stack.is_cuda:
+            before = torch.backends.cuda.matmul.allow_tf32  # a process-wide switch: put it back after
             torch.backends.cuda.matmul.allow_tf32 = True
-            return [torch.mm(self.q_stack.float(), dl.float()) for dl in self.d_limbs]
+            try:
+                return [torch.mm(self.q_stack.float(), dl.float()) for dl in self.d_limbs]
+            finally:
+                torch.backends.cuda.matmul.allow_tf32 = before
         # the CPU has no fp16 GEMM with float32 output: the same values in float32 (exact below 2**24 in any order)
         FP16_PATH["path"] = "cpu-float32"
         return [torch.mm(self.q_stack.float(), dl.float()) for dl in self.d_limbs]

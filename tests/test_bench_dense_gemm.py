@@ -172,3 +172,18 @@ def test_the_device_gemms_are_exact(kind):
         for row_c, row_g in zip(cpu, gpu, strict=True):
             for a, b in zip(row_c, row_g, strict=True):
                 assert torch.equal(a, b.cpu())
+    assert torch.backends.cuda.matmul.allow_tf32 is False  # the TF32 path gives the process-wide switch back
+
+
+def test_the_tf32_fallback_restores_the_process_wide_switch(monkeypatch):
+    """The GEMM's TF32 path (a torch without mm's out_dtype) turns TF32 on for its own products only:
+    left on, it changed every later float32 matmul of the process (an encoder test failed after it)."""
+    if not torch.cuda.is_available():
+        pytest.skip("the TF32 path runs on a GPU")
+    monkeypatch.setitem(ops.FP16_PATH, "path", "tf32")
+    q = torch.randint(0, 1 << 8, (16, 32), dtype=torch.int64)
+    d = torch.randint(0, 1 << 8, (32, 64), dtype=torch.int64)
+    _, cpu = ops.exact_dense_gemm(q, d, "fp16")
+    _, gpu = ops.exact_dense_gemm(q.cuda(), d.cuda(), "fp16")
+    assert all(torch.equal(a, b.cpu()) for rc, rg in zip(cpu, gpu, strict=True) for a, b in zip(rc, rg, strict=True))
+    assert torch.backends.cuda.matmul.allow_tf32 is False
