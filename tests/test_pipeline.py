@@ -19,7 +19,10 @@ from .test_cli import assert_one_line_error, ok, run
 pytestmark = needs_shared
 
 N_DOCS = 50
-FAST = ("--model", SPLADE_TINY, "--doc-max-length", "40", "--query-max-length", "24", "--no-progress")
+# The model on the CPU: the runs are compared with the CPU encoder's vectors (on a GPU machine the
+# default is the GPU, in bfloat16).
+FAST = ("--model", SPLADE_TINY, "--doc-max-length", "40", "--query-max-length", "24", "--no-progress",
+        "--encode-device", "cpu")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
