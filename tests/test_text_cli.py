@@ -20,7 +20,10 @@ from .test_cli import assert_one_line_error, assert_usage_error, ok, run
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample" / "cranfield"
 N_DOCS = 40
-FAST = ("--model", SPLADE_TINY, "--doc-max-length", "40", "--query-max-length", "24", "--no-progress")
+# The model on the CPU: runs are compared with CPU encodings (on a GPU machine the default is the
+# GPU, in bfloat16).
+FAST = ("--model", SPLADE_TINY, "--doc-max-length", "40", "--query-max-length", "24", "--no-progress",
+        "--encode-device", "cpu")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
