@@ -62,9 +62,11 @@ def save_index(index: PostingLists, path: str | Path, *, overwrite: bool = False
     tmp = new_folder(path, overwrite)
     fname = ""  # the file being written, for a disk-full message
     try:
-        arrays = {n: t.detach().cpu().numpy().astype(_DTYPES[n], copy=False) for n, t in index.arrays().items()}
-        try:
-            files = write_all({f"{n}.npy": functools.partial(write_npy, tmp / f"{n}.npy", arrays[n]) for n in arrays})
+        try:  # each array reaches the host only when its file is written: one host copy at a time
+            files = write_all({
+                f"{n}.npy": functools.partial(_write_array, tmp / f"{n}.npy", t, _DTYPES[n])
+                for n, t in index.arrays().items()
+            })  # fmt: skip
         except FileJobError as err:
             fname = err.name
             raise err.error from None
@@ -466,6 +468,10 @@ def check_count(value: object, where: Path, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise IndexFormatError(f"{where}: {what} is {value!r}, expected a non-negative integer")
     return value
+
+
+def _write_array(f: Path, tensor: torch.Tensor, dtype: type) -> dict[str, Any]:
+    return write_npy(f, tensor.detach().cpu().numpy().astype(dtype, copy=False))
 
 
 def _describe(f: Path) -> dict[str, Any]:
