@@ -154,10 +154,8 @@ def append_piece(layout: TiledIndex, piece: TiledIndex, tile0: int, at: tuple[in
     layout.dense_start[tile0 : tile0 + nt + 1] = piece.dense_start + row0
     end = pos0 + n_sparse
     if layout.packed:
-        everything = torch.arange(n_sparse, device=piece.offs.device)
-        offs, low = packing.pack(
-            piece.offsets_at(everything), piece.weights_at(everything), layout.exp_base, layout.tile_bits
-        )
+        every = slice(None)  # the whole piece: views, not a gather through an index array
+        offs, low = packing.pack(piece.offsets_at(every), piece.weights_at(every), layout.exp_base, layout.tile_bits)
         layout.offs[pos0:end], layout.wts[pos0:end] = offs, low
     else:
         layout.offs[pos0:end], layout.wts[pos0:end] = piece.offs, piece.wts

@@ -142,14 +142,15 @@ class TiledIndex:
         local = self.dense_id[keys].to(torch.int64)
         return torch.where(local >= 0, self.dense_start[keys // self.n_terms].to(torch.int64) + local, local)
 
-    def offsets_at(self, pos: torch.Tensor) -> torch.Tensor:
-        """int64 offsets inside their tile of the sparse postings ``pos``."""
+    def offsets_at(self, pos: torch.Tensor | slice) -> torch.Tensor:
+        """int64 offsets inside their tile of the sparse postings ``pos`` (positions or a slice)."""
         if self.packed:
             return unpack_offsets(self.offs[pos], self.tile_bits)
         return self.offs[pos].to(torch.int64) & 0xFFFF  # stored as int16: the unsigned offset
 
-    def weights_at(self, pos: torch.Tensor) -> torch.Tensor:
-        """Stored weights of the sparse postings ``pos`` (float32, uint8 levels or int32 integers)."""
+    def weights_at(self, pos: torch.Tensor | slice) -> torch.Tensor:
+        """Stored weights of the sparse postings ``pos`` (positions or a slice; float32, uint8
+        levels or int32 integers)."""
         if self.packed:
             return unpack_weights(self.offs[pos], self.wts[pos], self.exp_base, self.tile_bits)  # type: ignore[arg-type]
         return self.wts[pos]
