@@ -49,6 +49,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import dense_gemm_ops as ops
+from gpu_peaks import gpu_memory
 from gpusparse import Index, SparseCollection, Vocabulary
 from gpusparse.config import override_config
 from gpusparse.engines.tiled.engine import layout_for_search
@@ -267,6 +268,7 @@ def run_weights(weights_kind: str, args) -> list[dict]:
                                                       graph=True)  # fmt: skip
         if dev.type == "cuda":
             row["peak_allocated"] = torch.cuda.max_memory_allocated(dev)
+            row["gpu_memory"] = gpu_memory(dev)  # every allocator: PyTorch's pool and CuPy's (the engine's kernels)
         rows.append(row)
         print(_line(row), flush=True)
         del layout, q
