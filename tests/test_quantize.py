@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 import torch
 
 from gpusparse import Index, SparseCollection, engines, write_jsonl
@@ -63,6 +64,21 @@ def test_queries_are_quantized_one_by_one(rng):
     for i in range(len(queries)):
         assert quantize_queries(queries[i : i + 1], 8).row(0) == whole.row(i)
     np.testing.assert_array_equal(whole.to_scipy().toarray(), quantized_by_hand(queries, None))
+
+
+def test_query_quantization_rounds_half_to_even_and_drops_zero_levels():
+    """Ties at half a step round to even (as ``levels`` does for documents), weights below
+    half a step are dropped, empty rows stay empty; every row has its own step."""
+    step = power_of_two_step(255.0, 8)  # 1.0: the row's largest weight is 255
+    row = [255.0, 2.5, 3.5, 0.5, 0.25, 1.5]  # levels 255, 2, 4, 0 (dropped), 0 (dropped), 2
+    coll = SparseCollection.from_scipy(sp.csr_matrix(np.array([row, [0.0] * 6, [0.0, 0.0, 0.0, 0.0, 3.0, 0.0]])))
+    q = quantize_queries(coll, 8)
+    assert step == 1.0
+    np.testing.assert_array_equal(q.indptr, [0, 4, 4, 5])
+    np.testing.assert_array_equal(q.indices, [0, 1, 2, 5, 4])
+    third = power_of_two_step(3.0, 8)
+    np.testing.assert_array_equal(q.values, np.array([255.0, 2.0, 4.0, 2.0, round(3.0 / third) * third], np.float32))
+    assert q.values.dtype == np.float32 and q.indptr.dtype == np.int64
 
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
