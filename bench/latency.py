@@ -11,7 +11,9 @@ collection, it records:
 * ``engine_ms``: the engine's search of an already laid-out batch, ``.resolved()`` and synced;
 * ``replay_ms``: the captured CUDA graph of that search replayed alone and synced (the device's
   time plus one launch: the floor of this design at that batch);
-* ``device_busy_ms``: the device time of one ``Index.search`` (torch.profiler: kernels and copies);
+* ``device_busy_ms``: the device time of one ``Index.search`` (torch.profiler: kernels and copies;
+  measured last, as the profiler slows the host's later operations);
+* ``host_us``: inclusive host microseconds of each step of ``Index.search`` (perf_counter wrappers);
 * ``host_launch_ms``: for batch 256 at top-1000, the host time of launching one batch while the
   device is busy with the batch before (``search_batch`` up to its return, no sync).
 
@@ -22,6 +24,7 @@ queries. GPU bytes over every allocator are recorded (bench/gpu_peaks.py).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -79,10 +82,66 @@ def small_batch(index: Index, queries: SparseCollection, b: int, k: int, reps: i
     if graphs:
         graph = next(reversed(graphs.values()))
         if graph:
-            replay = _median_ms(graph[0].replay, reps)
-    busy = _busy_ms(lambda: index.search(q, k))
-    return {"batch": b, "k": k, "exact": exact, "h2h_ms": h2h, "engine_ms": engine, "replay_ms": replay,
-            "device_busy_ms": busy}  # fmt: skip
+            replay = _median_ms(graph.graph.replay if hasattr(graph, "graph") else graph[0].replay, reps)
+    return {"batch": b, "k": k, "exact": exact, "h2h_ms": h2h, "engine_ms": engine, "replay_ms": replay}
+
+
+BREAKDOWN = [
+    ("gpusparse.search", "prepare_queries"),
+    ("gpusparse.search", "search_batches"),
+    ("gpusparse.search", "complete_later"),
+    ("gpusparse.search", "start_to_host"),
+    ("gpusparse.search", "padded"),
+    ("gpusparse.engines.tiled.engine", "query_batch"),
+    ("gpusparse.engines.tiled.engine", "tiled_search"),
+    ("gpusparse.engines.tiled.engine", "layout_for_search"),
+    ("gpusparse.engines.tiled.engine", "fixed_point"),
+    ("gpusparse.engines.tiled.engine", "integer_weights"),
+    ("gpusparse.engines.tiled.engine", "device_search"),
+    ("gpusparse.engines.tiled.engine", "small_batch_search"),
+    ("gpusparse.engines.tiled.engine", "padded_host"),
+    ("gpusparse.engines.tiled.engine", "fixed_point_host"),
+    ("gpusparse.engines.tiled.engine", "graphed_steps"),
+    ("gpusparse.engines.tiled.device", "match_floor"),
+    ("gpusparse.engines.tiled.device", "_graphed_search"),
+]
+
+
+def breakdown(index: Index, queries: SparseCollection, b: int, k: int, reps: int) -> dict:
+    """Inclusive host microseconds a call of each step of ``Index.search`` (nested steps are
+    inside their callers), from perf_counter wrappers; the search synced at the end only."""
+    import importlib
+
+    totals: dict[str, list[float]] = {}
+    saved = []
+
+    def wrap(name, fn):
+        def timed(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                totals.setdefault(name, []).append((time.perf_counter() - t0) * 1e6)
+
+        return timed
+
+    for mod_name, attr in BREAKDOWN:
+        mod = importlib.import_module(mod_name)
+        fn = getattr(mod, attr, None)
+        if fn is None:  # an older tree (bench run against the code before)
+            continue
+        saved.append((mod, attr, fn))
+        setattr(mod, attr, wrap(f"{mod_name.rsplit('.', 1)[-1]}.{attr}", fn))
+    q = queries[0:b]
+    try:
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            index.search(q, k)
+            totals.setdefault("Index.search", []).append((time.perf_counter() - t0) * 1e6)
+    finally:
+        for mod, attr, fn in saved:
+            setattr(mod, attr, fn)
+    return {name: statistics.median(v) for name, v in totals.items()}
 
 
 def host_launch(index: Index, queries: SparseCollection, b: int, k: int, reps: int) -> dict:
@@ -109,6 +168,25 @@ def host_launch(index: Index, queries: SparseCollection, b: int, k: int, reps: i
             "device_still_busy_frac": sum(busy_after) / len(busy_after)}  # fmt: skip
 
 
+def probe() -> dict:
+    """Host speed of this process now: microseconds of 10 small numpy operations (median),
+    Python threads and OS threads (a slow host path may be contention, not code)."""
+    import os
+    import threading
+
+    import numpy as np
+
+    a = np.arange(64)
+    times = []
+    for _ in range(2000):
+        t0 = time.perf_counter()
+        for _ in range(10):
+            np.maximum(a, 3)
+        times.append((time.perf_counter() - t0) * 1e6)
+    return {"numpy_10_ops_us": statistics.median(times), "python_threads": [t.name for t in threading.enumerate()],
+            "os_threads": len(os.listdir("/proc/self/task"))}  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--n", type=int, default=8_841_823)
@@ -122,21 +200,34 @@ def main() -> None:
     queries = SparseCollection(qi.cpu().numpy(), qt.cpu().numpy(), qw.cpu().numpy(), vocab=vocab)
     out = {"card": torch.cuda.get_device_name(0), "commit": args.commit, "n_docs": args.n,
            "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "rows": []}  # fmt: skip
+    out["probe_start"] = probe()
+    print("probe at start", out["probe_start"], flush=True)
     for bits in args.quantize:
         index = Index.from_csr(di, dt_, dw, vocab, device="cuda", quantize=bits or None)
+        out[f"probe_{bits}"] = probe()
+        print("probe after the build", out[f"probe_{bits}"], flush=True)
         label = "8-bit" if bits else "float32"
         for b, k in ((1, 10), (8, 10)):
             row = {"weights": label, **small_batch(index, queries, b, k, args.reps)}
+            row["host_us"] = breakdown(index, queries, b, k, args.reps)
             out["rows"].append(row)
             print(json.dumps(row), flush=True)
         row = {"weights": label, **host_launch(index, queries, 256, 1000, 20)}
         out["rows"].append(row)
         print(json.dumps(row), flush=True)
+        # last: the profiler leaves the host slower for the operations after it
+        for row in out["rows"]:
+            if row["weights"] == label and "h2h_ms" in row:
+                q = queries[0 : row["batch"]]
+                row["device_busy_ms"] = _busy_ms(functools.partial(index.search, q, row["k"]))
         out[f"gpu_memory_{label}"] = gpu_memory()
         del index
         torch.cuda.empty_cache()
     args.out.write_text(json.dumps(out, indent=2))
     print(f"{'weights':8} {'B':>4} {'k':>5} {'h2h ms':>8} {'engine':>8} {'replay':>8} {'busy':>8} {'launch':>8}")
+    for r in out["rows"]:
+        if "host_us" in r:
+            print(f"{r['weights']} B={r['batch']}: " + ", ".join(f"{n} {v:.0f}" for n, v in r["host_us"].items()))
     for r in out["rows"]:
         cols = [r.get(c) for c in ("h2h_ms", "engine_ms", "replay_ms", "device_busy_ms", "host_launch_ms")]
         print(f"{r['weights']:8} {r['batch']:>4} {r['k']:>5} " + " ".join(

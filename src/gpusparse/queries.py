@@ -152,22 +152,37 @@ def batch_rows(batch: QueryBatch, rows: np.ndarray, device: torch.device) -> Que
     return _batch_from_csr(indptr, terms[valid], weights[valid], device)
 
 
-def _batch_from_csr(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, device: torch.device) -> QueryBatch:
+def padded_host(queries: SparseCollection) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A (canonical) query batch's padded terms (int64, ``-1`` padding) and weights (float32,
+    0 padding) ``[B, T]`` and its lengths (int64 ``[B]``), on the host: what
+    :class:`QueryBatch` holds in ``host``."""
+    return _padded(queries.indptr, queries.indices, queries.values)
+
+
+def _padded(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     lengths = np.diff(indptr).astype(np.int64)
-    b, nnz = len(lengths), int(indices.size)
+    b = len(lengths)
     width = int(lengths.max()) if b else 0
     real = np.arange(width) < lengths[:, None]  # row-major order of the real slots is CSR order
-    rows = np.repeat(np.arange(b, dtype=np.int64), lengths)
+    terms = np.full((b, width), -1, dtype=np.int64)
+    terms[real] = indices
+    weights = np.zeros((b, width), dtype=np.float32)
+    weights[real] = values
+    return terms, weights, lengths
+
+
+def _batch_from_csr(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, device: torch.device) -> QueryBatch:
+    terms, weights, lengths = _padded(indptr, indices, values)
+    b, width = terms.shape
+    nnz = int(indices.size)
     ints = np.empty(2 * nnz + b * width + b, dtype=np.int64)  # rows | terms | padded terms | lengths
-    ints[:nnz] = rows
+    ints[:nnz] = np.repeat(np.arange(b, dtype=np.int64), lengths)
     ints[nnz : 2 * nnz] = indices
-    padded = ints[2 * nnz : 2 * nnz + b * width].reshape(b, width)
-    padded.fill(-1)
-    padded[real] = indices
+    ints[2 * nnz : 2 * nnz + b * width] = terms.reshape(-1)
     ints[2 * nnz + b * width :] = lengths
-    floats = np.zeros(nnz + b * width, dtype=np.float32)  # weights | padded weights
+    floats = np.empty(nnz + b * width, dtype=np.float32)  # weights | padded weights
     floats[:nnz] = values
-    floats[nnz:].reshape(b, width)[real] = values
+    floats[nnz:] = weights.reshape(-1)
     ints_d, floats_d = to_device([ints, floats], device)
     return QueryBatch(
         ints_d[:nnz],
@@ -176,5 +191,5 @@ def _batch_from_csr(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray,
         ints_d[2 * nnz : 2 * nnz + b * width].view(b, width),
         floats_d[nnz:].view(b, width),
         ints_d[2 * nnz + b * width :],
-        (padded, floats[nnz:].reshape(b, width), lengths),
+        (terms, weights, lengths),
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from ...config import engine_config
@@ -22,6 +23,7 @@ from ...queries import QueryBatch
 from ...topk import decode_keys, top_keys
 from . import waves
 from .fixed_point import FixedPoint, kernel_scale, match_floor, uncertain_rows
+from .graphs import graphed
 from .waves import candidate_lows
 
 # Candidate slots per query kept for the final selection on the synchronisation-free path:
@@ -59,10 +61,13 @@ def device_search(
     lb = fp.floor if fp.floor is not None else match_floor(index, batch, dev)
     terms, weights = batch.padded_terms, batch.padded_weights
     if terms.shape[0] <= engine_config().graph_max_batch:
-        out = _graphed_search(index, layout, terms, weights, fp, lb, k, acc=acc, int_weights=int_weights, n_sm=n_sm)
-        if out is not None:
-            return out
         cutoff = None
+        if fp.host is not None:
+            host_terms, host_weights, _ = batch.host_arrays()
+            out = graphed_steps(index, layout, host_terms, host_weights, fp.host, k, acc=acc, int_weights=int_weights,
+                                n_sm=n_sm)  # fmt: skip
+            if out is not None:
+                return out
     return _device_steps(index, layout, terms.contiguous(), weights.contiguous(), fp, lb, k, acc, int_weights, n_sm,
                          cutoff)  # fmt: skip
 
@@ -117,89 +122,25 @@ def _device_steps(
     return scores, ids, redo
 
 
-def _graphed_search(
+def graphed_steps(
     index: PostingLists,
     layout: TiledIndex,
-    terms: torch.Tensor,
-    weights: torch.Tensor,
-    fp: FixedPoint,
-    lb: torch.Tensor,
+    terms: np.ndarray,
+    weights: np.ndarray,
+    params: dict[str, np.ndarray],
     k: int,
     *,
     acc: str,
     int_weights: bool,
     n_sm: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """:func:`_device_steps` by a CUDA graph for this shape, captured once (``None``: it
-    could not be captured here; the caller runs the steps themselves).
+    """:func:`_device_steps` by the CUDA graph of this shape (:mod:`.graphs`), from the padded
+    batch and the fixed-point parameters on the host (:func:`~.fixed_point.fixed_point_host`);
+    ``None`` where it could not be captured (the caller runs the steps themselves)."""
 
-    The query width is padded to a power of two (at least 8) so that few shapes occur; the
-    padding is what a batch's shorter rows already have (term -1, weight 0).
-    """
-    b, t = terms.shape
-    width = max(8, 1 << max(t - 1, 0).bit_length())
-    graphs = index.derived.graphs
-    key = (id(layout), b, width, k, acc, int_weights, fp.mult is not None, fp.shift is not None)
-    entry = graphs.get(key)
-    if entry is False:
-        return None
-    if entry is None:
-        entry = _capture(index, layout, b, width, fp, k, acc, int_weights, n_sm)
-        graphs[key] = entry if entry is not None else False
-        while len(graphs) > engine_config().graph_cache:
-            graphs.popitem(last=False)
-        if entry is None:
-            return None
-    graphs.move_to_end(key)
-    graph, inputs, outputs = entry
-    inputs["terms"].fill_(-1)
-    inputs["terms"][:, :t].copy_(terms)
-    inputs["weights"].zero_()
-    inputs["weights"][:, :t].copy_(weights)
-    for name in ("scale", "delta", "mult", "shift"):
-        if getattr(fp, name) is not None:
-            inputs[name].copy_(getattr(fp, name))
-    inputs["lb"].copy_(lb)
-    graph.replay()
-    return tuple(x.clone() for x in outputs)  # type: ignore[return-value]
+    def steps(inp):
+        fp = FixedPoint(inp["scale"], inp["delta"], inp.get("mult"), inp.get("shift"))
+        return _device_steps(index, layout, inp["terms"], inp["weights"], fp, inp["lb"], k, acc, int_weights, n_sm)
 
-
-def _capture(
-    index: PostingLists,
-    layout: TiledIndex,
-    b: int,
-    width: int,
-    fp: FixedPoint,
-    k: int,
-    acc: str,
-    int_weights: bool,
-    n_sm: int,
-):  # -> (graph, inputs, outputs) | None
-    dev = layout.seg.device
-    inputs = {
-        "terms": torch.full((b, width), -1, dtype=torch.int64, device=dev),
-        "weights": torch.zeros((b, width), dtype=torch.float32, device=dev),
-        "lb": torch.zeros(b, dtype=torch.float64, device=dev),
-    }
-    for name in ("scale", "delta", "mult", "shift"):
-        if getattr(fp, name) is not None:
-            inputs[name] = getattr(fp, name).clone()
-    static = FixedPoint(inputs["scale"], inputs["delta"], inputs.get("mult"), inputs.get("shift"))
-
-    def steps():
-        return _device_steps(index, layout, inputs["terms"], inputs["weights"], static, inputs["lb"], k, acc,
-                             int_weights, n_sm)  # fmt: skip
-
-    try:
-        side = torch.cuda.Stream(dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):  # warm up: kernels compiled, allocations made
-            steps()
-        torch.cuda.current_stream(dev).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            outputs = steps()
-    except RuntimeError:  # capture unsupported here: the caller runs the steps directly
-        torch.cuda.synchronize(dev)
-        return None
-    return graph, inputs, outputs
+    key = (id(layout), k, acc, int_weights)
+    return graphed(index.derived.graphs, key, steps, terms, weights, params, layout.seg.device)  # type: ignore[return-value]

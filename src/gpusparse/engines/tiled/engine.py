@@ -26,12 +26,12 @@ from ...kernels import cupy_launch, rescore, tile_candidates
 from ...layout.layout_only import LayoutOnly
 from ...layout.postings import PostingLists
 from ...layout.tiled import AUTO, TiledIndex, tiled_layout
-from ...queries import QueryBatch, batch_rows, query_batch
+from ...queries import QueryBatch, batch_rows, padded_host, query_batch
 from ..base import DEFAULT_MEMORY_BUDGET, POSTING_BYTES, BatchResult, SearchPlan, plan_chunks
 from ..reference import reference_search
-from .device import device_search
+from .device import device_search, graphed_steps
 from .emulation import torch_tiled_candidates
-from .fixed_point import choose_acc, fixed_point, integer_weights, out_of_range
+from .fixed_point import choose_acc, fixed_point, fixed_point_host, integer_weights, integer_weights_host, out_of_range
 from .layout_fallback import layout_reference_search
 from .ranking import rank_candidates
 from .waves import candidate_lows, candidates, compact_cuda, compact_torch
@@ -54,8 +54,44 @@ class TiledEngine:
         return None
 
     def search_batch(self, index: PostingLists, queries: SparseCollection, k: int, plan: SearchPlan) -> BatchResult:
-        """Exact top-``k`` of the batch, before the GPU path's host sync (see :func:`tiled_search`)."""
+        """Exact top-``k`` of the batch, before the GPU path's host sync (see :func:`tiled_search`;
+        a small batch on a GPU: :func:`small_batch_search`)."""
+        small = small_batch_search(index, queries, k)
+        if small is not None:
+            return small
         return tiled_search(index, query_batch(queries, index.device), k, cutoff=plan.cutoff)
+
+
+def small_batch_search(index: PostingLists, queries: SparseCollection, k: int) -> BatchResult | None:
+    """:func:`tiled_search` of a batch of at most
+    :attr:`~gpusparse.config.EngineConfig.graph_max_batch` queries on a GPU, from the host
+    arrays straight into the CUDA graph of its shape (:func:`~.device.graphed_steps`): the
+    batch is laid out and its fixed-point parameters computed on the host, and moved in one
+    copy; no other device operation is launched. ``None`` where this path does not apply
+    (another device, a larger batch, weights outside the fixed-point range, no graph):
+    the caller searches the general way. Flagged rows are searched again as
+    :func:`tiled_search` does."""
+    dev = index.device
+    if not (0 < len(queries) <= engine_config().graph_max_batch and dev.type == "cuda" and cupy_launch.available()):
+        return None
+    terms, weights, lengths = padded_host(queries)
+    acc = choose_acc(None)
+    layout = layout_for_search(index, acc=acc)
+    try:
+        params = fixed_point_host(index, terms, weights, lengths, acc, layout.weight_bits)
+    except ValueError:  # tiled_search takes float64 products
+        return None
+    int_w = integer_weights_host(layout, weights, params["scale"], acc)
+    n_sm = torch.cuda.get_device_properties(dev).multi_processor_count
+    out = graphed_steps(index, layout, terms, weights, params, k, acc=acc, int_weights=int_w, n_sm=n_sm)
+    if out is None:
+        return None
+
+    def again(rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = batch_rows(query_batch(queries, dev), rows, dev)
+        return tiled_search(index, batch, k, general=True).resolved()
+
+    return BatchResult(*out, again)
 
 
 def layout_for_search(

@@ -37,6 +37,9 @@ class FixedPoint:
     shift: torch.Tensor | None = None  # int32 [B]: b + c, product = (q · d) >> shift
     scale_host: np.ndarray | None = None  # float64 [B]: ``scale`` on the host (no copy back)
     floor: torch.Tensor | None = None  # float64 [B]: :func:`match_floor`, moved in the same copy
+    # every parameter on the host, as :func:`fixed_point_host` computed them (a CUDA graph's
+    # inputs are staged from these: see gpusparse.engines.tiled.graphs)
+    host: dict[str, np.ndarray] | None = None
 
 
 def choose_acc(acc: str | None) -> str:
@@ -52,10 +55,15 @@ def integer_weights(layout: TiledIndex, batch: QueryBatch, fp: FixedPoint, acc: 
     """Whether the kernel may multiply integers: 8-bit levels, "u32", and every scaled query
     weight an integer (true for quantized queries: their step times the scale is a power of
     two of at least 1). Checked on the host copies: no device work."""
-    if not layout.quantized or acc != "u32":
-        return False
     _, weights, _ = batch.host_arrays()
     scale = fp.scale_host if fp.scale_host is not None else fp.scale.cpu().numpy()
+    return integer_weights_host(layout, weights, scale, acc)
+
+
+def integer_weights_host(layout: TiledIndex, weights: np.ndarray, scale: np.ndarray, acc: str) -> bool:
+    """:func:`integer_weights` from the padded weights and the scales on the host."""
+    if not layout.quantized or acc != "u32":
+        return False
     w = weights.astype(np.float64) * (scale * layout.step)[:, None]
     return bool((w == np.round(w)).all())
 
@@ -83,6 +91,29 @@ def fixed_point(
     becomes ``E = n + n·max_w·2**-(c+1) + Σ w_q·scale·2**-(b+1) + n·2**-(b+c+2)``.
     """
     terms, weights, n_terms = batch.host_arrays()
+    return fixed_point_on(fixed_point_host(index, terms, weights, n_terms, acc, weight_bits), batch.padded_terms.device)
+
+
+def fixed_point_on(host: dict[str, np.ndarray], device: torch.device) -> FixedPoint:
+    """:func:`fixed_point_host`'s arrays as a :class:`FixedPoint` on ``device`` (one copy)."""
+    names = [n for n in ("scale", "delta", "mult", "shift", "lb") if n in host]
+    moved = dict(zip(names, to_device([host[n] for n in names], device), strict=True))
+    return FixedPoint(moved["scale"], moved["delta"], moved.get("mult"), moved.get("shift"), scale_host=host["scale"],
+                      floor=moved["lb"], host=host)  # fmt: skip
+
+
+def fixed_point_host(
+    index: PostingLists,
+    terms: np.ndarray,
+    weights: np.ndarray,
+    n_terms: np.ndarray,
+    acc: str = "carry",
+    weight_bits: int | None = None,
+) -> dict[str, np.ndarray]:
+    """:func:`fixed_point` on the host, from the padded batch: ``scale`` (float64), ``delta``
+    (int64), with ``weight_bits`` also ``mult`` (float64) and ``shift`` (int32), and ``lb``
+    (float64, :func:`match_floor`), each ``[B]``. Raises ``ValueError`` where fixed-point
+    products are out of range."""
     max_scores = max_scores_host(index)
     # Padding (term -1, weight 0) adds 0 below: a batch is small, but each numpy pass over
     # [B, T] costs tens of microseconds, and this runs before the first launch.
@@ -93,12 +124,10 @@ def fixed_point(
     scale = np.where(ub > 0, np.ldexp(1.0, np.clip(e, -1000, 1000)), 1.0)
     n = n_terms.astype(np.float64)
     canon = (ub * scale) * 2 * (n + 1) * 2.0**-53
-    dev = batch.padded_terms.device
     floor = _match_floor_host(index, terms, weights)
     if weight_bits is None:
         delta = np.ceil(2 * (n / 2 + 1) + 2 * canon + 2)
-        scale_d, delta_d, floor_d = to_device([scale, delta.astype(np.int64), floor], dev)
-        return FixedPoint(scale_d, delta_d, scale_host=scale, floor=floor_d)
+        return {"scale": scale, "delta": delta.astype(np.int64), "lb": floor}
     # max and sum of w_q · scale: scale is a power of two, so scaling after is exact
     qmax = (weights.max(1) if terms.shape[1] else np.zeros(len(scale))) * scale
     qsum = w64.sum(1) * scale
@@ -114,8 +143,8 @@ def fixed_point(
     # back to float64 products.
     if (shift < 0).any() or (shift > 62).any() or (delta > FIXED_MAX_DELTA).any():
         raise ValueError("weights outside the fixed-point range")
-    moved = to_device([scale, delta.astype(np.int64), np.ldexp(scale, c), shift.astype(np.int32), floor], dev)
-    return FixedPoint(*moved[:4], scale_host=scale, floor=moved[4])
+    return {"scale": scale, "delta": delta.astype(np.int64), "mult": np.ldexp(scale, c),
+            "shift": shift.astype(np.int32), "lb": floor}  # fmt: skip
 
 
 def kernel_scale(layout: TiledIndex, fp: FixedPoint) -> torch.Tensor:

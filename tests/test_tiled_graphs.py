@@ -1,0 +1,113 @@
+"""Small batches on a GPU: the CUDA graph fed through one staging copy, and results back in one copy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gpusparse import Index
+from gpusparse.config import override_config
+from gpusparse.engines.tiled import engine as engine_mod
+from gpusparse.engines.tiled.graphs import INPUTS, _fields, _fill, _numpy_view, query_width
+
+from .conftest import require_cuda_kernels
+from .reference import dense_scores, random_collection, reference_topk
+
+
+def test_query_width_is_a_power_of_two_of_at_least_8():
+    assert [query_width(t) for t in (0, 1, 8, 9, 16, 17, 100)] == [8, 8, 8, 16, 16, 32, 128]
+
+
+def test_staged_inputs_are_aligned_and_padded_like_a_batch():
+    """Every field starts 8-byte aligned; rows' unused slots hold term -1 and weight 0; the
+    per-query parameters land where the graph's views read them (a poisoned buffer first)."""
+    b, width = 3, 8
+    shapes = {"bw": (b, width), "b": (b,)}
+    fields, size = _fields([(n, d, shapes[s]) for n, d, s in INPUTS])
+    assert all(start % 8 == 0 for start, *_ in fields.values())
+    assert size >= sum(nbytes for _, nbytes, _, _ in fields.values())
+    buf = np.full(size, 0xAB, dtype=np.uint8)
+    terms = np.array([[3, 7, -1], [1, -1, -1], [0, 2, 5]], dtype=np.int64)
+    weights = np.array([[0.5, 1.5, 0.0], [2.0, 0.0, 0.0], [1.0, 1.0, 3.0]], dtype=np.float32)
+    rng = np.random.default_rng(0)
+    params = {n: rng.random(b).astype(d) if d != np.int32 else np.arange(b, dtype=d) for n, d, s in INPUTS if s == "b"}
+    _fill(buf, fields, terms, weights, params)
+    t = _numpy_view(buf, fields["terms"])
+    np.testing.assert_array_equal(t[:, :3], terms)
+    assert (t[:, 3:] == -1).all()
+    w = _numpy_view(buf, fields["weights"])
+    np.testing.assert_array_equal(w[:, :3], weights)
+    assert (w[:, 3:] == 0).all()
+    for name, value in params.items():
+        np.testing.assert_array_equal(_numpy_view(buf, fields[name]), value)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("quantize", [None, 8])
+def test_small_batches_through_the_graph_are_exact_pipelined_and_repeated(rng, quantize):
+    """Batches of a few queries take the small-batch path (counted), pipelined two at a time
+    by Index.search over one staging ring, fresh queries of the same shapes each round:
+    every row equals the float64 reference and the general path's results."""
+    require_cuda_kernels()
+    docs = random_collection(rng, 20_000, 300, 30)
+    index = Index.build(docs, device="cuda", quantize=quantize)
+    calls = []
+    real = engine_mod.small_batch_search
+
+    def counted(*a, **kw):
+        out = real(*a, **kw)
+        calls.append(out is not None)
+        return out
+
+    engine_mod.small_batch_search = counted
+    try:
+        for _ in range(3):
+            queries = random_collection(rng, 9, 300, 10)
+            if quantize:
+                from gpusparse.quantize import quantize_queries
+
+                scores = dense_scores(docs_q(index, docs), quantize_queries(queries, quantize))
+            else:
+                scores = dense_scores(docs, queries)
+            for k in (10, 100):
+                res = index.search(queries, k, batch_size=2)  # five batches, the last of one query
+                ref_s, ref_i = reference_topk(scores, k)
+                np.testing.assert_array_equal(res.ids.numpy(), ref_i)
+                np.testing.assert_array_equal(res.scores.numpy(), ref_s)
+                n = len(calls)
+                with override_config(graph_max_batch=0):  # the general path (not counted)
+                    general = index.search(queries, k, batch_size=2)
+                del calls[n:]
+                assert torch.equal(general.ids, res.ids) and torch.equal(general.scores, res.scores)
+    finally:
+        engine_mod.small_batch_search = real
+    assert calls and all(calls)  # every small batch ran the graph, none fell back
+
+
+def docs_q(index: Index, docs):
+    """The documents as the quantized index stores them (level times step)."""
+    from gpusparse.quantize import quantize_collection
+
+    return quantize_collection(docs, index.quantization.bits, index.quantization.step)[0]
+
+
+@pytest.mark.gpu
+def test_views_of_one_storage_come_back_in_one_copy():
+    """start_to_host moves views of one device storage together: each host tensor equals
+    its device view (values, dtype, shape), written into a poisoned buffer."""
+    require_cuda_kernels()
+    from gpusparse.transfer import start_to_host
+
+    buf = torch.full((256,), 0xCD, dtype=torch.uint8, device="cuda")
+    s = buf[0:40].view(torch.float32).view(2, 5)
+    i = buf[40:120].view(torch.int64).view(2, 5)
+    r = buf[120:122].view(torch.bool)
+    s.copy_(torch.arange(10, dtype=torch.float32, device="cuda").view(2, 5))
+    i.copy_(-torch.arange(10, device="cuda").view(2, 5))
+    r.copy_(torch.tensor([True, False], device="cuda"))
+    (hs, hi, hr), done = start_to_host(s, i, r)
+    done.synchronize()
+    for h, d in ((hs, s), (hi, i), (hr, r)):
+        assert h.device.type == "cpu" and h.dtype == d.dtype and h.shape == d.shape
+        assert torch.equal(h, d.cpu())
