@@ -32,7 +32,7 @@ def test_staged_inputs_are_aligned_and_padded_like_a_batch():
     weights = np.array([[0.5, 1.5, 0.0], [2.0, 0.0, 0.0], [1.0, 1.0, 3.0]], dtype=np.float32)
     rng = np.random.default_rng(0)
     params = {n: rng.random(b).astype(d) if d != np.int32 else np.arange(b, dtype=d) for n, d, s in INPUTS if s == "b"}
-    _fill(buf, fields, terms, weights, params)
+    _fill({n: _numpy_view(buf, spec) for n, spec in fields.items()}, terms, weights, params)
     t = _numpy_view(buf, fields["terms"])
     np.testing.assert_array_equal(t[:, :3], terms)
     assert (t[:, 3:] == -1).all()
@@ -53,14 +53,14 @@ def test_small_batches_through_the_graph_are_exact_pipelined_and_repeated(rng, q
     docs = random_collection(rng, 20_000, 300, 30)
     index = Index.build(docs, device="cuda", quantize=quantize)
     calls = []
-    real = engine_mod.small_batch_search
+    real = engine_mod.graphed_batch_search
 
     def counted(*a, **kw):
         out = real(*a, **kw)
         calls.append(out is not None)
         return out
 
-    engine_mod.small_batch_search = counted
+    engine_mod.graphed_batch_search = counted
     try:
         for _ in range(3):
             queries = random_collection(rng, 9, 300, 10)
@@ -81,7 +81,7 @@ def test_small_batches_through_the_graph_are_exact_pipelined_and_repeated(rng, q
                 del calls[n:]
                 assert torch.equal(general.ids, res.ids) and torch.equal(general.scores, res.scores)
     finally:
-        engine_mod.small_batch_search = real
+        engine_mod.graphed_batch_search = real
     assert calls and all(calls)  # every small batch ran the graph, none fell back
 
 
@@ -111,3 +111,40 @@ def test_views_of_one_storage_come_back_in_one_copy():
     for h, d in ((hs, s), (hi, i), (hr, r)):
         assert h.device.type == "cpu" and h.dtype == d.dtype and h.shape == d.shape
         assert torch.equal(h, d.cpu())
+
+
+@pytest.mark.gpu
+def test_larger_batches_replay_a_graph_from_their_second_batch_on(rng):
+    """A batch above graph_max_batch is searched the general way the first time its shape
+    comes, by a captured graph from the second time on (graph_repeat_batch); a graph larger
+    than graph_cache_bytes is never captured. Every row exact either way."""
+    require_cuda_kernels()
+    docs = random_collection(rng, 20_000, 300, 30)
+    index = Index.build(docs, device="cuda")
+    queries = random_collection(rng, 12, 300, 10)
+    scores = dense_scores(docs, queries)
+    ref_s, ref_i = reference_topk(scores, 50)
+    outcomes = []
+    real = engine_mod.graphed_batch_search
+
+    def counted(*a, **kw):
+        out = real(*a, **kw)
+        outcomes.append(out is not None)
+        return out
+
+    engine_mod.graphed_batch_search = counted
+    try:
+        with override_config(graph_max_batch=2, graph_repeat_batch=16):
+            res = index.search(queries, 50, batch_size=4)  # three batches of one shape
+            assert outcomes == [False, True, True]
+            np.testing.assert_array_equal(res.ids.numpy(), ref_i)
+            np.testing.assert_array_equal(res.scores.numpy(), ref_s)
+        outcomes.clear()
+        index.derived.graphs.clear()
+        with override_config(graph_max_batch=2, graph_repeat_batch=16, graph_cache_bytes=1 << 10):
+            res = index.search(queries, 50, batch_size=4)
+            assert outcomes == [False, False, False] and not any(index.derived.graphs.values())
+            np.testing.assert_array_equal(res.ids.numpy(), ref_i)
+            np.testing.assert_array_equal(res.scores.numpy(), ref_s)
+    finally:
+        engine_mod.graphed_batch_search = real

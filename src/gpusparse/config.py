@@ -42,7 +42,14 @@ class EngineConfig:
             dense rows; ``"auto"``: the measured best for the weight type
             (:data:`gpusparse.layout.tiled.DEFAULT_LAYOUT`).
         graph_max_batch: batches of at most this many queries replay a captured CUDA graph.
+        graph_repeat_batch: larger batches, up to this many queries, replay a captured CUDA
+            graph from the second batch of their shape on (a search of many batches of one
+            size; a shape seen once is searched without capture, which costs about two
+            searches). 0: only ``graph_max_batch``.
         graph_cache: captured graphs kept per index (least recently used dropped first).
+        graph_cache_bytes: device bytes the captured graphs of an index may hold (their
+            candidate buffers, estimated by :func:`gpusparse.engines.tiled.waves.search_bytes`;
+            least recently used dropped first). They stay allocated between searches.
         pinned_results: results come back from a GPU through page-locked host memory
             (-0.8 ms at 8.8M x 256, k = 1000).
         pinned_output_max: a search of several batches writes straight into one page-locked
@@ -63,7 +70,9 @@ class EngineConfig:
     resident: str = "lists"
     dense_min: float | str | None = "auto"
     graph_max_batch: int = 8
+    graph_repeat_batch: int = 1024
     graph_cache: int = 8
+    graph_cache_bytes: int = 1 << 30
     pinned_results: bool = True
     pinned_output_max: int = 1 << 28
     shard_lower_bounds: bool = False
@@ -76,7 +85,7 @@ class EngineConfig:
             raise ValueError(f"resident must be one of {', '.join(map(repr, RESIDENT_MODES))}, not {self.resident!r}")
         if not (self.dense_min is None or self.dense_min == "auto" or 0 < _number(self.dense_min) <= 1):
             raise ValueError(f"dense_min must be 'auto', None or a share in (0, 1], not {self.dense_min!r}")
-        for name in ("graph_max_batch", "graph_cache", "pinned_output_max"):
+        for name in ("graph_max_batch", "graph_repeat_batch", "graph_cache", "graph_cache_bytes", "pinned_output_max"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be a non-negative integer, not {value!r}")

@@ -9,7 +9,7 @@ the vocabulary against the index's;
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -152,17 +152,22 @@ def batch_rows(batch: QueryBatch, rows: np.ndarray, device: torch.device) -> Que
     return _batch_from_csr(indptr, terms[valid], weights[valid], device)
 
 
-def padded_host(queries: SparseCollection) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def padded_host(
+    queries: SparseCollection, width: Callable[[int], int] | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A (canonical) query batch's padded terms (int64, ``-1`` padding) and weights (float32,
     0 padding) ``[B, T]`` and its lengths (int64 ``[B]``), on the host: what
-    :class:`QueryBatch` holds in ``host``."""
-    return _padded(queries.indptr, queries.indices, queries.values)
+    :class:`QueryBatch` holds in ``host``. ``T`` is the longest row, or ``width(longest)``."""
+    return _padded(queries.indptr, queries.indices, queries.values, width)
 
 
-def _padded(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _padded(
+    indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, widen: Callable[[int], int] | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     lengths = np.diff(indptr).astype(np.int64)
     b = len(lengths)
     width = int(lengths.max()) if b else 0
+    width = widen(width) if widen is not None else width
     real = np.arange(width) < lengths[:, None]  # row-major order of the real slots is CSR order
     terms = np.full((b, width), -1, dtype=np.int64)
     terms[real] = indices

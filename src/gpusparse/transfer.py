@@ -40,10 +40,8 @@ def start_to_host(
             if target is not None and host[i] is not None:
                 host[i] = target.copy_(host[i])
         return tuple(host), None
-    dev = present[0].device
-    if not into and len(present) > 1 and _one_storage(present):
-        return _storage_to_host(tensors, dev)
     targets = list(into) + [None] * (len(tensors) - len(into))
+    dev = present[0].device
     # On a side stream (a copy engine), after the work queued so far: the copies overlap the
     # next batch's kernels instead of holding up the compute stream.
     side = _copy_stream(dev)
@@ -61,34 +59,6 @@ def start_to_host(
         t.record_stream(side)  # not reused by the compute stream before the copy has read it
     done = torch.cuda.Event()
     done.record(side)
-    return out, done
-
-
-def _one_storage(tensors: Sequence[torch.Tensor]) -> bool:
-    """Whether the tensors are views of one small device storage (a CUDA graph's outputs:
-    gpusparse.engines.tiled.graphs), which then travels in one copy."""
-    ptr = tensors[0].untyped_storage().data_ptr()
-    return tensors[0].untyped_storage().nbytes() <= 1 << 24 and all(
-        t.untyped_storage().data_ptr() == ptr for t in tensors[1:]
-    )
-
-
-def _storage_to_host(
-    tensors: Sequence[torch.Tensor | None], dev: torch.device
-) -> tuple[tuple[torch.Tensor | None, ...], torch.cuda.Event]:
-    """:func:`start_to_host` of views of one storage: the storage in one copy (on the compute
-    stream: it is small), and the same views of its host copy."""
-    storage = next(t for t in tensors if t is not None).untyped_storage()
-    src = torch.empty(0, dtype=torch.uint8, device=dev).set_(storage)
-    host = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=True)
-    host.copy_(src, non_blocking=True)
-    done = torch.cuda.Event()
-    done.record()
-    hs = host.untyped_storage()
-    out = tuple(
-        None if t is None else torch.empty(0, dtype=t.dtype).set_(hs, t.storage_offset(), t.shape, t.stride())
-        for t in tensors
-    )
     return out, done
 
 

@@ -42,6 +42,8 @@ class DerivedState:
         max_score: the largest of them.
         min_weight: the smallest document weight (+inf for an empty index).
         graphs: the tiled engine's captured CUDA graphs, least recently used first.
+        graph_shapes: batch shapes seen once (a larger batch's graph is captured the second
+            time its shape comes: :attr:`~gpusparse.config.EngineConfig.graph_repeat_batch`).
         copy: ``(device, index)``: the copy searched on another device
             (:meth:`PostingLists.resident_on`).
         views: a host index's views searched from the tiled layout alone, by device
@@ -54,6 +56,7 @@ class DerivedState:
     max_score: float | None = None
     min_weight: float | None = None
     graphs: OrderedDict = field(default_factory=OrderedDict)
+    graph_shapes: OrderedDict = field(default_factory=OrderedDict)
     copy: tuple[torch.device, Any] | None = None
     views: dict[torch.device, Any] = field(default_factory=dict)
 

@@ -32,6 +32,7 @@ from ..reference import reference_search
 from .device import device_search, graphed_steps
 from .emulation import torch_tiled_candidates
 from .fixed_point import choose_acc, fixed_point, fixed_point_host, integer_weights, integer_weights_host, out_of_range
+from .graphs import query_width
 from .layout_fallback import layout_reference_search
 from .ranking import rank_candidates
 from .waves import candidate_lows, candidates, compact_cuda, compact_torch
@@ -55,26 +56,37 @@ class TiledEngine:
 
     def search_batch(self, index: PostingLists, queries: SparseCollection, k: int, plan: SearchPlan) -> BatchResult:
         """Exact top-``k`` of the batch, before the GPU path's host sync (see :func:`tiled_search`;
-        a small batch on a GPU: :func:`small_batch_search`)."""
-        small = small_batch_search(index, queries, k)
-        if small is not None:
-            return small
+        a batch that replays a CUDA graph: :func:`graphed_batch_search`)."""
+        graphed = graphed_batch_search(index, queries, k, cutoff=plan.cutoff)
+        if graphed is not None:
+            return graphed
         return tiled_search(index, query_batch(queries, index.device), k, cutoff=plan.cutoff)
 
 
-def small_batch_search(index: PostingLists, queries: SparseCollection, k: int) -> BatchResult | None:
-    """:func:`tiled_search` of a batch of at most
-    :attr:`~gpusparse.config.EngineConfig.graph_max_batch` queries on a GPU, from the host
-    arrays straight into the CUDA graph of its shape (:func:`~.device.graphed_steps`): the
-    batch is laid out and its fixed-point parameters computed on the host, and moved in one
-    copy; no other device operation is launched. ``None`` where this path does not apply
-    (another device, a larger batch, weights outside the fixed-point range, no graph):
+def graphed_batch_search(
+    index: PostingLists, queries: SparseCollection, k: int, *, cutoff: Callable | None = None
+) -> BatchResult | None:
+    """:func:`tiled_search` of a batch on a GPU by the CUDA graph of its shape
+    (:func:`~.device.graphed_steps`), from the host arrays: the batch is laid out and its
+    fixed-point parameters computed on the host and moved in one copy; one launch replays
+    every device operation of the search. For batches of at most
+    :attr:`~gpusparse.config.EngineConfig.graph_max_batch` queries (``cutoff`` then unused, as
+    in :func:`~.device.device_search`), and for larger ones up to
+    :attr:`~gpusparse.config.EngineConfig.graph_repeat_batch` without a ``cutoff`` from the
+    second batch of the same shape on. ``None`` where this path does not apply (another
+    device, a batch too large or seen once, weights outside the fixed-point range, no graph):
     the caller searches the general way. Flagged rows are searched again as
     :func:`tiled_search` does."""
     dev = index.device
-    if not (0 < len(queries) <= engine_config().graph_max_batch and dev.type == "cuda" and cupy_launch.available()):
+    b = len(queries)
+    config = engine_config()
+    if not (b > 0 and dev.type == "cuda" and cupy_launch.available()):
         return None
-    terms, weights, lengths = padded_host(queries)
+    if b > config.graph_max_batch and not (b <= config.graph_repeat_batch and cutoff is None):
+        return None
+    terms, weights, lengths = padded_host(queries, query_width)  # the graph's width: no padding later
+    if b > config.graph_max_batch and not _seen_before(index, (b, terms.shape[1], k)):
+        return None
     acc = choose_acc(None)
     layout = layout_for_search(index, acc=acc)
     try:
@@ -92,6 +104,18 @@ def small_batch_search(index: PostingLists, queries: SparseCollection, k: int) -
         return tiled_search(index, batch, k, general=True).resolved()
 
     return BatchResult(*out, again)
+
+
+def _seen_before(index: PostingLists, shape: tuple) -> bool:
+    """Whether a batch of this shape came before (and remember it: the last 64 shapes)."""
+    seen = index.derived.graph_shapes
+    if shape in seen:
+        seen.move_to_end(shape)
+        return True
+    seen[shape] = True
+    while len(seen) > 64:
+        seen.popitem(last=False)
+    return False
 
 
 def layout_for_search(

@@ -3,11 +3,8 @@
 A small batch's search is mostly the host launching its device operations (the kernel over
 all tiles takes ~0.2 ms at 8.8M documents; launching the ~30 operations around it took
 longer). A graph replays them in one launch. Its inputs (padded terms and weights, the
-fixed-point parameters, the match floor) are laid out on the host in one page-locked buffer
-and moved in one copy into the graph's input buffer; its outputs (scores, ids, redo flags)
-are written into one buffer and cloned in one operation, so that they come back to the host
-in one copy as well (:func:`gpusparse.transfer.start_to_host` moves tensors that share one
-storage together).
+fixed-point parameters, the match floor) are laid out on the host in a page-locked buffer
+and moved in one copy into the graph's input buffer.
 """
 
 from __future__ import annotations
@@ -71,11 +68,12 @@ class GraphEntry:
     graph: torch.cuda.CUDAGraph
     inputs: dict  # name -> field spec of dev_in
     dev_in: torch.Tensor  # uint8
-    outputs: list  # field specs of out_buf, in the order of the steps' outputs
-    out_buf: torch.Tensor  # uint8
+    out_views: list  # the graph's outputs, in the order of the steps' outputs
     staging: list[torch.Tensor]
+    nbytes: int = 0  # device bytes it holds (estimated): the cache's bound
     copied: list = field(default_factory=lambda: [None, None])  # the event after each staging's copy
     turn: int = 0
+    views: list = field(default_factory=list)  # each staging buffer's fields as numpy views
 
     def load(self, terms: np.ndarray, weights: np.ndarray, params: Mapping[str, np.ndarray]) -> None:
         """Write this batch's inputs into the next staging buffer and queue its copy to the device."""
@@ -83,27 +81,30 @@ class GraphEntry:
         self.turn ^= 1
         if self.copied[i] is not None:
             self.copied[i].synchronize()  # its previous copy has read it (normally long done)
-        _fill(self.staging[i].numpy(), self.inputs, terms, weights, params)
+        if not self.views:
+            self.views = [{n: _numpy_view(b.numpy(), spec) for n, spec in self.inputs.items()} for b in self.staging]
+        _fill(self.views[i], terms, weights, params)
         self.dev_in.copy_(self.staging[i], non_blocking=True)
         event = self.copied[i] or torch.cuda.Event()
         event.record()
         self.copied[i] = event
 
     def run(self) -> tuple[torch.Tensor, ...]:
-        """Replay, then the outputs as views of one fresh device tensor (the graph's own
-        buffer is rewritten by the next replay)."""
+        """Replay, then a copy of each output (the graph's own are rewritten by the next replay)."""
         self.graph.replay()
-        out = self.out_buf.clone()
-        return tuple(_torch_view(out, spec) for spec in self.outputs)
+        return tuple(x.clone() for x in self.out_views)
 
 
-def _fill(buf: np.ndarray, inputs: dict, terms: np.ndarray, weights: np.ndarray, params: Mapping) -> None:
-    t = terms.shape[1]
-    for name, spec in inputs.items():
-        view = _numpy_view(buf, spec)
+def _fill(views: Mapping[str, np.ndarray], terms: np.ndarray, weights: np.ndarray, params: Mapping) -> None:
+    """Each input into its view; the padded batch's rows padded further to the view's width."""
+    for name, view in views.items():
         if name in _PADDING:
-            view.fill(_PADDING[name])
-            view[:, :t] = terms if name == "terms" else weights
+            src = terms if name == "terms" else weights
+            if src.shape[1] == view.shape[1]:
+                view[...] = src
+            else:
+                view.fill(_PADDING[name])
+                view[:, : src.shape[1]] = src
         else:
             view[...] = params[name]
 
@@ -116,6 +117,7 @@ def graphed(
     weights: np.ndarray,
     params: Mapping[str, np.ndarray],
     device: torch.device,
+    nbytes: int = 0,
 ) -> tuple[torch.Tensor, ...] | None:
     """``steps(inputs)``'s outputs for this batch by the CUDA graph of its shape, captured on
     first use and kept in ``cache`` under ``key`` + the shape (least recently used dropped
@@ -125,7 +127,10 @@ def graphed(
     ``terms`` (int64) and ``weights`` (float32) ``[B, t]`` are the padded batch on the host,
     ``params`` the per-query arrays ``[B]`` named as in :data:`INPUTS` (those given). ``steps``
     reads its inputs from the tensors it is given, under the same names, with the query
-    width padded (:func:`query_width`).
+    width padded (:func:`query_width`). ``nbytes``: the device bytes the steps allocate (their
+    buffers stay with the graph); the cache holds at most
+    :attr:`~gpusparse.config.EngineConfig.graph_cache_bytes` of them, and a graph larger than
+    that is not captured.
     """
     b, t = terms.shape
     width = query_width(t)
@@ -135,9 +140,14 @@ def graphed(
     if entry is False:
         return None
     if entry is None:
+        config = engine_config()
+        if nbytes > config.graph_cache_bytes:
+            return None
         entry = _capture(steps, terms, weights, params, names, b, width, device)
+        if entry is not None:
+            entry.nbytes = nbytes + int(entry.dev_in.numel())
         cache[full_key] = entry if entry is not None else False
-        while len(cache) > engine_config().graph_cache:
+        while len(cache) > config.graph_cache or _bytes(cache) > config.graph_cache_bytes:
             cache.popitem(last=False)
         if entry is None:
             return None
@@ -147,6 +157,10 @@ def graphed(
     return entry.run()
 
 
+def _bytes(cache: Mapping) -> int:
+    return sum(e.nbytes for e in cache.values() if e)
+
+
 def _capture(steps: Steps, terms, weights, params, names, b: int, width: int, dev: torch.device) -> GraphEntry | None:
     shapes = {"bw": (b, width), "b": (b,)}
     inputs, size = _fields([(n, d, shapes[s]) for n, d, s in INPUTS if n in names])
@@ -154,27 +168,16 @@ def _capture(steps: Steps, terms, weights, params, names, b: int, width: int, de
     staging = [torch.empty(size, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
     views = {n: _torch_view(dev_in, spec) for n, spec in inputs.items()}
     try:
-        entry = GraphEntry(torch.cuda.CUDAGraph(), inputs, dev_in, [], dev_in, staging)
+        entry = GraphEntry(torch.cuda.CUDAGraph(), inputs, dev_in, [], staging)
         entry.load(terms, weights, params)  # the warm-up and the capture search real inputs
         side = torch.cuda.Stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(side):  # warm up: kernels compiled, allocations made
-            first = steps(views)
+            steps(views)
         torch.cuda.current_stream(dev).wait_stream(side)
-        specs = [(str(i), _np_dtype(x), tuple(x.shape)) for i, x in enumerate(first)]
-        outputs, out_size = _fields(specs)
-        out_buf = torch.empty(out_size, dtype=torch.uint8, device=dev)
-        out_views = [_torch_view(out_buf, outputs[str(i)]) for i in range(len(first))]
         with torch.cuda.graph(entry.graph):
-            for view, x in zip(out_views, steps(views), strict=True):
-                view.copy_(x)
+            entry.out_views = list(steps(views))
     except RuntimeError:  # capture unsupported here: the caller runs the steps directly
         torch.cuda.synchronize(dev)
         return None
-    entry.outputs = [outputs[str(i)] for i in range(len(first))]
-    entry.out_buf = out_buf
     return entry
-
-
-def _np_dtype(x: torch.Tensor) -> np.dtype:
-    return torch.empty(0, dtype=x.dtype).numpy().dtype
