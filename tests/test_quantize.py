@@ -66,6 +66,15 @@ def test_queries_are_quantized_one_by_one(rng):
     np.testing.assert_array_equal(whole.to_scipy().toarray(), quantized_by_hand(queries, None))
 
 
+def test_vectorised_steps_equal_the_scalar_step(rng):
+    """Each query's step is power_of_two_step of its largest weight, whatever the magnitude."""
+    from gpusparse.quantize import power_of_two_steps
+
+    m = np.concatenate([rng.random(500) * 10.0 ** rng.integers(-30, 30, 500), [0.0, 255.0, 256.0, 1.0, 2.0**-40]])
+    for bits in (8, 4):
+        np.testing.assert_array_equal(power_of_two_steps(m, bits), [power_of_two_step(float(x), bits) for x in m])
+
+
 def test_query_quantization_rounds_half_to_even_and_drops_zero_levels():
     """Ties at half a step round to even (as ``levels`` does for documents), weights below
     half a step are dropped, empty rows stay empty; every row has its own step."""
