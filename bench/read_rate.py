@@ -64,11 +64,12 @@ def _one(src: Path, path: str, workers: int) -> dict:
 
 
 def stages(path: str, chunks: int = 6) -> dict[str, float]:
-    """Microseconds a document of each stage of the columnar path, on the first ``chunks`` chunks."""
+    """Microseconds a document of each stage of the columnar path, on the first ``chunks`` chunks,
+    and of the native pass where its module is built."""
     sys.path.insert(0, str(ROOT / "src"))
     import numpy as np
 
-    from gpusparse import Vocabulary, jsonl_keys, jsonl_numbers
+    from gpusparse import Vocabulary, jsonl_keys, jsonl_native, jsonl_numbers
     from gpusparse import jsonl_columns as jc
 
     vocab = Vocabulary.bert()
@@ -113,6 +114,9 @@ def stages(path: str, chunks: int = 6) -> dict[str, float]:
         c = tick("token ids (hash table)", c)
         jc.columns_of_chunk(chunk, table, vocab.lookup, "error")
         c = tick("all (columns_of_chunk)", c)
+        if jsonl_native.NATIVE:
+            jsonl_native.native_columns(chunk, table, vocab.lookup, "error")
+            c = tick("the native pass (jsonl_native.native_columns)", c)
     return {k: round(v / docs * 1e6, 2) for k, v in t.items()}
 
 
