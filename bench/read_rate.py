@@ -38,14 +38,18 @@ ROOT = Path(__file__).resolve().parents[1]
 _RUN = """
 import json, os, resource, sys, time
 sys.path.insert(0, sys.argv[1])
-from gpusparse import Vocabulary, jsonl_native, read_vectors
-from gpusparse.formats import ReadStats
+from gpusparse import Vocabulary, read_vectors
+try:  # (older trees have neither)
+    from gpusparse.jsonl_native import NATIVE
+    from gpusparse.formats import ReadStats
+    stats = ReadStats()
+except ImportError:
+    NATIVE, stats = None, None
 vocab = Vocabulary.bert()
-stats = ReadStats()
 workers = int(sys.argv[3]) or len(os.sched_getaffinity(0))
 base = int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize()  # RSS before the read
 t0, c0 = time.perf_counter(), time.process_time()
-coll = read_vectors(sys.argv[2], vocab, progress=False, workers=workers, stats=stats)
+coll = read_vectors(sys.argv[2], vocab, progress=False, workers=workers, **({"stats": stats} if stats else {}))
 wall = time.perf_counter() - t0
 cpu = time.process_time() - c0 + resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime
 cpu += resource.getrusage(resource.RUSAGE_CHILDREN).ru_stime
@@ -53,7 +57,7 @@ rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 final = coll.indptr.nbytes + coll.indices.nbytes + coll.values.nbytes
 print(json.dumps({"workers": workers, "docs": len(coll), "postings": int(coll.nnz), "cpu_s": cpu, "wall_s": wall,
                   "maxrss_bytes": rss, "rss_before_read_bytes": base, "collection_array_bytes": final,
-                  "native_built": jsonl_native.NATIVE, "chunks_by_parser": stats.chunks_by_parser}))
+                  "native_built": NATIVE, "chunks_by_parser": getattr(stats, "chunks_by_parser", None)}))
 """
 
 
