@@ -96,7 +96,13 @@ static int string(const uint8_t **p, const uint8_t *end, const uint8_t **close, 
             uint64_t t = ((quote - 0x0101010101010101ULL) & ~quote) | ((slash - 0x0101010101010101ULL) & ~slash);
             t |= (w - 0x2020202020202020ULL) & ~w; /* a byte below 0x20 */
             t |= w;                                /* a byte from 0x80 on */
-            if (t & 0x8080808080808080ULL) break;
+            t &= 0x8080808080808080ULL;
+            if (t) { /* the lowest flag is exact (a borrow only flags bytes above a flagged one) */
+#if defined(__GNUC__)
+                q += __builtin_ctzll(t) >> 3;
+#endif
+                break;
+            }
             q += 8;
         }
         if (q >= end) return UNSURE;
