@@ -265,3 +265,12 @@ def test_missing_module_warns_once_and_reads_by_numpy(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         jc.TokenIds(VOCAB)  # no second warning
+
+
+@native
+def test_native_bounds_count_newlines_and_colons():
+    rng = np.random.default_rng(3)
+    for n in [0, 1, 31, 32, 33, 255 * 32 - 1, 255 * 32, 255 * 32 + 1, 3 * 255 * 32 + 17, 100_000]:
+        data = bytes(rng.choice(np.frombuffer(b"\n:ab", np.uint8), n).tolist())
+        assert jsonl_native._native.bounds(data) == (data.count(b"\n"), data.count(b":")), n
+    assert jsonl_native._native.bounds(b"\n" * 100_000) == (100_000, 0)  # 8-bit counters never wrap

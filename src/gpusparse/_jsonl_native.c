@@ -551,7 +551,40 @@ done:
     return result;
 }
 
-static PyMethodDef methods[] = {{"parse", parse, METH_VARARGS, parse_doc}, {NULL, NULL, 0, NULL}};
+PyDoc_STRVAR(bounds_doc, "bounds(data)\n--\n\n"
+                         "(newlines, colons) in data: the room parse needs for records (newlines + 1) and postings "
+                         "(colons).");
+
+/* Bytes counted in blocks of 255 with 8-bit counters (vectorised by the compiler): many times
+ * faster than bytes.count, which reads a byte at a time. */
+static PyObject *bounds(PyObject *self, PyObject *arg) {
+    (void)self;
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    const uint8_t *p = view.buf;
+    Py_ssize_t n = view.len, newlines = 0, colons = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n;) {
+        Py_ssize_t stop = n - i < 255 * 32 ? n : i + 255 * 32;
+        uint8_t nl[32] = {0}, co[32] = {0};
+        for (; i + 32 <= stop; i += 32)
+            for (int j = 0; j < 32; j++) {
+                nl[j] += p[i + j] == '\n';
+                co[j] += p[i + j] == ':';
+            }
+        for (int j = 0; j < 32; j++) newlines += nl[j], colons += co[j];
+        if (stop == n) {
+            for (; i < n; i++) newlines += p[i] == '\n', colons += p[i] == ':';
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    return Py_BuildValue("(nn)", newlines, colons);
+}
+
+static PyMethodDef methods[] = {{"parse", parse, METH_VARARGS, parse_doc},
+                                {"bounds", bounds, METH_O, bounds_doc},
+                                {NULL, NULL, 0, NULL}};
 
 static int exec_module(PyObject *m) {
     (void)m;
