@@ -15,7 +15,8 @@ DEMO := .demo
 
 .PHONY: demo pipeline-demo quality test lint docs tables clean
 
-$(VENV)/.installed: pyproject.toml
+# (setup.py and the C source: pip install -e . compiles the JSONL reader's C module)
+$(VENV)/.installed: pyproject.toml setup.py src/gpusparse/_jsonl_native.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[test,docs]"
@@ -60,7 +61,7 @@ tables: $(VENV)/.installed
 # subset of the suite), then the whole suite, whose summary closes the output.
 test: lint docs
 	PYTHONPATH=src $(BIN)/python scripts/mutation_check.py
-	$(BIN)/python -m pytest -q -rs
+	GPUSPARSE_REQUIRE_NATIVE=1 $(BIN)/python -m pytest -q -rs
 
 clean:
 	rm -rf $(VENV) $(DEMO) site .pytest_cache .ruff_cache

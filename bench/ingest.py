@@ -37,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_peaks import gpu_memory
-from gpusparse import Index, Vocabulary, read_vectors
-from gpusparse.formats import available_cores
+from gpusparse import Index, Vocabulary, jsonl_native, read_vectors
+from gpusparse.formats import ReadStats, available_cores
 from ingest_data import write_shards
 
 
@@ -83,11 +83,18 @@ def run(args: argparse.Namespace) -> dict:
                 lambda: write_shards(args.docs, data, shards=args.shards, seed=args.seed, device=args.gen_device),
             )
         vocab = Vocabulary.bert()
-        first = _stage(rows, "read_1core", -1, lambda: read_vectors(files[0], vocab, progress=False, workers=1))
+        one, every = ReadStats(), ReadStats()  # chunks by the parser that read them
+        first = _stage(
+            rows, "read_1core", -1, lambda: read_vectors(files[0], vocab, progress=False, workers=1, stats=one)
+        )
         rows[-1]["docs"] = len(first)
         rows[-1]["docs_per_s"] = len(first) / rows[-1]["wall_s"]
+        rows[-1]["chunks_by_parser"] = one.chunks_by_parser
         del first
-        held = {"coll": _stage(rows, "read_all", args.docs, lambda: read_vectors(files, vocab, progress=False))}
+        held = {
+            "coll": _stage(rows, "read_all", args.docs, lambda: read_vectors(files, vocab, progress=False, stats=every))
+        }
+        rows[-1]["chunks_by_parser"] = every.chunks_by_parser
         nnz = held["coll"].nnz
         held["index"] = _stage(rows, "build", args.docs, lambda: Index.build(held.pop("coll"), device=args.device))
         shutil.rmtree(index_dir, ignore_errors=True)
@@ -111,6 +118,8 @@ def run(args: argparse.Namespace) -> dict:
         "shards": args.shards,
         "jsonl_bytes": sum(f.stat().st_size for f in files) if files[0].exists() else None,
         "index_bytes": index_bytes,
+        # the JSONL reader's C pass (gpusparse._jsonl_native): built or not; each read stage has its chunks_by_parser
+        "jsonl_parser": "native" if jsonl_native.NATIVE else "columnar (gpusparse._jsonl_native not built)",
         "peak_rss_bytes": _peak_rss(),
         "stages": rows,
     }

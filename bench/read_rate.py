@@ -6,11 +6,15 @@ CPU seconds (the process and its workers), wall seconds and the process's peak R
 the workers'). Runs of the two source trees alternate (``--rounds`` each), so a noisy
 machine slows both alike; the table keeps every run and the best of each tree: docs per
 CPU second with one worker, docs per wall second with all. ``--stages`` also times the
-columnar path's stages on the first chunks of the file (this checkout only).
+columnar path's stages on the first chunks of the file (this checkout only). ``--columnar``
+adds a third tree: this checkout's sources without the built C module
+(``gpusparse._jsonl_native``), so the numpy columnar path reads. Each run records whether
+the module was there and how many chunks each parser read (``chunks_by_parser``).
 
 Usage:
-    python bench/read_rate.py FILE --before 6cc3948 --rounds 2 --workers 1,0 --stages --out bench/results/NAME.json
-(without ``--before``, or without git, only this checkout is timed)
+    python bench/read_rate.py FILE --before 6cc3948 --columnar --rounds 2 --workers 1,0 --stages --out NAME.json
+(without ``--before``, or without git, only this checkout is timed; build the C module
+first: ``pip install -e .`` or ``python setup.py build_ext --inplace``)
 Make a file with ``python -c "import sys; sys.path[:0] = ['src', 'bench']; from ingest_data import
 write_shards; write_shards(200000, '/tmp/d200k')"``.
 """
@@ -22,6 +26,7 @@ import datetime as dt
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,18 +39,25 @@ _RUN = """
 import json, os, resource, sys, time
 sys.path.insert(0, sys.argv[1])
 from gpusparse import Vocabulary, read_vectors
+try:  # (older trees have neither)
+    from gpusparse.jsonl_native import NATIVE
+    from gpusparse.formats import ReadStats
+    stats = ReadStats()
+except ImportError:
+    NATIVE, stats = None, None
 vocab = Vocabulary.bert()
 workers = int(sys.argv[3]) or len(os.sched_getaffinity(0))
 base = int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize()  # RSS before the read
 t0, c0 = time.perf_counter(), time.process_time()
-coll = read_vectors(sys.argv[2], vocab, progress=False, workers=workers)
+coll = read_vectors(sys.argv[2], vocab, progress=False, workers=workers, **({"stats": stats} if stats else {}))
 wall = time.perf_counter() - t0
 cpu = time.process_time() - c0 + resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime
 cpu += resource.getrusage(resource.RUSAGE_CHILDREN).ru_stime
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 final = coll.indptr.nbytes + coll.indices.nbytes + coll.values.nbytes
 print(json.dumps({"workers": workers, "docs": len(coll), "postings": int(coll.nnz), "cpu_s": cpu, "wall_s": wall,
-                  "maxrss_bytes": rss, "rss_before_read_bytes": base, "collection_array_bytes": final}))
+                  "maxrss_bytes": rss, "rss_before_read_bytes": base, "collection_array_bytes": final,
+                  "native_built": NATIVE, "chunks_by_parser": getattr(stats, "chunks_by_parser", None)}))
 """
 
 
@@ -56,11 +68,12 @@ def _one(src: Path, path: str, workers: int) -> dict:
 
 
 def stages(path: str, chunks: int = 6) -> dict[str, float]:
-    """Microseconds a document of each stage of the columnar path, on the first ``chunks`` chunks."""
+    """Microseconds a document of each stage of the columnar path, on the first ``chunks`` chunks,
+    and of the native pass where its module is built."""
     sys.path.insert(0, str(ROOT / "src"))
     import numpy as np
 
-    from gpusparse import Vocabulary, jsonl_keys, jsonl_numbers
+    from gpusparse import Vocabulary, jsonl_keys, jsonl_native, jsonl_numbers
     from gpusparse import jsonl_columns as jc
 
     vocab = Vocabulary.bert()
@@ -105,6 +118,9 @@ def stages(path: str, chunks: int = 6) -> dict[str, float]:
         c = tick("token ids (hash table)", c)
         jc.columns_of_chunk(chunk, table, vocab.lookup, "error")
         c = tick("all (columns_of_chunk)", c)
+        if jsonl_native.NATIVE:
+            jsonl_native.native_columns(chunk, table, vocab.lookup, "error")
+            c = tick("the native pass (jsonl_native.native_columns)", c)
     return {k: round(v / docs * 1e6, 2) for k, v in t.items()}
 
 
@@ -122,6 +138,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--before", default=None, help="commit to compare with (its src/ is exported; needs git)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--workers", default="1", help="comma-separated worker counts; 0: all cores")
+    p.add_argument("--columnar", action="store_true", help="also time this checkout without its C module")
     p.add_argument("--stages", action="store_true")
     p.add_argument("--out", default=None)
     p.add_argument("--note", default="")
@@ -134,6 +151,9 @@ def main(argv: list[str] | None = None) -> dict:
             archive = subprocess.run(["git", "archive", args.before, "src"], cwd=ROOT, capture_output=True, check=True)
             subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
             trees = {"before": Path(tmp) / "src", **trees}
+        if args.columnar:
+            shutil.copytree(ROOT / "src", Path(tmp) / "columnar", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+            trees["columnar"] = Path(tmp) / "columnar"
         for r in range(args.rounds):
             for w in [int(x) for x in args.workers.split(",")]:
                 for code, src in trees.items():
@@ -146,6 +166,8 @@ def main(argv: list[str] | None = None) -> dict:
                     beyond = peak - row["collection_array_bytes"]
                     row["beyond_collection_bytes_per_posting"] = beyond / row["postings"]
                     runs.append(row)
+                    if code == "after" and not row["native_built"]:
+                        print("WARNING: gpusparse._jsonl_native is not built in this checkout", file=sys.stderr)
                     print(json.dumps(row), file=sys.stderr, flush=True)
     one = [r for r in runs if r["workers"] == 1]
     many = [r for r in runs if r["workers"] > 1]

@@ -131,6 +131,7 @@ class _Commit:
             b.indptr.frombytes((b.indptr[-1] + np.cumsum(res.lengths)).tobytes())
             b.add_postings(first, res.terms, res.weights, res.bad_weights)
         self.stats.unknown_tokens_skipped += res.unknown_skipped
+        self.stats.chunks_by_parser[res.parser] = self.stats.chunks_by_parser.get(res.parser, 0) + 1
         if res.error is not None:
             reason, ln, fld = res.error
             raise InputError(reason, path=path, line=base + ln, field=fld)

@@ -2,14 +2,16 @@
 
 :func:`parse_chunk` turns the bytes of whole lines into compact arrays (ids, line numbers,
 postings per record, int32 term ids, float32 weights: :class:`ChunkResult`). It first tries
-the fast path: orjson decodes each line, and the per-posting work runs in C over the whole
-chunk (all tokens → ids with one ``itemgetter`` call and one ``bytes.join``, all weights
-with one ``np.fromiter``). The fast path takes a chunk only when it is sure the strict path
-would read it the same; on any doubt or error it gives up and the chunk is parsed again,
-line by line, by the strict path (:func:`strict_line`), which produces the exact error
-message and stops there. Both paths parse weights as float64 (as ``json`` does), check them
-(:func:`weight_problems`) and convert them to float32 in the chunk, so a read never holds
-float64 weights beyond one chunk.
+the native pass (:mod:`gpusparse.jsonl_native`: one C pass over the chunk, float32 weights
+and their problems found there), then the numpy columnar path
+(:mod:`gpusparse.jsonl_columns`), then the orjson path: orjson decodes each line, and the
+per-posting work runs in C over the whole chunk (all tokens → ids with one ``itemgetter``
+call and one ``bytes.join``, all weights with one ``np.fromiter``). Each fast path takes a
+chunk only when it is sure the strict path would read it the same; on any doubt or error it
+gives up and the next one tries, the last being the strict path (:func:`strict_line`), line
+by line, which produces the exact error message and stops there. The paths in Python parse
+weights as float64 (as ``json`` does), check them (:func:`weight_problems`) and convert them
+to float32 in the chunk, so a read never holds float64 weights beyond one chunk.
 
 Checks that depend on other chunks (duplicate ids across chunks, weight values over the
 whole read) are reported by the caller (:mod:`gpusparse.formats`), so chunks can be parsed
@@ -35,6 +37,7 @@ import orjson
 from .collection import _short, check_id, id_problem, json_type_name
 from .errors import InputError
 from .jsonl_columns import KeyTable, columns_of_chunk
+from .jsonl_native import native_columns, warn_if_missing
 from .vocab import Vocabulary
 
 Unknown = Literal["error", "skip"]
@@ -64,6 +67,7 @@ class TokenIds:
         if not vocab.is_integer:
             self._tokens = vocab.tokens()
             self.table = KeyTable(self._tokens)
+            warn_if_missing()  # once, in the process that sets up the read
 
     @property
     def packed(self) -> dict[str, bytes] | None:
@@ -97,6 +101,7 @@ class ChunkResult:
     bad_weights: tuple[tuple[int, float] | None, ...]  # per WEIGHT_CHECKS: (record in chunk, value)
     unknown_skipped: int = 0
     newlines: int = 0  # newline characters in the chunk: the next chunk's line offset
+    parser: str = "strict"  # which path read the chunk: native, columnar, orjson, strict
     # The strict path's error, if any: (reason, relative line, field). The records above
     # are those before the error line, so the caller can report earlier problems first.
     error: tuple[str, int, str | None] | None = None
@@ -338,6 +343,7 @@ def _fast_chunk(data: bytes, ids_of: TokenIds, unknown: Unknown) -> ChunkResult:
         values, lengths = values[skipped.keep], skipped.lengths
     res = _result(ids, np.array(lines, np.int64), lengths, terms, values, data.count(b"\n"))
     res.unknown_skipped = 0 if skipped is None else skipped.dropped
+    res.parser = "orjson"
     return res
 
 
@@ -378,29 +384,54 @@ def _no_repeats(line: bytes, obj: dict[str, Any], vec: dict[str, Any]) -> bool:
     return line.count(b":") == len(obj) + len(vec) + inside
 
 
-def _columns_chunk(data: bytes, ids_of: TokenIds, unknown: Unknown) -> ChunkResult:
-    """The chunk read by :func:`~gpusparse.jsonl_columns.columns_of_chunk` (no Python object a posting)."""
-    cols = None if ids_of.table is None else columns_of_chunk(data, ids_of.table, ids_of.get, unknown)
-    if cols is None:
-        raise _Fallback
-    ids = cols.raw_ids
+def _checked_ids(ids: list[object]) -> list[str]:
+    """Raw ids (strings or integers) as :func:`check_id` reads them; an error raises."""
     joined = "".join(ids) if set(map(type, ids)) == {str} else None  # type: ignore[arg-type]
     if joined is None or not joined.isprintable() or " " in joined or "" in ids:  # else all pass id_problem
         for i, raw in enumerate(ids):
             if type(raw) is not str or id_problem(raw) is not None:
                 ids[i] = check_id(raw)  # an integer id, or an error
-    res = _result(ids, cols.lines, cols.lengths, cols.terms, cols.values, cols.newlines)  # type: ignore[arg-type]
+    return ids  # type: ignore[return-value]
+
+
+def _native_chunk(data: bytes, ids_of: TokenIds, unknown: Unknown) -> ChunkResult:
+    """The chunk read by the C pass (:func:`~gpusparse.jsonl_native.native_columns`)."""
+    cols = None if ids_of.table is None else native_columns(data, ids_of.table, ids_of.get, unknown)
+    if cols is None:
+        raise _Fallback
+    return ChunkResult(
+        ids=_checked_ids(cols.ids),
+        lines=cols.lines,
+        lengths=cols.lengths,
+        terms=cols.terms,
+        weights=cols.weights,
+        bad_weights=(None, cols.negative, cols.beyond_f32),  # (a weight not finite: refused by the pass)
+        unknown_skipped=cols.unknown_skipped,
+        newlines=cols.newlines,
+        parser="native",
+    )
+
+
+def _columns_chunk(data: bytes, ids_of: TokenIds, unknown: Unknown) -> ChunkResult:
+    """The chunk read by :func:`~gpusparse.jsonl_columns.columns_of_chunk` (no Python object a posting)."""
+    cols = None if ids_of.table is None else columns_of_chunk(data, ids_of.table, ids_of.get, unknown)
+    if cols is None:
+        raise _Fallback
+    ids = _checked_ids(cols.raw_ids)
+    res = _result(ids, cols.lines, cols.lengths, cols.terms, cols.values, cols.newlines)
     res.unknown_skipped = cols.unknown_skipped
+    res.parser = "columnar"
     return res
 
 
 def parse_chunk(data: bytes, ids_of: TokenIds, unknown: Unknown) -> ChunkResult:
-    """Records of ``data`` (whole lines): by columns when possible, else by orjson, else as
-    the strict path reads them."""
-    try:
-        return _columns_chunk(data, ids_of, unknown)
-    except (_Fallback, InputError):
-        pass
+    """Records of ``data`` (whole lines): by the native pass when possible, else by
+    columns, else by orjson, else as the strict path reads them."""
+    for fast in (_native_chunk, _columns_chunk):
+        try:
+            return fast(data, ids_of, unknown)
+        except (_Fallback, InputError):
+            pass
     try:
         return _fast_chunk(data, ids_of, unknown)
     except (_Fallback, InputError, orjson.JSONDecodeError, TypeError, OverflowError, ValueError, RecursionError):

@@ -31,6 +31,8 @@ class ReadStats:
     empty_vectors: int = 0
     unknown_tokens_skipped: int = 0
     zero_weights_dropped: int = 0
+    # JSONL chunks by the path that read them (native, columnar, orjson, strict): how a read went
+    chunks_by_parser: dict[str, int] = field(default_factory=dict)
 
     def summary(self) -> str:
         """One line for the CLI."""
