@@ -361,7 +361,8 @@ class SpladeEncoder(TextEncoder):
         if self._graphs is not None and self._graphs.batch_size != self.batch_size:  # batch_size was changed
             self._graphs.close()
             self._graphs = self._bucketed(capture=self._graphs.capture)
-        pad_to = None if self._graphs is None else functools.partial(bucket_length, max_length=max_length)
+        graphs = self._graphs is not None and self._graphs.failed is None
+        pad_to = functools.partial(bucket_length, max_length=max_length) if graphs else None
         tokens = token_batches(
             texts, tokenize, self.batch_size, window=self.sort_window, pin=pin, timer=stats.stages, pad_to=pad_to
         )
