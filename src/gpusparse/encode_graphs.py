@@ -24,12 +24,14 @@ token's logits instead of being masked (sum pooling masks, as without graphs); t
 land in a static output that the caller copies before the next replay. The graphs share one
 memory pool, so their temporaries take about one forward's worth of memory.
 
-Safety. Each capture is checked before use: the graph is replayed on the batch with rows of
-lengths spread over ``1 .. bucket`` and compared with the eager forward (2-D mask) on the same
-input. If a capture raises (a host sync in the model, an attention implementation other than
-``sdpa`` or ``eager``, another transformers version's mask handling) or the check fails, the
-encoder warns once, saying why, and runs eagerly from then on. Captures are lazy (a bucket's
-first batch), at most ``max_graphs``; batches of other lengths run eagerly.
+Safety. The warm-up before a capture runs with PyTorch's sync debug mode at ``"error"``, so a
+model that asks the device anything fails there, before the capture. Each capture is checked
+before use: the graph is replayed on the batch with rows of lengths spread over ``1 .. bucket``
+and compared with the eager forward (2-D mask) on the same input. If any of this raises (a host
+sync in the model, an attention implementation other than ``sdpa`` or ``eager``, another
+transformers version's mask handling) or the check fails, the encoder warns once, saying why,
+and runs eagerly from then on. Captures are lazy (a bucket's first batch), at most
+``max_graphs``; batches of other lengths run eagerly.
 
 On the CPU the same padding and model call run without capture (``capture=False``), so the
 logic above is tested without a GPU.
@@ -237,18 +239,29 @@ class BucketedForward:
         self._fill(ids_v, mask_v, ids, mask)
         with torch.cuda.device(self.device):
             current = torch.cuda.current_stream()
-            side = torch.cuda.Stream()
-            side.wait_stream(current)
-            with torch.cuda.stream(side):  # warm up (lazy initialisations) off the capturing stream
-                out.copy_(self._run(ids_v, mask_v))
-            current.wait_stream(side)
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            graph = torch.cuda.CUDAGraph()
-            # thread_local: the tokenising thread allocates pinned memory meanwhile, which is no
-            # part of the capture.
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                out.copy_(self._run(ids_v, mask_v))
+            try:
+                side = torch.cuda.Stream()
+                side.wait_stream(current)
+                # Warm up (lazy initialisations) off the capturing stream, with PyTorch refusing any
+                # host sync: a model that syncs fails here, before a capture that would leave the
+                # allocator's capture state behind when it fails.
+                debug = torch.cuda.get_sync_debug_mode()
+                torch.cuda.set_sync_debug_mode("error")
+                try:
+                    with torch.cuda.stream(side):
+                        out.copy_(self._run(ids_v, mask_v))
+                finally:
+                    torch.cuda.set_sync_debug_mode(debug)
+                current.wait_stream(side)
+                if self._pool is None:
+                    self._pool = torch.cuda.graph_pool_handle()
+                graph = torch.cuda.CUDAGraph()
+                # thread_local: the tokenising thread allocates pinned memory meanwhile, which is
+                # no part of the capture.
+                with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                    out.copy_(self._run(ids_v, mask_v))
+            finally:
+                torch.cuda.set_stream(current)  # a failed capture_end leaves its stream current
             self._check(graph, ids_v, mask_v, out)
         self._fill(ids_v, mask_v, ids, mask)
         self.graphs[length] = graph
