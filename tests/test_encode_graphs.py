@@ -4,6 +4,7 @@ on against graphs off."""
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import numpy as np
@@ -139,6 +140,87 @@ def test_check_of_a_capture_catches_a_wrong_mask(texts, monkeypatch):
         monkeypatch.setattr(encode_graphs, "capturable_mask", everything)
         with pytest.raises(GraphsUnavailable, match="differs from the eager one"):
             fwd._check(_FakeGraph(fwd, ids_v, mask_v, out), ids_v, mask_v, out)
+
+
+class _FakeCuda:
+    """Enough of ``torch.cuda`` for :meth:`BucketedForward._capture` on the CPU: a 'capture' notes
+    the ``_run`` it saw, a replay runs it again into the static output."""
+
+    def __init__(self, fwd: BucketedForward, fail_capture: bool = False) -> None:
+        self.fwd, self.fail_capture, self.events = fwd, fail_capture, []
+        self.stream = "default"
+        run = fwd._run
+
+        def noted(ids, mask):
+            self.last = (ids, mask)
+            return run(ids, mask)
+
+        fwd._run = noted  # type: ignore[method-assign]
+        self.run = run
+        fake = self
+
+        class Stream:
+            def wait_stream(self, other):
+                pass
+
+        class CUDAGraph:
+            def replay(self):
+                fake.events.append("replay")
+                fake.fwd._buffers[2].copy_(fake.run(*self.args))
+
+        @contextlib.contextmanager
+        def graph(g, pool=None, capture_error_mode="global"):
+            assert capture_error_mode == "thread_local" and pool is not None
+            fake.stream = "capture"
+            yield
+            if fake.fail_capture:
+                raise RuntimeError("operation not permitted when stream is capturing")
+            g.args = fake.last
+            fake.stream = "default"
+            fake.events.append("captured")
+
+        self.patches = {
+            "device": lambda d: contextlib.nullcontext(),
+            "current_stream": lambda: Stream(),
+            "Stream": Stream,
+            "stream": lambda s: contextlib.nullcontext(),
+            "get_sync_debug_mode": lambda: 0,
+            "set_sync_debug_mode": lambda mode: self.events.append(f"sync debug {mode}"),
+            "graph_pool_handle": lambda: "pool",
+            "CUDAGraph": CUDAGraph,
+            "graph": graph,
+            "set_stream": lambda stream: setattr(self, "stream", "default"),
+        }
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_capture_path_on_a_fake_cuda(texts, monkeypatch, fail):
+    """The Python side of capturing and replaying (static buffers shared by the buckets, a last
+    partial batch, the check, the stream and sync mode put back after a failure) with a stand-in
+    for the CUDA calls."""
+    enc = encoder(cuda_graphs=False)
+    want = dense(enc.encode_documents(texts))
+    enc._graphs = fwd = enc._bucketed(capture=False)
+    fwd.capture = True
+    fake = _FakeCuda(fwd, fail_capture=fail)
+    for name, value in fake.patches.items():
+        monkeypatch.setattr(torch.cuda, name, value)
+    if fail:
+        with pytest.warns(RuntimeWarning, match="CUDA graphs are off.*not permitted"):
+            got = dense(enc.encode_documents(texts))
+        assert fake.stream == "default" and fake.events[-2:] == ["sync debug error", "sync debug 0"]
+        assert fwd.summary()["graphs"] == 0
+    else:
+        got = dense(enc.encode_documents(texts))
+        stats = fwd.summary()
+        assert stats["graphs"] >= 3 and stats["failed"] is None and stats["eager_batches"] == 0
+        assert fake.events.count("captured") == stats["graphs"]
+        # a check replay per capture, and one replay per batch
+        assert fake.events.count("replay") > 2 * stats["graphs"]
+        again = dense(enc.encode_documents(texts[::-1]))[::-1]  # other batches (and maybe buckets)
+        assert fake.events.count("captured") == fwd.summary()["graphs"] >= stats["graphs"]
+        assert_same_vectors(again, want, rtol=1e-5, atol=1e-5, clear=1e-5)
+    assert_same_vectors(got, want, rtol=1e-5, atol=1e-5, clear=1e-5)
 
 
 def test_cuda_graphs_option():
