@@ -22,11 +22,11 @@ says which. Every part records seconds, passages/s and the peak GPU memory (torc
 used by encoding or index building, and its pool is reported if it was imported).
 
 Where the time goes, in the same run: each of ``--variants`` (``VARIANTS``: by default ``rust``, the
-eager forward as before CUDA graphs, and ``new``, the defaults: the forward replayed as CUDA graphs,
-one per length bucket) encodes the same passages; its row has its passages/s, its GPU memory over
-every allocator (``bench/gpu_peaks.py``, peak since the variant started), the CUDA-graph counts
-(graphs, capture seconds: the first repetition captures, ``encode_s_reps`` shows what that cost),
-the host seconds by stage (``EncodeStats.stages``: the
+eager forward as before CUDA graphs; ``new``, the defaults: the forward replayed as CUDA graphs,
+one per length bucket; ``gwords``, that with the word cache) encodes the same passages; its row
+has its passages/s, its GPU memory over every allocator (``bench/gpu_peaks.py``, peak since the
+variant started), the CUDA-graph counts (graphs, capture seconds: the first repetition captures,
+``encode_s_reps`` shows what that cost), the host seconds by stage (``EncodeStats.stages``: the
 tokenising thread's tokenise and pad; the model thread's wait for token batches, launches, waits
 for the device, host work, reordering) and the device's (CUDA events around each batch's forward:
 busy seconds, gaps between forwards, the wait before the first one). The bare rows time the model
@@ -75,15 +75,18 @@ ROOT = Path(__file__).resolve().parents[1]
 # of the model, one batch queued (the pipeline of c4d8959, but with its first windows small);
 # "rust": the Rust tokenizer a window ahead, two batches queued, the eager forward (the defaults of
 # c3cf867); "words": that with ASCII texts through the word cache; "new": the defaults (the forward
-# as CUDA graphs); "ahead1": the defaults with one batch queued.
+# as CUDA graphs); "gwords": the defaults with the word cache (with graphs the thread running the
+# model holds the GIL far less, which the word cache needs); "ahead1": the defaults with one batch
+# queued.
 VARIANTS: dict[str, dict] = {
     "old": {"word_cache": False, "prefetch": 4, "ahead": 1, "cuda_graphs": False},
     "rust": {"word_cache": False, "prefetch": None, "ahead": 2, "cuda_graphs": False},
     "words": {"word_cache": True, "prefetch": None, "ahead": 2, "cuda_graphs": False},
     "new": {"word_cache": False, "prefetch": None, "ahead": 2, "cuda_graphs": True},
+    "gwords": {"word_cache": True, "prefetch": None, "ahead": 2, "cuda_graphs": True},
     "ahead1": {"word_cache": False, "prefetch": None, "ahead": 1, "cuda_graphs": True},
 }
-DEFAULT_VARIANTS = ["rust", "new"]
+DEFAULT_VARIANTS = ["rust", "new", "gwords"]
 
 
 def _apply(enc: SpladeEncoder, variant: dict) -> None:
