@@ -193,8 +193,8 @@ class _FakeCuda:
         }
 
 
-@pytest.mark.parametrize("fail", [False, True])
-def test_capture_path_on_a_fake_cuda(texts, monkeypatch, fail):
+@pytest.mark.parametrize("mode", ["capture", "fail", "bounded"])
+def test_capture_path_on_a_fake_cuda(texts, monkeypatch, mode):
     """The Python side of capturing and replaying (static buffers shared by the buckets, a last
     partial batch, the check, the stream and sync mode put back after a failure) with a stand-in
     for the CUDA calls."""
@@ -202,10 +202,15 @@ def test_capture_path_on_a_fake_cuda(texts, monkeypatch, fail):
     want = dense(enc.encode_documents(texts))
     enc._graphs = fwd = enc._bucketed(capture=False)
     fwd.capture = True
-    fake = _FakeCuda(fwd, fail_capture=fail)
+    fake = _FakeCuda(fwd, fail_capture=mode == "fail")
     for name, value in fake.patches.items():
         monkeypatch.setattr(torch.cuda, name, value)
-    if fail:
+    if mode == "bounded":
+        fwd.max_graphs = 2
+        got = dense(enc.encode_documents(texts))
+        stats = fwd.summary()
+        assert stats["graphs"] == 2 and stats["eager_batches"] > 0 and stats["failed"] is None
+    elif mode == "fail":
         with pytest.warns(RuntimeWarning, match="CUDA graphs are off.*not permitted"):
             got = dense(enc.encode_documents(texts))
         assert fake.stream == "default" and fake.events[-2:] == ["sync debug error", "sync debug 0"]

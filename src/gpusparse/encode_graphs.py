@@ -39,6 +39,7 @@ logic above is tested without a GPU.
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 from contextlib import nullcontext
@@ -113,6 +114,7 @@ class BucketedForward:
         self._pad: torch.Tensor | None = None
         self._buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self._pool: Any = None
+        self._lock = threading.Lock()  # the static buffers are shared: one batch at a time, whatever the thread
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         self._hook = (
             head.register_forward_pre_hook(self._padding_as_first)
@@ -154,20 +156,21 @@ class BucketedForward:
             except Exception as exc:  # the same failures a capture would meet, on the CPU
                 self._fail(exc)
                 return self.eager(ids, mask, shortest)
-        graph = self.graphs.get(length)
-        if graph is None:
-            if len(self.graphs) >= self.max_graphs:
-                self.eager_batches += 1
-                return self.eager(ids, mask, shortest)
-            try:
-                graph = self._capture(ids, mask)
-            except Exception as exc:  # whatever the model does under capture: eager from now on, loudly
-                self._fail(exc)
-                return self.eager(ids, mask, shortest)
-        ids_v, mask_v, out = self._views(length)
-        self._fill(ids_v, mask_v, ids, mask)
-        graph.replay()
-        return out[:b].clone()
+        with self._lock:
+            graph = self.graphs.get(length)
+            if graph is None and len(self.graphs) < self.max_graphs and self.failed is None:
+                try:
+                    graph = self._capture(ids, mask)
+                except Exception as exc:  # whatever the model does under capture: eager from now on, loudly
+                    self._fail(exc)
+            if graph is not None:
+                ids_v, mask_v, out = self._views(length)
+                self._fill(ids_v, mask_v, ids, mask)
+                graph.replay()
+                return out[:b].clone()
+        if self.failed is None:
+            self.eager_batches += 1  # more buckets than max_graphs
+        return self.eager(ids, mask, shortest)
 
     # -- internals ----------------------------------------------------------------------
 
