@@ -127,6 +127,8 @@ def make_encoder(
         )
     except ImportError as exc:  # the backend's package is missing: the message names the extra
         raise GPUSparseError(str(exc)) from None
+    except GPUSparseError:  # a bad model folder (InputError) and the like: reported as they are
+        raise
     except ValueError as exc:  # an option the encoder refuses (e.g. --cuda-graphs on without a GPU): one line
         raise click.UsageError(str(exc)) from None
     how = "sentence-transformers SparseEncoder" if backend == "sentence-transformers" else f"{pooling} pooling"
