@@ -21,13 +21,18 @@ to ``--passages``; synthetic passages (random vocabulary words) when no folder i
 says which. Every part records seconds, passages/s and the peak GPU memory (torch; CuPy is not
 used by encoding or index building, and its pool is reported if it was imported).
 
-Where the time goes, in the same run: each of ``--variants`` (``VARIANTS``: the Rust tokenizer 4
-batches ahead as before, the Rust tokenizer a window ahead, and the defaults with the word cache)
-encodes the same passages; its row has the host seconds by stage (``EncodeStats.stages``: the
+Where the time goes, in the same run: each of ``--variants`` (``VARIANTS``: by default ``rust``, the
+eager forward as before CUDA graphs; ``new``, the defaults: the forward replayed as CUDA graphs,
+one per length bucket; ``gwords``, that with the word cache) encodes the same passages; its row
+has its passages/s, its GPU memory over every allocator (``bench/gpu_peaks.py``, peak since the
+variant started), the CUDA-graph counts (graphs, capture seconds: the first repetition captures,
+``encode_s_reps`` shows what that cost), the host seconds by stage (``EncodeStats.stages``: the
 tokenising thread's tokenise and pad; the model thread's wait for token batches, launches, waits
 for the device, host work, reordering) and the device's (CUDA events around each batch's forward:
 busy seconds, gaps between forwards, the wait before the first one). The bare rows time the model
-alone and the model with the pooling on batches already on the device.
+alone (eager, as a user would call it: the issue's reference "bare forward"), the model with the
+pooling (eager), and the encoder's graphs on batches padded to its buckets, all on batches already
+on the device.
 
 Usage (GPU machine, from the repository root, with splade-tiny at ./shared/models/splade-tiny):
     python bench/encode.py --out $OUT --commit $(git rev-parse --short HEAD)
@@ -52,33 +57,50 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gpu_peaks import gpu_memory  # bench/gpu_peaks.py
 from gpusparse import Index, encode_device, read_vectors
 from gpusparse.beir import read_beir
 from gpusparse.encode import EncodeStats, SpladeEncoder, random_bert_base
+from gpusparse.encode_graphs import bucket_length
 from gpusparse.encode_tokens import Tokenize, token_batches
 from gpusparse.vector_writers import write_seismic_bin
 from gpusparse.vectors_npz import write_npz
 
 ROOT = Path(__file__).resolve().parents[1]
 # Encoder settings compared in one run (--variants; "ahead": batches queued on the device beyond
-# the one the host waits for, encode_device._AHEAD). "old": tokenised by the Rust tokenizer,
-# 4 batches ahead of the model, one batch queued (the pipeline of c4d8959, but with its first
-# windows small); "rust": the Rust tokenizer a window ahead, two batches queued; "new": the
-# defaults (ASCII texts through the word cache); "ahead1": the defaults with one batch queued.
+# the one the host waits for, encode_device._AHEAD; "cuda_graphs": the forward replayed as CUDA
+# graphs per length bucket, encode_graphs). "old": tokenised by the Rust tokenizer, 4 batches ahead
+# of the model, one batch queued (the pipeline of c4d8959, but with its first windows small);
+# "rust": the Rust tokenizer a window ahead, two batches queued, the eager forward (the defaults of
+# c3cf867); "words": that with ASCII texts through the word cache; "new": the defaults (the forward
+# as CUDA graphs); "gwords": the defaults with the word cache (with graphs the thread running the
+# model holds the GIL far less, which the word cache needs); "ahead1": the defaults with one batch
+# queued.
 VARIANTS: dict[str, dict] = {
-    "old": {"word_cache": False, "prefetch": 4, "ahead": 1},
-    "rust": {"word_cache": False, "prefetch": None, "ahead": 2},
-    "new": {"word_cache": True, "prefetch": None, "ahead": 2},
-    "ahead1": {"word_cache": True, "prefetch": None, "ahead": 1},
+    "old": {"word_cache": False, "prefetch": 4, "ahead": 1, "cuda_graphs": False},
+    "rust": {"word_cache": False, "prefetch": None, "ahead": 2, "cuda_graphs": False},
+    "words": {"word_cache": True, "prefetch": None, "ahead": 2, "cuda_graphs": False},
+    "new": {"word_cache": False, "prefetch": None, "ahead": 2, "cuda_graphs": True},
+    "gwords": {"word_cache": True, "prefetch": None, "ahead": 2, "cuda_graphs": True},
+    "ahead1": {"word_cache": False, "prefetch": None, "ahead": 1, "cuda_graphs": True},
 }
-DEFAULT_VARIANTS = ["old", "rust", "new"]
+DEFAULT_VARIANTS = ["rust", "new", "gwords"]
 
 
 def _apply(enc: SpladeEncoder, variant: dict) -> None:
     for key, value in variant.items():
         if key == "ahead":
             encode_device._AHEAD = value
+        elif key == "cuda_graphs":
+            # One graph set per encoder, kept across variants (captured once). On the CPU the same
+            # bucketed forward runs without capture (the dry run exercises the padding).
+            graphs = getattr(enc, "_bench_graphs", None) or enc._graphs
+            if graphs is None and value:
+                graphs = enc._bucketed(capture=enc.device.type == "cuda")
+            enc._bench_graphs = graphs  # type: ignore[attr-defined]
+            enc._graphs = graphs if value else None
         else:
             setattr(enc, key, value)
 
@@ -120,9 +142,13 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _reset_peak(device: torch.device) -> None:
+def _reset_peak(device: torch.device, *, release: bool = False) -> None:
+    """Peaks from now on; ``release``: first hand PyTorch's cached, unused blocks back (the graphs'
+    pool stays), so that a variant's reserved peak is its own."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+        if release:
+            torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
 
 
@@ -137,33 +163,56 @@ def _peak(device: torch.device) -> dict:
     return out
 
 
-def bare_forward(enc: SpladeEncoder, texts: list[str], max_length: int, reps: int) -> tuple[float, float, int]:
-    """Seconds of ``model(ids, mask).logits`` over the encoder's batches of ``texts``, already on
-    the device, and of the encoder's forward (the model and the SPLADE pooling) over the same
-    batches: the device's share of ``encode`` but for the extraction of the non-zeros."""
+def _device_batches(enc: SpladeEncoder, texts: list[str], max_length: int, buckets: bool) -> list[tuple]:
+    """The encoder's batches of ``texts`` on its device: ``(ids, mask, shortest)``, each padded to
+    its longest text or (``buckets``) to the encoder's length bucket."""
     tok = Tokenize(enc.tokenizer, max_length)
-    batches = []
-    tokens = 0
-    for tb in token_batches(texts, tok, enc.batch_size, window=enc.sort_window):
+    pad_to = (lambda n: bucket_length(n, max_length)) if buckets else None
+    out = []
+    for tb in token_batches(texts, tok, enc.batch_size, window=enc.sort_window, pad_to=pad_to):
         ids = tb.input_ids.to(enc.device).long()
         mask = (torch.arange(ids.shape[1], device=enc.device)[None, :] < tb.lengths_t.to(enc.device)[:, None]).long()
-        batches.append((ids, mask, int(tb.lengths.min())))
-        tokens += int(ids.numel())
-    best, best_pool = float("inf"), float("inf")
+        out.append((ids, mask, int(tb.lengths.min())))
+    return out
+
+
+def bare_forward(enc: SpladeEncoder, texts: list[str], max_length: int, reps: int) -> dict:
+    """Seconds (best of ``reps``) over the encoder's batches of ``texts``, already on the device:
+    ``bare_s``, ``model(ids, mask).logits`` eagerly (the issue's reference: the model's forward as
+    a user runs it); ``bare_pool_s``, the encoder's eager forward (model and SPLADE pooling);
+    ``bare_graphs_s``, the encoder's CUDA graphs on the same batches padded to its buckets (the
+    device's share of ``encode`` but for the extraction of the non-zeros; ``None`` without graphs);
+    and the padded tokens of each."""
+    batches = _device_batches(enc, texts, max_length, buckets=False)
+    graphs = getattr(enc, "_bench_graphs", None) or enc._graphs
+    bucketed = _device_batches(enc, texts, max_length, buckets=True) if graphs is not None else []
+    best = {"bare_s": float("inf"), "bare_pool_s": float("inf"), "bare_graphs_s": float("inf")}
+
+    def model(ids, mask, shortest):
+        with torch.autocast(enc.device.type, dtype=enc.autocast_dtype) if enc.autocast_dtype else nullcontext():
+            return enc.model(input_ids=ids, attention_mask=mask).logits
+
+    runs = [("bare_s", model, batches), ("bare_pool_s", enc._eager_forward, batches)]
+    if graphs is not None:
+        runs.append(("bare_graphs_s", graphs, bucketed))
     with torch.inference_mode():
+        if graphs is not None:
+            for ids, mask, shortest in bucketed:  # capture every bucket before timing
+                graphs(ids, mask, shortest)
         for _ in range(reps):
-            _sync(enc.device)
-            t0 = time.perf_counter()
-            for ids, mask, _ in batches:
-                with torch.autocast(enc.device.type, dtype=enc.autocast_dtype) if enc.autocast_dtype else nullcontext():
-                    enc.model(input_ids=ids, attention_mask=mask).logits  # noqa: B018 (the forward pass is the point)
-            _sync(enc.device)
-            t1 = time.perf_counter()
-            for ids, mask, shortest in batches:
-                enc._forward(ids, mask, shortest)
-            _sync(enc.device)
-            best, best_pool = min(best, t1 - t0), min(best_pool, time.perf_counter() - t1)
-    return best, best_pool, tokens
+            for name, forward, data in runs:
+                _sync(enc.device)
+                t0 = time.perf_counter()
+                for ids, mask, shortest in data:
+                    forward(ids, mask, shortest)
+                _sync(enc.device)
+                best[name] = min(best[name], time.perf_counter() - t0)
+    return {
+        **best,
+        "bare_graphs_s": best["bare_graphs_s"] if graphs is not None else None,
+        "padded_tokens": sum(int(ids.numel()) for ids, _, _ in batches),
+        "bucket_padded_tokens": sum(int(ids.shape[1]) * enc.batch_size for ids, _, _ in bucketed) or None,
+    }
 
 
 def tokenize_only(enc: SpladeEncoder, texts: list[str]) -> float:
@@ -250,6 +299,7 @@ def run_variants(enc: SpladeEncoder, texts: list[str], args, prune_top: int | No
     tokenize_s: dict[bool, float] = {}  # by word_cache: the variants share it
     for name in args.variants:
         _apply(enc, VARIANTS[name])
+        _reset_peak(enc.device, release=True)
         r = timed_encode(enc, texts, prune_top, args.reps)
         if enc.word_cache not in tokenize_s:
             tokenize_s[enc.word_cache] = tokenize_only(enc, texts)
@@ -265,6 +315,8 @@ def run_variants(enc: SpladeEncoder, texts: list[str], args, prune_top: int | No
             "stages": r["stages"],
             "device": r["device"],
             "nnz": r["coll"].nnz,
+            "memory": gpu_memory(enc.device),
+            "cuda_graphs": enc.cuda_graph_stats,
         }
     _apply(enc, VARIANTS["new"])
     return out
@@ -272,13 +324,16 @@ def run_variants(enc: SpladeEncoder, texts: list[str], args, prune_top: int | No
 
 def encode_vs_bare(name: str, enc: SpladeEncoder, texts: list[str], args, prune_top: int | None) -> dict:
     enc.encode_documents(texts[: enc.batch_size * 4], prune_top=prune_top)  # warm up kernels and allocator
+    _apply(enc, VARIANTS["new"])
     _reset_peak(enc.device)
-    bare_s, pool_s, padded_tokens = bare_forward(enc, texts, enc.doc_max_length, args.reps)
+    bare = bare_forward(enc, texts, enc.doc_max_length, args.reps)
+    bare_s, pool_s, padded_tokens = bare["bare_s"], bare["bare_pool_s"], bare["padded_tokens"]
     bare_peak = _peak(enc.device)
     _reset_peak(enc.device)
     variants = run_variants(enc, texts, args, prune_top, bare_s)
-    if len({v["nnz"] for v in variants.values()}) != 1:
-        raise RuntimeError(f"{name}: the variants' vectors differ in their number of non-zeros")
+    nnz = [v["nnz"] for v in variants.values()]
+    if max(nnz) - min(nnz) > 1e-3 * max(nnz):  # graphs pad to buckets: half-precision rounding may differ
+        raise RuntimeError(f"{name}: the variants' vectors differ in their number of non-zeros: {nnz}")
     main = variants["new"] if "new" in variants else next(iter(variants.values()))
     row = {
         "part": name,
@@ -295,6 +350,9 @@ def encode_vs_bare(name: str, enc: SpladeEncoder, texts: list[str], args, prune_
         "bare_passages_per_s": len(texts) / bare_s,
         "bare_pool_s": pool_s,
         "bare_pool_passages_per_s": len(texts) / pool_s,
+        "bare_graphs_s": bare["bare_graphs_s"],
+        "bare_graphs_passages_per_s": len(texts) / bare["bare_graphs_s"] if bare["bare_graphs_s"] else None,
+        "bucket_padded_tokens": bare["bucket_padded_tokens"],
         "encode_s": main["encode_s"],
         "encode_passages_per_s": main["encode_passages_per_s"],
         "encode_over_bare": main["encode_s"] / bare_s,
@@ -303,6 +361,7 @@ def encode_vs_bare(name: str, enc: SpladeEncoder, texts: list[str], args, prune_
         "variants": variants,
         "bare_memory": bare_peak,
         "encode_memory": _peak(enc.device),
+        "cuda_graphs": enc.cuda_graph_stats,
     }
     print(f"{name}: encode {row['encode_passages_per_s']:,.0f}/s, bare {row['bare_passages_per_s']:,.0f}/s",
           file=sys.stderr, flush=True)  # fmt: skip
@@ -431,10 +490,26 @@ def table(result: dict) -> str:
                 f"{v['tokenize_passages_per_s']:>9,.0f} {v['encode_s']:>7.3f} | {host} | {device}"
             )
         if "bare_pool_s" in r:
+            graphs = (
+                f", graphs on bucket-padded batches {r['bare_graphs_s']:.3f} s "
+                f"({r['bare_graphs_passages_per_s']:,.0f}/s)"
+                if r.get("bare_graphs_s")
+                else ""
+            )
             lines.append(
                 f"{r['part']:<5} {'bare':<7} model {r['bare_s']:.3f} s, model + pooling {r['bare_pool_s']:.3f} s "
-                f"({r['bare_pool_passages_per_s']:,.0f}/s)"
+                f"({r['bare_pool_passages_per_s']:,.0f}/s){graphs}"
             )
+            for name, v in r.get("variants", {}).items():
+                if v.get("memory") or v.get("cuda_graphs"):
+                    mem = (v.get("memory") or {}).get("all_allocators", 0) / 1e9
+                    g = v.get("cuda_graphs") or {}
+                    lines.append(
+                        f"{r['part']:<5} {name:<7} GPU peak {mem:.2f} GB (all allocators); "
+                        f"graphs {g.get('graphs', '-')}, "
+                        f"capture {g.get('capture_s', 0):.2f} s, eager batches {g.get('eager_batches', '-')}, "
+                        f"failed: {g.get('failed')}; reps {', '.join(f'{x:.2f}' for x in v['encode_s_reps'])} s"
+                    )
     return "\n".join(lines)
 
 

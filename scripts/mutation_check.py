@@ -125,6 +125,20 @@ MUTATIONS = [
         "return text.isascii()",
         ("tests/test_encode_wordpiece.py::test_word_cache_equals_the_rust_tokenizer",),
     ),
+    Mutation(
+        "the graphs' max pooling takes padding positions' own logits",
+        "encode_graphs.py",
+        "return (torch.where(pad[..., None], x[:, :1], x), *args[1:])",
+        "return args",
+        ("tests/test_encode_graphs.py::test_bucketed_forward_equals_eager",),
+    ),
+    Mutation(
+        "a replay's vectors are not copied out before the next replay overwrites them",
+        "encode_graphs.py",
+        "return out[:b].clone()",
+        "return out[:b]",
+        ("tests/test_encode_graphs.py::test_capture_path_on_a_fake_cuda",),
+    ),
 ]
 
 

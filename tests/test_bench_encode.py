@@ -32,14 +32,18 @@ def test_encode_benchmark_tiny_run_writes_json(tmp_path, capsys):
     assert base["prune_top"] == 256 and base["mean_nnz"] <= 256
     assert e2e["postings"] == tiny["nnz"] and e2e["npz_bytes"] > 0 and "from cranfield" in saved["texts"]
     for row in (tiny, base):
-        assert list(row["variants"]) == ["old", "rust", "new"] and row["bare_pool_s"] > 0
+        assert list(row["variants"]) == ["rust", "new", "gwords"]
+        assert row["bare_pool_s"] > 0 and row["bare_graphs_s"] > 0
+        assert row["bucket_padded_tokens"] >= row["padded_tokens"]
         for v in row["variants"].values():
-            assert v["nnz"] == row["nnz"] and v["encode_s"] == min(v["encode_s_reps"])
+            assert v["nnz"] == pytest.approx(row["nnz"], rel=1e-3) and v["encode_s"] == min(v["encode_s_reps"])
             assert {"tokenize", "launch", "wait_tokens", "assemble"} <= set(v["stages"]) and v["device"] == {}
+        # On the CPU the graphs variant runs the same bucketed forward without capture.
+        assert row["variants"]["rust"]["cuda_graphs"] is None and row["variants"]["new"]["cuda_graphs"]["graphs"] == 0
     table = capsys.readouterr().out.strip().splitlines()
     assert table[0].split()[:3] == ["part", "passages", "encode/s"] and table[5] == ""
-    assert [line.split()[1] for line in table[8:12]] == ["old", "rust", "new", "bare"]
-    assert len(table) == 16
+    assert [line.split()[1] for line in table[8:14]] == ["rust", "new", "gwords", "bare", "new", "gwords"]
+    assert len(table) == 20
 
 
 @needs_shared

@@ -154,3 +154,22 @@ def test_index_from_ciff(tmp_path) -> None:
     assert_usage_error(run("index", "-o", tmp_path / "neither"))
     assert_one_line_error(run("index", "--ciff", tmp_path / "o8.ciff.gz", "-o", tmp_path / "indexed8"), "exists")
     assert_one_line_error(run("index", "--ciff", tmp_path / "missing.ciff", "-o", tmp_path / "m"))
+
+
+# -- --cuda-graphs -----------------------------------------------------------------------------------
+
+
+@needs_shared
+def test_cuda_graphs_option(beir, tmp_path) -> None:
+    off = ok("encode", beir, *FAST, "-o", tmp_path / "off", "--queries-only", "--cuda-graphs", "off")
+    assert "cpu" in off.stderr
+    auto = ok("encode", beir, *FAST, "-o", tmp_path / "auto", "--queries-only")  # auto: off on the CPU
+    assert lines(tmp_path / "auto" / "queries.jsonl.gz") == lines(tmp_path / "off" / "queries.jsonl.gz")
+    assert "CUDA graphs" not in auto.stderr
+    r = run("encode", beir, *FAST, "-o", tmp_path / "on", "--queries-only", "--cuda-graphs", "on")
+    assert_usage_error(r)
+    assert "needs a CUDA device" in r.stderr
+    r = run("pipeline", beir, *FAST, "-o", tmp_path / "st", "--backend", "sentence-transformers",
+            "--cuda-graphs", "off")  # fmt: skip
+    assert_usage_error(r)
+    assert "--cuda-graphs" in r.stderr

@@ -20,7 +20,8 @@ CSR arrays (what ``gpusparse encode --index`` indexes); :meth:`SpladeEncoder.enc
 them together into a :class:`~gpusparse.collection.SparseCollection`. Texts longer than
 the maximum length are truncated and counted; empty texts give empty vectors without
 running the model. On a GPU the model runs under fp16/bf16 autocast; pooling is always
-done in float32.
+done in float32. On CUDA the forward is captured as CUDA graphs, one per batch-length bucket,
+and replayed (:mod:`gpusparse.encode_graphs`; ``cuda_graphs=False`` runs it eagerly).
 
 ``transformers`` is an optional dependency (``pip install 'gpusparse[encode]'``); it is
 imported when an encoder is created, never when this module is.
@@ -28,6 +29,7 @@ imported when an encoder is created, never when this module is.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import time
@@ -44,6 +46,7 @@ from tqdm.auto import tqdm
 
 from .collection import SparseCollection
 from .encode_device import POOLINGS, Pooling, SparseBatch, assemble, prune, sparse_batches, splade_pool
+from .encode_graphs import BucketedForward, bucket_length
 from .encode_tokens import DEFAULT_SORT_WINDOW, Tokenize, prefetched, token_batches
 from .errors import InputError
 from .vocab import Vocabulary
@@ -204,6 +207,10 @@ class SpladeEncoder(TextEncoder):
             tokenizer (splade-tiny on an H200: 32,113 against 37,809 passages/s), its Python
             work competing with the model's launches for the GIL; it can pay where cores are few.
         prefetch: token batches made ahead of the model (default: a window's worth and 4).
+        cuda_graphs: capture the forward as CUDA graphs, one per length bucket, and replay them
+            (:mod:`gpusparse.encode_graphs`): ``"auto"`` (on for a CUDA device, off on the
+            CPU), ``True`` (a CUDA device only) or ``False`` (eager, batches padded to their
+            longest text). Where capture fails, the encoder warns once and runs eagerly.
 
     Raises:
         InputError: a model folder that is missing files or cannot be loaded.
@@ -224,6 +231,7 @@ class SpladeEncoder(TextEncoder):
         sort_window: int = DEFAULT_SORT_WINDOW,
         word_cache: bool = False,
         prefetch: int | None = None,
+        cuda_graphs: bool | Literal["auto"] = "auto",
     ) -> None:
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, not {pooling!r}")
@@ -254,6 +262,18 @@ class SpladeEncoder(TextEncoder):
             if limit is not None and value > limit:
                 raise ValueError(f"{name} {value} exceeds the model's {limit} positions")
         self.vocab = model_vocabulary(self.tokenizer, int(self.model.config.vocab_size))
+        if cuda_graphs not in (True, False, "auto"):
+            raise ValueError(f"cuda_graphs must be True, False or 'auto', not {cuda_graphs!r}")
+        if cuda_graphs is True and self.device.type != "cuda":
+            raise ValueError(f"cuda_graphs=True needs a CUDA device; this encoder runs on {self.device}")
+        self.cuda_graphs = self.device.type == "cuda" if cuda_graphs == "auto" else bool(cuda_graphs)
+        self._graphs = self._bucketed(capture=True) if self.cuda_graphs else None
+
+    @property
+    def cuda_graph_stats(self) -> dict[str, Any] | None:
+        """Graphs captured, capture seconds, batches run eagerly and why graphs are off
+        (:meth:`~gpusparse.encode_graphs.BucketedForward.summary`); ``None`` without graphs."""
+        return None if self._graphs is None else self._graphs.summary()
 
     def __repr__(self) -> str:
         return (
@@ -338,7 +358,14 @@ class SpladeEncoder(TextEncoder):
         tokenize = self._tokenizers.get(key)
         if tokenize is None:  # a copy of the Rust tokenizer: made once per length (it takes ~0.1 s)
             tokenize = self._tokenizers[key] = Tokenize(self.tokenizer, max_length, word_cache=self.word_cache)
-        tokens = token_batches(texts, tokenize, self.batch_size, window=self.sort_window, pin=pin, timer=stats.stages)
+        if self._graphs is not None and self._graphs.batch_size != self.batch_size:  # batch_size was changed
+            self._graphs.close()
+            self._graphs = self._bucketed(capture=self._graphs.capture)
+        graphs = self._graphs is not None and self._graphs.failed is None
+        pad_to = functools.partial(bucket_length, max_length=max_length) if graphs else None
+        tokens = token_batches(
+            texts, tokenize, self.batch_size, window=self.sort_window, pin=pin, timer=stats.stages, pad_to=pad_to
+        )
         if n > self.batch_size:
             # The next batches are tokenised while the model runs, a window ahead: the thread
             # tokenises the next window while the model works through this one's batches.
@@ -365,8 +392,22 @@ class SpladeEncoder(TextEncoder):
 
     # -- internals ----------------------------------------------------------------------
 
+    def _bucketed(self, *, capture: bool) -> BucketedForward:
+        """The forward on bucket-padded batches: CUDA graphs (``capture``) or the same eagerly."""
+        pad = self.tokenizer.pad_token_id
+        return BucketedForward(
+            self.model, self.pooling, self.autocast_dtype, self.batch_size, self.device,
+            eager=self._eager_forward, capture=capture, pad_id=int(pad) if pad is not None else 0,
+        )  # fmt: skip
+
     def _forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, shortest: int) -> torch.Tensor:
         """Token ids and mask on the device → ``[b, V]`` float32 SPLADE vectors."""
+        if self._graphs is not None:
+            return self._graphs(input_ids, attention_mask, shortest)
+        return self._eager_forward(input_ids, attention_mask, shortest)
+
+    def _eager_forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, shortest: int) -> torch.Tensor:
+        """:meth:`_forward` without graphs: the model's own launches and its 2-D mask."""
         ctx = (
             torch.autocast(self.device.type, dtype=self.autocast_dtype)
             if self.autocast_dtype is not None

@@ -25,7 +25,7 @@ import itertools
 import queue
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -46,7 +46,8 @@ class TokenBatch:
     Attributes:
         rows: int64 ``[b]``: the texts' positions in the input.
         lengths: int64 ``[b]``: tokens of each text after truncation (ascending).
-        input_ids: int32 ``[b, lengths.max()]``: token ids, padded with the pad token.
+        input_ids: int32 ``[b, width]``: token ids, padded with the pad token (``width``:
+            ``lengths.max()``, or more where the batches are padded to length buckets).
         lengths_t: ``lengths`` as a tensor (the device builds the attention mask from it).
         truncated: how many of the ``b`` texts were truncated.
 
@@ -145,11 +146,14 @@ def token_batches(
     window: int = DEFAULT_SORT_WINDOW,
     pin: bool = False,
     timer: dict[str, float] | None = None,
+    pad_to: Callable[[int], int] | None = None,
 ) -> Iterator[TokenBatch]:
     """The non-empty ``texts`` as :class:`TokenBatch` es (see the module docstring).
 
     The first windows are smaller (:func:`windows`), so the model starts early. ``timer``
     (when given) adds the seconds spent tokenising (``"tokenize"``) and padding (``"pad"``).
+    ``pad_to``: the width of a batch whose longest text has ``n`` tokens (``>= n``; default
+    ``n``), e.g. the length buckets of :mod:`gpusparse.encode_graphs`.
 
     Raises:
         TypeError: a text is not a ``str``.
@@ -175,7 +179,12 @@ def token_batches(
         for b0 in range(0, order.size, batch_size):
             t0 = clock()
             sel = order[b0 : b0 + batch_size]
-            batch = _padded(window_rows[sel], lengths[sel], starts[sel], flat, int(truncated[sel].sum()), tokenize, pin)
+            longest = int(lengths[sel].max())
+            width = longest if pad_to is None else pad_to(longest)
+            if width < longest:
+                raise ValueError(f"pad_to({longest}) = {width}: shorter than the batch's longest text")
+            sub = (window_rows[sel], lengths[sel], starts[sel])
+            batch = _padded(*sub, flat, int(truncated[sel].sum()), tokenize, pin, width)
             if timer is not None:
                 timer["pad"] = timer.get("pad", 0.0) + clock() - t0
             yield batch
@@ -202,9 +211,10 @@ def _padded(
     truncated: int,
     tok: Tokenize,
     pin: bool,
+    width: int,
 ) -> TokenBatch:
-    b, longest = lengths.size, int(lengths.max())
-    ids = torch.empty((b, longest), dtype=torch.int32, pin_memory=pin)
+    b = lengths.size
+    ids = torch.empty((b, width), dtype=torch.int32, pin_memory=pin)
     view = ids.numpy()
     view.fill(tok.pad_id)
     total = int(lengths.sum())

@@ -78,6 +78,14 @@ def encoder_options(fn: F) -> F:
             show_default=True,
             help="auto: bf16/fp16 autocast on a GPU, float32 on the CPU.",
         ),
+        click.option(
+            "--cuda-graphs",
+            type=click.Choice(["auto", "on", "off"]),
+            default="auto",
+            show_default=True,
+            help="Replay the model as CUDA graphs, one per batch-length bucket (auto: on a CUDA device). "
+            "off: the eager forward (less memory, no capture time).",
+        ),
         click.option("--prune-top", type=click.IntRange(min=1), help="Keep the N largest weights of each vector."),
         click.option("--prune-threshold", type=click.FloatRange(min=0), help="Drop weights below this value."),
         click.option("--split", default="test", show_default=True, help="Qrels split: BEIR_DIR/qrels/SPLIT.tsv."),
@@ -96,11 +104,15 @@ def make_encoder(
     device: str | None,
     dtype: str,
     backend: str = "transformers",
+    cuda_graphs: str = "auto",
 ) -> Any:  # SpladeEncoder | SparseEncoderAdapter
     """Load the encoder the options describe (with ``backend``) and say so on stderr."""
     if backend == "sentence-transformers" and (pooling != "max" or dtype != "auto"):
         raise click.UsageError("--backend sentence-transformers takes pooling and dtype from the model: drop "
                                "--pooling and --dtype")  # fmt: skip
+    if backend == "sentence-transformers" and cuda_graphs != "auto":
+        raise click.UsageError("--cuda-graphs is the transformers backend's: drop it for sentence-transformers")
+    graphs = {"auto": "auto", "on": True, "off": False}[cuda_graphs]
     try:
         enc = encoders.make_encoder(
             model,
@@ -111,9 +123,14 @@ def make_encoder(
             batch_size=batch,
             device=device_option(device),
             dtype=dtype,
+            **({"cuda_graphs": graphs} if backend == "transformers" else {}),
         )
     except ImportError as exc:  # the backend's package is missing: the message names the extra
         raise GPUSparseError(str(exc)) from None
+    except GPUSparseError:  # a bad model folder (InputError) and the like: reported as they are
+        raise
+    except ValueError as exc:  # an option the encoder refuses (e.g. --cuda-graphs on without a GPU): one line
+        raise click.UsageError(str(exc)) from None
     how = "sentence-transformers SparseEncoder" if backend == "sentence-transformers" else f"{pooling} pooling"
     precision = (
         "model dtype"

@@ -68,6 +68,7 @@ def encode_cmd(
     encode_batch_size: int,
     encode_device: str | None,
     dtype: str,
+    cuda_graphs: str,
     prune_top: int | None,
     prune_threshold: float | None,
     split: str,
@@ -117,7 +118,7 @@ def encode_cmd(
         report_collection(beir)
         corpus, query_texts, qrels_path = beir.corpus, beir.queries, beir.qrels_path
     enc = make_encoder(
-        model, pooling, query_max_length, doc_max_length, encode_batch_size, encode_device, dtype, backend
+        model, pooling, query_max_length, doc_max_length, encode_batch_size, encode_device, dtype, backend, cuda_graphs
     )
     pipe = TextPipeline(corpus, query_texts, enc, log=echo_err)
     prune = {"prune_top": prune_top, "prune_threshold": prune_threshold, "progress": progress}

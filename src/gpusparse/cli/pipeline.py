@@ -76,6 +76,7 @@ def pipeline_cmd(
     encode_batch_size: int,
     encode_device: str | None,
     dtype: str,
+    cuda_graphs: str,
     prune_top: int | None,
     prune_threshold: float | None,
     split: str,
@@ -120,7 +121,7 @@ def pipeline_cmd(
     if not len(judged):
         raise click.UsageError(f"none of the queries of {beir.queries.path} is judged in {beir.qrels_path}")
     enc = make_encoder(
-        model, pooling, query_max_length, doc_max_length, encode_batch_size, encode_device, dtype, backend
+        model, pooling, query_max_length, doc_max_length, encode_batch_size, encode_device, dtype, backend, cuda_graphs
     )
     pipe = TextPipeline(beir.corpus, judged, enc, log=echo_err)
     if vectors_path is None:

@@ -32,12 +32,14 @@ def make_encoder(
     batch_size: int = DEFAULT_BATCH_SIZE,
     device: str | torch.device | None = None,
     dtype: str = "auto",
+    cuda_graphs: bool | str = "auto",
 ) -> SpladeEncoder | SparseEncoderAdapter:
     """An encoder of ``model`` (a folder or hub id; a loaded ``SparseEncoder`` for that backend).
 
-    ``pooling`` and ``dtype`` are the ``transformers`` backend's (a ``SparseEncoder`` carries
-    its own pooling and dtype: anything but the defaults is refused there, rather than
-    ignored). ``None`` lengths mean the model's own maximum (``sentence-transformers``).
+    ``pooling``, ``dtype`` and ``cuda_graphs`` are the ``transformers`` backend's (a
+    ``SparseEncoder`` carries its own pooling and dtype: anything but the defaults is refused
+    there, rather than ignored). ``None`` lengths mean the model's own maximum
+    (``sentence-transformers``).
 
     Raises:
         ValueError: an unknown backend, or an option the backend does not have.
@@ -54,11 +56,12 @@ def make_encoder(
             batch_size=batch_size,
             device=device,
             dtype=dtype,  # type: ignore[arg-type]
+            cuda_graphs=cuda_graphs,  # type: ignore[arg-type]
         )
-    if pooling != "max" or dtype != "auto":
+    if pooling != "max" or dtype != "auto" or cuda_graphs != "auto":
         raise ValueError(
-            "the sentence-transformers backend takes pooling and dtype from the model; "
-            f"drop pooling={pooling!r} / dtype={dtype!r}"
+            "the sentence-transformers backend takes pooling and dtype from the model and has no CUDA-graph "
+            f"switch; drop pooling={pooling!r} / dtype={dtype!r} / cuda_graphs={cuda_graphs!r}"
         )
     return SparseEncoderAdapter(
         model,
