@@ -15,6 +15,7 @@ from gpusparse import encode_graphs
 from gpusparse.encode import SpladeEncoder, random_bert_base
 from gpusparse.encode_graphs import BucketedForward, GraphsUnavailable, bucket_length
 from gpusparse.encode_tokens import Tokenize, token_batches
+from gpusparse.streams import capture_stream
 
 from .shared_data import SPLADE_TINY, cranfield_slice, needs_shared
 
@@ -149,6 +150,7 @@ class _FakeCuda:
     def __init__(self, fwd: BucketedForward, fail_capture: bool = False) -> None:
         self.fwd, self.fail_capture, self.events = fwd, fail_capture, []
         self.stream = "default"
+        capture_stream.cache_clear()  # a stream cached by another test's fake is no Stream of this one
         run = fwd._run
 
         def noted(ids, mask):
@@ -169,8 +171,9 @@ class _FakeCuda:
                 fake.fwd._buffers[2].copy_(fake.run(*self.args))
 
         @contextlib.contextmanager
-        def graph(g, pool=None, capture_error_mode="global"):
-            assert capture_error_mode == "thread_local" and pool is not None
+        def graph(g, pool=None, stream=None, capture_error_mode="global"):
+            # captured on the shared side stream (gpusparse.streams), never a fresh one
+            assert capture_error_mode == "thread_local" and pool is not None and isinstance(stream, Stream)
             fake.stream = "capture"
             yield
             if fake.fail_capture:

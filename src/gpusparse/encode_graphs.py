@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 from .encode_device import Forward, Pooling, splade_pool
+from .streams import capture_stream
 
 DEFAULT_MAX_GRAPHS = 32  # every bucket up to 512 tokens
 CHECK_TOLERANCE = 0.05  # of the largest weight: a wrong mask changes vectors far more
@@ -243,7 +244,7 @@ class BucketedForward:
         with torch.cuda.device(self.device):
             current = torch.cuda.current_stream()
             try:
-                side = torch.cuda.Stream()
+                side = capture_stream(self.device)
                 side.wait_stream(current)
                 # Warm up (lazy initialisations) off the capturing stream, with PyTorch refusing any
                 # host sync: a model that syncs fails here, before a capture that would leave the
@@ -261,7 +262,7 @@ class BucketedForward:
                 graph = torch.cuda.CUDAGraph()
                 # thread_local: the tokenising thread allocates pinned memory meanwhile, which is
                 # no part of the capture.
-                with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                with torch.cuda.graph(graph, pool=self._pool, stream=side, capture_error_mode="thread_local"):
                     out.copy_(self._run(ids_v, mask_v))
             finally:
                 torch.cuda.set_stream(current)  # a failed capture_end leaves its stream current

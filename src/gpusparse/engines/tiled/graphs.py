@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ...config import engine_config
+from ...streams import capture_stream
 
 Steps = Callable[[Mapping[str, torch.Tensor]], tuple[torch.Tensor, ...]]
 # (name, numpy dtype, shape) of each input: "bw" is [B, width], "b" is [B]
@@ -170,12 +171,14 @@ def _capture(steps: Steps, terms, weights, params, names, b: int, width: int, de
     try:
         entry = GraphEntry(torch.cuda.CUDAGraph(), inputs, dev_in, [], staging)
         entry.load(terms, weights, params)  # the warm-up and the capture search real inputs
-        side = torch.cuda.Stream(dev)
+        side = capture_stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(side):  # warm up: kernels compiled, allocations made
             steps(views)
         torch.cuda.current_stream(dev).wait_stream(side)
-        with torch.cuda.graph(entry.graph):
+        # thread_local: another thread's CUDA calls meanwhile (an encoder's tokenising thread
+        # allocating pinned memory) are no part of this capture and must not void it
+        with torch.cuda.graph(entry.graph, stream=side, capture_error_mode="thread_local"):
             entry.out_views = list(steps(views))
     except RuntimeError:  # capture unsupported here: the caller runs the steps directly
         torch.cuda.synchronize(dev)
