@@ -319,19 +319,23 @@ MUTATIONS = [b'"', b"\\", b":", b",", b"{", b"}", b"[", b"]", b" ", b"\n", b"\t"
              b"e", b"E", b"+", b"t", b"n", b"x", b"\xff", b"\xc3", b"\x00", b"\x0c", b"", b'\\"', b"\\u"]  # fmt: skip
 
 
+def mutated_chunks(seed: int, rounds: int = 10):
+    """Ten copies of a random chunk, each with 1-3 bytes inserted, deleted or replaced anywhere."""
+    rng = np.random.default_rng(1000 + seed)
+    base = bytearray(_random_chunk(2000 + seed, n=12, repeats=True))
+    for _ in range(rounds):
+        data = bytearray(base)
+        for _ in range(int(rng.integers(1, 4))):
+            at = int(rng.integers(len(data)))
+            data[at : at + int(rng.integers(0, 2))] = MUTATIONS[int(rng.integers(len(MUTATIONS)))]
+        yield bytes(data)
+
+
 @pytest.mark.parametrize("seed", range(30))
 def test_mutated_chunks_same_as_strict(seed):
     # a few bytes inserted, deleted or replaced anywhere: whatever the columnar path takes
     # it reads as the strict path does, and it takes nothing the strict path refuses
-    rng = np.random.default_rng(1000 + seed)
-    base = bytearray(_random_chunk(2000 + seed, n=12, repeats=True))
-    for _ in range(10):
-        data = bytearray(base)
-        for _ in range(int(rng.integers(1, 4))):
-            at = int(rng.integers(len(data)))
-            new = MUTATIONS[int(rng.integers(len(MUTATIONS)))]
-            data[at : at + int(rng.integers(0, 2))] = new
-        data = bytes(data)
+    for data in mutated_chunks(seed):
         for mode in ("error", "skip"):
             strict = jc._strict_chunk(data, VOCAB.lookup, mode)
             assert_same_chunk(jc.parse_chunk(data, IDS, mode), strict)

@@ -21,7 +21,7 @@ from gpusparse import jsonl_columns as jcol
 
 from .test_formats import BAD_JSONL
 from .test_jsonl_chunks import IDS, TOKENS, UNKNOWN, VOCAB, _random_chunk, assert_same_chunk
-from .test_jsonl_columns import ADVERSARIAL, DOUBTFUL, MUTATIONS, _numbers
+from .test_jsonl_columns import ADVERSARIAL, DOUBTFUL, _numbers, mutated_chunks
 
 native = pytest.mark.skipif(
     not jsonl_native.NATIVE,
@@ -209,15 +209,9 @@ def test_native_utf8_check_agrees_with_python():
 @native
 @pytest.mark.parametrize("seed", range(30))
 def test_native_mutated_chunks_same_as_strict(seed):
-    rng = np.random.default_rng(1000 + seed)
-    base = bytearray(_random_chunk(2000 + seed, n=12, repeats=True))
-    for _ in range(10):
-        data = bytearray(base)
-        for _ in range(int(rng.integers(1, 4))):
-            at = int(rng.integers(len(data)))
-            data[at : at + int(rng.integers(0, 2))] = MUTATIONS[int(rng.integers(len(MUTATIONS)))]
+    for data in mutated_chunks(seed):
         for mode in ("error", "skip"):
-            _same(bytes(data), mode, taken=False)
+            _same(data, mode, taken=False)
 
 
 @native

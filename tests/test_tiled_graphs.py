@@ -1,6 +1,8 @@
-"""Small batches on a GPU: the CUDA graph fed through one staging copy, and results back in one copy."""
+"""Batches on a GPU by the CUDA graph of their shape, fed through one staging copy."""
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 import pytest
@@ -43,6 +45,25 @@ def test_staged_inputs_are_aligned_and_padded_like_a_batch():
         np.testing.assert_array_equal(_numpy_view(buf, fields[name]), value)
 
 
+@contextlib.contextmanager
+def graph_outcomes():
+    """For each batch the tiled engine searches: whether it ran by a CUDA graph (True) or
+    the general way (False), in order."""
+    outcomes: list[bool] = []
+    real = engine_mod.graphed_batch_search
+
+    def counted(*a, **kw):
+        out = real(*a, **kw)
+        outcomes.append(out is not None)
+        return out
+
+    engine_mod.graphed_batch_search = counted
+    try:
+        yield outcomes
+    finally:
+        engine_mod.graphed_batch_search = real
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("quantize", [None, 8])
 def test_small_batches_through_the_graph_are_exact_pipelined_and_repeated(rng, quantize):
@@ -52,16 +73,7 @@ def test_small_batches_through_the_graph_are_exact_pipelined_and_repeated(rng, q
     require_cuda_kernels()
     docs = random_collection(rng, 20_000, 300, 30)
     index = Index.build(docs, device="cuda", quantize=quantize)
-    calls = []
-    real = engine_mod.graphed_batch_search
-
-    def counted(*a, **kw):
-        out = real(*a, **kw)
-        calls.append(out is not None)
-        return out
-
-    engine_mod.graphed_batch_search = counted
-    try:
+    with graph_outcomes() as calls:
         for _ in range(3):
             queries = random_collection(rng, 9, 300, 10)
             if quantize:
@@ -80,8 +92,6 @@ def test_small_batches_through_the_graph_are_exact_pipelined_and_repeated(rng, q
                     general = index.search(queries, k, batch_size=2)
                 del calls[n:]
                 assert torch.equal(general.ids, res.ids) and torch.equal(general.scores, res.scores)
-    finally:
-        engine_mod.graphed_batch_search = real
     assert calls and all(calls)  # every small batch ran the graph, none fell back
 
 
@@ -90,27 +100,6 @@ def docs_q(index: Index, docs):
     from gpusparse.quantize import quantize_collection
 
     return quantize_collection(docs, index.quantization.bits, index.quantization.step)[0]
-
-
-@pytest.mark.gpu
-def test_views_of_one_storage_come_back_in_one_copy():
-    """start_to_host moves views of one device storage together: each host tensor equals
-    its device view (values, dtype, shape), written into a poisoned buffer."""
-    require_cuda_kernels()
-    from gpusparse.transfer import start_to_host
-
-    buf = torch.full((256,), 0xCD, dtype=torch.uint8, device="cuda")
-    s = buf[0:40].view(torch.float32).view(2, 5)
-    i = buf[40:120].view(torch.int64).view(2, 5)
-    r = buf[120:122].view(torch.bool)
-    s.copy_(torch.arange(10, dtype=torch.float32, device="cuda").view(2, 5))
-    i.copy_(-torch.arange(10, device="cuda").view(2, 5))
-    r.copy_(torch.tensor([True, False], device="cuda"))
-    (hs, hi, hr), done = start_to_host(s, i, r)
-    done.synchronize()
-    for h, d in ((hs, s), (hi, i), (hr, r)):
-        assert h.device.type == "cpu" and h.dtype == d.dtype and h.shape == d.shape
-        assert torch.equal(h, d.cpu())
 
 
 @pytest.mark.gpu
@@ -124,16 +113,7 @@ def test_larger_batches_replay_a_graph_from_their_second_batch_on(rng):
     queries = random_collection(rng, 12, 300, 10)
     scores = dense_scores(docs, queries)
     ref_s, ref_i = reference_topk(scores, 50)
-    outcomes = []
-    real = engine_mod.graphed_batch_search
-
-    def counted(*a, **kw):
-        out = real(*a, **kw)
-        outcomes.append(out is not None)
-        return out
-
-    engine_mod.graphed_batch_search = counted
-    try:
+    with graph_outcomes() as outcomes:
         with override_config(graph_max_batch=2, graph_repeat_batch=16):
             res = index.search(queries, 50, batch_size=4)  # three batches of one shape
             assert outcomes == [False, True, True]
@@ -146,5 +126,3 @@ def test_larger_batches_replay_a_graph_from_their_second_batch_on(rng):
             assert outcomes == [False, False, False] and not any(index.derived.graphs.values())
             np.testing.assert_array_equal(res.ids.numpy(), ref_i)
             np.testing.assert_array_equal(res.scores.numpy(), ref_s)
-    finally:
-        engine_mod.graphed_batch_search = real
