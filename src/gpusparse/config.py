@@ -45,7 +45,8 @@ class EngineConfig:
         graph_repeat_batch: larger batches, up to this many queries, replay a captured CUDA
             graph from the second batch of their shape on (a search of many batches of one
             size; a shape seen once is searched without capture, which costs about two
-            searches). 0: only ``graph_max_batch``.
+            searches; not under a ``device_memory_limit``, as their buffers stay allocated).
+            0: only ``graph_max_batch``.
         graph_cache: captured graphs kept per index (least recently used dropped first).
         graph_cache_bytes: device bytes the captured graphs of an index may hold (their
             candidate buffers, estimated by :func:`gpusparse.engines.tiled.waves.search_bytes`;

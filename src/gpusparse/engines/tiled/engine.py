@@ -72,8 +72,9 @@ def graphed_batch_search(
     every device operation of the search. For batches of at most
     :attr:`~gpusparse.config.EngineConfig.graph_max_batch` queries (``cutoff`` then unused, as
     in :func:`~.device.device_search`), and for larger ones up to
-    :attr:`~gpusparse.config.EngineConfig.graph_repeat_batch` without a ``cutoff`` from the
-    second batch of the same shape on. ``None`` where this path does not apply (another
+    :attr:`~gpusparse.config.EngineConfig.graph_repeat_batch` without a ``cutoff`` or a
+    :attr:`~gpusparse.config.EngineConfig.device_memory_limit` from the second batch of the
+    same shape on. ``None`` where this path does not apply (another
     device, a batch too large or seen once, weights outside the fixed-point range, no graph):
     the caller searches the general way. Flagged rows are searched again as
     :func:`tiled_search` does."""
@@ -82,7 +83,9 @@ def graphed_batch_search(
     config = engine_config()
     if not (b > 0 and dev.type == "cuda" and cupy_launch.available()):
         return None
-    if b > config.graph_max_batch and not (b <= config.graph_repeat_batch and cutoff is None):
+    # a larger batch's graph keeps its buffers between searches: not under a device memory limit
+    repeat = b <= config.graph_repeat_batch and cutoff is None and config.device_memory_limit is None
+    if b > config.graph_max_batch and not repeat:
         return None
     terms, weights, lengths = padded_host(queries, query_width)  # the graph's width: no padding later
     if b > config.graph_max_batch and not _seen_before(index, (b, terms.shape[1], k)):
