@@ -62,7 +62,7 @@ def _numpy_view(buf: np.ndarray, spec: tuple) -> np.ndarray:
 
 @dataclass
 class GraphEntry:
-    """A captured search of one shape: the graph, its input and output buffers on the
+    """A captured search of one shape: the graph, its input buffer and outputs on the
     device, and two page-locked staging buffers used in turn (a staging buffer is written
     again only once its previous copy to the device has completed)."""
 
@@ -168,19 +168,21 @@ def _capture(steps: Steps, terms, weights, params, names, b: int, width: int, de
     dev_in = torch.empty(size, dtype=torch.uint8, device=dev)
     staging = [torch.empty(size, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
     views = {n: _torch_view(dev_in, spec) for n, spec in inputs.items()}
+    current = torch.cuda.current_stream(dev)
     try:
         entry = GraphEntry(torch.cuda.CUDAGraph(), inputs, dev_in, [], staging)
         entry.load(terms, weights, params)  # the warm-up and the capture search real inputs
         side = capture_stream(dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
+        side.wait_stream(current)
         with torch.cuda.stream(side):  # warm up: kernels compiled, allocations made
             steps(views)
-        torch.cuda.current_stream(dev).wait_stream(side)
+        current.wait_stream(side)
         # thread_local: another thread's CUDA calls meanwhile (an encoder's tokenising thread
         # allocating pinned memory) are no part of this capture and must not void it
         with torch.cuda.graph(entry.graph, stream=side, capture_error_mode="thread_local"):
             entry.out_views = list(steps(views))
     except RuntimeError:  # capture unsupported here: the caller runs the steps directly
+        torch.cuda.set_stream(current)  # a failed capture leaves its stream current
         torch.cuda.synchronize(dev)
         return None
     return entry
