@@ -291,16 +291,16 @@ def test_cli_text_queries_equal_the_api(sample_index: Path, tmp_path: Path, spla
 
 def test_hub_id_offline_fails_fast_with_the_hint(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("transformers")
-    from gpusparse import encode
+    from gpusparse import encode, encode_models
 
-    monkeypatch.setattr(encode, "hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setattr(encode_models, "hub_reachable", lambda timeout=3.0: False)
     t0 = time.perf_counter()
     with pytest.raises(InputError, match="HF_HUB_OFFLINE=1") as err:
         encode.load_masked_lm("no-such-org/no-such-splade-model")
     assert time.perf_counter() - t0 < 20
     assert "model folder" in str(err.value)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(encode, "hub_reachable", lambda timeout=3.0: pytest.fail("probed although offline"))
+    monkeypatch.setattr(encode_models, "hub_reachable", lambda timeout=3.0: pytest.fail("probed although offline"))
     with pytest.raises(InputError, match="not in the local cache"):
         encode.load_masked_lm("no-such-org/no-such-splade-model")
 
