@@ -56,7 +56,9 @@ from gpusparse.engines.tiled.engine import layout_for_search
 from gpusparse.engines.tiled.fixed_point import fixed_point
 from gpusparse.layout.statistics import max_scores_host
 from gpusparse.queries import prepare_queries, query_batch
+from gpusparse.streams import capture_stream
 from gpusparse.synthetic import generate
+from kernels import time_events
 from search_timing import timed_search
 
 KINDS = ("fp16", "int8")
@@ -83,26 +85,18 @@ def time_calls(fn, dev: torch.device, reps: int, graph: bool = False) -> tuple[f
     run = fn
     if graph:
         try:
-            side = torch.cuda.Stream(dev)
+            side = capture_stream(dev)  # one per device: each new stream keeps a cuBLAS workspace
             side.wait_stream(torch.cuda.current_stream(dev))
             with torch.cuda.stream(side):
                 fn()
             torch.cuda.current_stream(dev).wait_stream(side)
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
+            with torch.cuda.graph(g, stream=side):
                 fn()
             run, how = g.replay, "graph"
         except Exception:  # capture refused: eager launches (their gaps count)
             run = fn
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times), how
+    return statistics.median(time_events(run, reps=reps, warmup=0)), how
 
 
 def query_ints(index, layout, batch, weights_kind: str) -> torch.Tensor:
