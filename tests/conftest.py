@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import secrets
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -54,3 +56,14 @@ def require_cuda_kernels() -> None:
             "row sort) would go untested. Install CuPy for this CUDA version, e.g. pip install cupy-cuda12x",
             pytrace=False,
         )
+
+
+def bench_script(name: str):
+    """``bench/<name>.py`` loaded as a module of its own (``bench_<name>``), for tests of the
+    benchmark scripts (which are files, not a package)."""
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
+from .conftest import bench_script
 from .shared_data import SPLADE_TINY, needs_shared
-
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "encode.py"
 
 
 @needs_shared
 def test_encode_benchmark_tiny_run_writes_json(tmp_path, capsys):
     pytest.importorskip("transformers")
-    spec = importlib.util.spec_from_file_location("bench_encode", BENCH)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = bench_script("encode")
     result = bench.main(["--tiny", "--device", "cpu", "--tiny-model", str(SPLADE_TINY), "--out", str(tmp_path)])
     saved = json.loads(Path(result["path"]).read_text())
     assert saved["benchmark"] == "encode" and [r["part"] for r in saved["rows"]] == ["tiny", "e2e", "base"]
@@ -49,10 +44,7 @@ def test_encode_benchmark_tiny_run_writes_json(tmp_path, capsys):
 @needs_shared
 def test_tokenize_rate_benchmark_runs_and_compares_the_same_texts(tmp_path, capsys):
     pytest.importorskip("transformers")
-    spec = importlib.util.spec_from_file_location("bench_tokenize_rate", BENCH.parent / "tokenize_rate.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = bench_script("tokenize_rate")
     args = ["--passages", "600", "--batch-size", "64", "--reps", "1", "--device-ms", "1", "--out", str(tmp_path)]
     result = bench.main([*args, "--tiny-model", str(SPLADE_TINY)])
     saved = json.loads(Path(result["path"]).read_text())

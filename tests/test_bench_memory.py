@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "memory.py"
+from .conftest import bench_script
 
 
 @pytest.fixture(scope="module")
 def memory_bench():
-    spec = importlib.util.spec_from_file_location("bench_memory", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("memory")
 
 
 @pytest.mark.parametrize("quantize", [None, 8])

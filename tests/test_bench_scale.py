@@ -3,23 +3,16 @@ queries equal the chunk-by-chunk reference; on a GPU with the CUDA kernels as we
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-from .conftest import require_cuda_kernels
-
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "scale.py"
+from .conftest import bench_script, require_cuda_kernels
 
 
 @pytest.fixture(scope="module")
 def scale_bench():
-    spec = importlib.util.spec_from_file_location("bench_scale", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("scale")
 
 
 @pytest.mark.parametrize("weights", ["float32", "uint8"])
