@@ -71,10 +71,10 @@ class GraphEntry:
     dev_in: torch.Tensor  # uint8
     out_views: list  # the graph's outputs, in the order of the steps' outputs
     staging: list[torch.Tensor]
+    views: list  # each staging buffer's fields as numpy views
     nbytes: int = 0  # device bytes it holds (estimated): the cache's bound
     copied: list = field(default_factory=lambda: [None, None])  # the event after each staging's copy
     turn: int = 0
-    views: list = field(default_factory=list)  # each staging buffer's fields as numpy views
 
     def load(self, terms: np.ndarray, weights: np.ndarray, params: Mapping[str, np.ndarray]) -> None:
         """Write this batch's inputs into the next staging buffer and queue its copy to the device."""
@@ -82,8 +82,6 @@ class GraphEntry:
         self.turn ^= 1
         if self.copied[i] is not None:
             self.copied[i].synchronize()  # its previous copy has read it (normally long done)
-        if not self.views:
-            self.views = [{n: _numpy_view(b.numpy(), spec) for n, spec in self.inputs.items()} for b in self.staging]
         _fill(self.views[i], terms, weights, params)
         self.dev_in.copy_(self.staging[i], non_blocking=True)
         event = self.copied[i] or torch.cuda.Event()
@@ -170,7 +168,8 @@ def _capture(steps: Steps, terms, weights, params, names, b: int, width: int, de
     views = {n: _torch_view(dev_in, spec) for n, spec in inputs.items()}
     current = torch.cuda.current_stream(dev)
     try:
-        entry = GraphEntry(torch.cuda.CUDAGraph(), inputs, dev_in, [], staging)
+        staged = [{n: _numpy_view(buf.numpy(), spec) for n, spec in inputs.items()} for buf in staging]
+        entry = GraphEntry(torch.cuda.CUDAGraph(), inputs, dev_in, [], staging, staged)
         entry.load(terms, weights, params)  # the warm-up and the capture search real inputs
         side = capture_stream(dev)
         side.wait_stream(current)
