@@ -38,27 +38,24 @@ def main() -> None:
     pinned = torch.empty(1024, dtype=torch.uint8, pin_memory=True)
     dbuf = torch.empty(1024, dtype=torch.uint8, device=dev)
     ev = torch.cuda.Event()
-    rows = {
-        "torch.empty pinned 1 KB": lambda: torch.empty(1024, dtype=torch.uint8, pin_memory=True),
-        "torch.empty pinned 1 KB (no sync before)": None,
-        "torch.empty device": lambda: torch.empty(1024, dtype=torch.uint8, device=dev),
-        "H2D copy_ of a pinned 1 KB, non_blocking": lambda: dbuf.copy_(pinned, non_blocking=True),
-        "D2H copy_ into pinned 1 KB, non_blocking": lambda: pinned.copy_(dbuf, non_blocking=True),
-        "to_device of two small arrays": lambda: to_device([a, b], dev),
-        "start_to_host of 3 small tensors": lambda: start_to_host(d, d, d),
-        "device fill_": lambda: d.fill_(1.0),
-        "event record": lambda: ev.record(),
-        "event record + synchronize": lambda: (ev.record(), ev.synchronize()),
-        "torch.cuda.synchronize": torch.cuda.synchronize,
-        "clone of a small device tensor": lambda: d.clone(),
-        "numpy: 10 small ops": lambda: [np.maximum(a, 3) for _ in range(10)],
-    }
-    for name, fn in rows.items():
-        if fn is None:
-            fn2 = rows["torch.empty pinned 1 KB"]
-            print(f"{us(fn2, sync=False):9.1f} us  {name}")
-            continue
-        print(f"{us(fn):9.1f} us  {name}")
+    rows = [  # (name, call, whether the device is synced before each call)
+        ("torch.empty pinned 1 KB", lambda: torch.empty(1024, dtype=torch.uint8, pin_memory=True), True),
+        ("torch.empty pinned 1 KB (no sync before)", lambda: torch.empty(1024, dtype=torch.uint8, pin_memory=True),
+         False),
+        ("torch.empty device", lambda: torch.empty(1024, dtype=torch.uint8, device=dev), True),
+        ("H2D copy_ of a pinned 1 KB, non_blocking", lambda: dbuf.copy_(pinned, non_blocking=True), True),
+        ("D2H copy_ into pinned 1 KB, non_blocking", lambda: pinned.copy_(dbuf, non_blocking=True), True),
+        ("to_device of two small arrays", lambda: to_device([a, b], dev), True),
+        ("start_to_host of 3 small tensors", lambda: start_to_host(d, d, d), True),
+        ("device fill_", lambda: d.fill_(1.0), True),
+        ("event record", lambda: ev.record(), True),
+        ("event record + synchronize", lambda: (ev.record(), ev.synchronize()), True),
+        ("torch.cuda.synchronize", torch.cuda.synchronize, True),
+        ("clone of a small device tensor", lambda: d.clone(), True),
+        ("numpy: 10 small ops", lambda: [np.maximum(a, 3) for _ in range(10)], True),
+    ]  # fmt: skip
+    for name, fn, sync in rows:
+        print(f"{us(fn, sync=sync):9.1f} us  {name}")
 
 
 if __name__ == "__main__":

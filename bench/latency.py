@@ -45,6 +45,7 @@ from gpusparse.engines.tiled.engine import tiled_search  # noqa: E402
 from gpusparse.layout.statistics import max_scores_host  # noqa: E402
 from gpusparse.queries import prepare_queries, query_batch  # noqa: E402
 from gpusparse.synthetic import generate  # noqa: E402
+from search_timing import timed_search  # noqa: E402
 
 
 def _median_ms(fn, reps: int) -> float:
@@ -170,19 +171,15 @@ def host_launch(index: Index, queries: SparseCollection, b: int, k: int, reps: i
 
 def pipelined(index: Index, queries: SparseCollection, b: int, k: int) -> dict:
     """All queries in batches of ``b`` by one ``Index.search`` (batches pipelined): ms a batch
-    (median of 3 after a first call) and the results' agreement with the scatter kernel's."""
-    first = index.search(queries, k, batch_size=b)
-    times = []
-    for _ in range(3):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        res = index.search(queries, k, batch_size=b)
-        times.append((time.perf_counter() - t0) * 1e3 / -(-len(queries) // b))
+    (bench/search_timing.timed_search: median of 3 after a first call, repeats identical) and
+    the first batch's agreement with the scatter kernel's."""
+    timing = timed_search(index, queries, k, b, 3)
+    per_batch = timing["median_ms"] / -(-len(queries) // b)
+    res = index.search(queries, k, batch_size=b)
     ref = index.search(queries[0:b], k, kernel="scatter")
     exact = bool(torch.equal(res.ids[:b], ref.ids) and torch.equal(res.scores[:b], ref.scores))
-    same = bool(torch.equal(res.ids, first.ids) and torch.equal(res.scores, first.scores))
-    return {"pipelined_ms_per_batch": statistics.median(times), "pipelined_qps": b / statistics.median(times) * 1e3,
-            "pipelined_first_batch_exact": exact, "pipelined_repeat_identical": same}  # fmt: skip
+    return {"pipelined_ms_per_batch": per_batch, "pipelined_qps": b / per_batch * 1e3,
+            "pipelined_first_batch_exact": exact, "pipelined_checksum": timing["checksum"]}  # fmt: skip
 
 
 def probe() -> dict:
