@@ -143,5 +143,8 @@ def graphed_steps(
         return _device_steps(index, layout, inp["terms"], inp["weights"], fp, inp["lb"], k, acc, int_weights, n_sm)
 
     key = (id(layout), k, acc, int_weights)
-    nbytes = waves.search_bytes(layout.n_tiles, terms.shape[0], k, n_sm)
+
+    def nbytes() -> int:
+        return waves.search_bytes(layout.n_tiles, terms.shape[0], k, n_sm)
+
     return graphed(index.derived.graphs, key, steps, terms, weights, params, layout.seg.device, nbytes)  # type: ignore[return-value]

@@ -116,7 +116,7 @@ def graphed(
     weights: np.ndarray,
     params: Mapping[str, np.ndarray],
     device: torch.device,
-    nbytes: int = 0,
+    nbytes: Callable[[], int] = lambda: 0,
 ) -> tuple[torch.Tensor, ...] | None:
     """``steps(inputs)``'s outputs for this batch by the CUDA graph of its shape, captured on
     first use and kept in ``cache`` under ``key`` + the shape (least recently used dropped
@@ -126,8 +126,8 @@ def graphed(
     ``terms`` (int64) and ``weights`` (float32) ``[B, t]`` are the padded batch on the host,
     ``params`` the per-query arrays ``[B]`` named as in :data:`INPUTS` (those given). ``steps``
     reads its inputs from the tensors it is given, under the same names, with the query
-    width padded (:func:`query_width`). ``nbytes``: the device bytes the steps allocate (their
-    buffers stay with the graph); the cache holds at most
+    width padded (:func:`query_width`). ``nbytes()``: the device bytes the steps allocate (their
+    buffers stay with the graph; asked only before a capture); the cache holds at most
     :attr:`~gpusparse.config.EngineConfig.graph_cache_bytes` of them, and a graph larger than
     that is not captured.
     """
@@ -140,11 +140,12 @@ def graphed(
         return None
     if entry is None:
         config = engine_config()
-        if nbytes > config.graph_cache_bytes:
+        held = nbytes()
+        if held > config.graph_cache_bytes:
             return None
         entry = _capture(steps, terms, weights, params, names, b, width, device)
         if entry is not None:
-            entry.nbytes = nbytes + int(entry.dev_in.numel())
+            entry.nbytes = held + int(entry.dev_in.numel())
         cache[full_key] = entry if entry is not None else False
         while len(cache) > config.graph_cache or _bytes(cache) > config.graph_cache_bytes:
             cache.popitem(last=False)
