@@ -438,6 +438,7 @@ CUDA_KERNELS = {  # .cu file -> the kernels its launchers look up in it
     "compact.cu": ["compact_candidates"],
     "rescore.cu": ["exact_scores_kernel", "candidate_keys"],
     "rowsort.cu": ["top_keys", "pack_results", "merge_gathered"],
+    "finish.cu": ["finish_rows"],
 }
 
 
@@ -447,12 +448,12 @@ def test_cuda_sources_are_package_data() -> None:
     from importlib import resources
     from pathlib import Path
 
-    from gpusparse.kernels import compact, cupy_launch, rescore, rowsort, tile_candidates
+    from gpusparse.kernels import compact, cupy_launch, finish, rescore, rowsort, tile_candidates
 
     folder = resources.files("gpusparse.kernels").joinpath("cuda")
     on_disk = sorted(p.name for p in folder.iterdir() if p.name.endswith(".cu"))
     assert on_disk == sorted(CUDA_KERNELS)
-    assert {m.SOURCE for m in (compact, rescore, rowsort, tile_candidates)} == set(CUDA_KERNELS)
+    assert {m.SOURCE for m in (compact, finish, rescore, rowsort, tile_candidates)} == set(CUDA_KERNELS)
     for name, kernels in CUDA_KERNELS.items():
         text = cupy_launch.source(name)
         for kernel in kernels:
@@ -579,3 +580,41 @@ def test_check_tensors_refuses_wrong_dtype_device_and_layout() -> None:
         with pytest.raises(ValueError, match=r"x must be a contiguous torch\.int64 tensor on cpu"):
             check_tensors({"x": (bad, torch.int64)}, dev)
     assert pointer(x) == x.data_ptr() and isinstance(pointer(x), np.uint64)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("floor_dtype", [None, torch.float32, torch.float64])
+def test_finish_rows_equals_padding_and_the_uncertainty_check(rng, floor_dtype) -> None:
+    """finish_rows (one launch) against what it replaces on the tiled engine's device path:
+    decode_keys, pad_results and uncertain_rows. Rows with fewer keys than k, empty keys,
+    no candidates at all; margins on both sides of each row's k-th score and match floor."""
+    from gpusparse.engines.tiled.fixed_point import FixedPoint, uncertain_rows
+    from gpusparse.exact import pad_results
+    from gpusparse.kernels.finish import finish_rows
+    from gpusparse.topk import decode_keys, encode_keys
+
+    require_cuda_kernels()
+    b = 41
+    for kk, k in ((0, 10), (3, 10), (10, 10), (1000, 1000), (1, 1)):
+        scores = torch.from_numpy(np.sort(rng.choice([0.0, 0.25, 1.5, 7.0], (b, kk)), 1)[:, ::-1].astype(np.float32))
+        ids = torch.from_numpy(rng.integers(0, 1 << 30, (b, kk)))
+        top = torch.where(scores > 0, encode_keys(scores, ids), 0).cuda()
+        scale = torch.from_numpy(np.ldexp(1.0, rng.integers(20, 30, b))).cuda()
+        # margins around the scaled k-th score, so both outcomes of each test occur
+        delta = torch.from_numpy(rng.integers(1, 1 << 31, b)).cuda()
+        delta[: b // 2] = torch.from_numpy(rng.integers(1, 1 << 24, b // 2)).cuda()
+        lb = torch.from_numpy(rng.choice([0.0, 1e-9, 1e-5, 1.0], b)).cuda()
+        floor = None
+        if floor_dtype is not None:
+            floor = torch.from_numpy(rng.choice([0.0, 0.3, 2.0, 9.0], b)).to(floor_dtype).cuda()
+        redo0 = torch.from_numpy(rng.random(b) < 0.2).cuda()
+        redo = redo0.clone()
+        fp = FixedPoint(scale, delta)
+        want_s, want_i = pad_results(decode_keys(top) if kk else None, k, b, torch.device("cuda"))
+        unsure = uncertain_rows(None, None, fp, want_s, k, lb, floor)
+        assert 0 < int(unsure.sum()) < b, "both outcomes of the check are exercised"
+        want_redo = redo0 | unsure
+        got_s, got_i = finish_rows(top if kk else None, k, delta, scale, lb, floor, redo)
+        assert torch.equal(got_s, want_s) and torch.equal(got_i, want_i), (kk, k)
+        assert torch.equal(redo, want_redo), (kk, k)

@@ -255,7 +255,10 @@ def test_cuda_kernel_with_long_queries_and_long_segments(rng):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_compaction_equals_the_pytorch_one(rng):
+@pytest.mark.parametrize("cache", [0, 700, 3000])
+def test_cuda_compaction_equals_the_pytorch_one(rng, cache: int):
+    """compact_candidates against compact_torch, with rows' values held in shared memory: none,
+    a part of the longer rows (the rest read from global memory), all."""
     require_cuda_kernels()
     from gpusparse.engines.tiled.fixed_point import FixedPoint
     from gpusparse.engines.tiled.waves import compact_torch
@@ -279,7 +282,7 @@ def test_cuda_compaction_equals_the_pytorch_one(rng):
             fp = FixedPoint(torch.ones(b, dtype=torch.float64), torch.from_numpy(delta))
             compact_torch(*cpu, most, fp, k)
             gpu = [torch.from_numpy(x.copy()).cuda() for x in (theta, count.astype(np.int32), docs, vals)]
-            compact_candidates(*gpu, torch.from_numpy(delta).cuda(), k, most)
+            compact_candidates(*gpu, torch.from_numpy(delta).cuda(), k, most, cache=cache)
             th, cnt, d, v = (x.cpu() for x in gpu)
             assert torch.equal(th, cpu[0]) and torch.equal(cnt, cpu[1]), (k, spread)
             for r in range(b):

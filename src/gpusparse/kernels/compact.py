@@ -16,6 +16,11 @@ __all__ = ["SOURCE", "available", "compact_candidates"]
 
 SOURCE = "compact.cu"  # in kernels/cuda/
 THREADS = 512  # the kernel's NT
+# Batches of at most this many queries keep each row's first CACHE_VALUES candidate values in
+# shared memory during the selection (128 KiB a block: few blocks fit an SM, which a small
+# batch does not need; a larger batch's many blocks are better served by the cache-less build).
+CACHE_MAX_BATCH = 8
+CACHE_VALUES = 1 << 14
 
 
 def compact_candidates(
@@ -26,12 +31,16 @@ def compact_candidates(
     delta: torch.Tensor,
     k: int,
     most: int,
+    *,
+    cache: int | None = None,
 ) -> None:
     """:func:`gpusparse.engines.tiled.waves.compact_torch` in one launch (a block per query), in place.
 
     ``theta`` int64 ``[B]``, ``count`` int32 ``[B]``, ``cand_doc`` int32 and ``cand_val``
     int64 ``[B, cap]``, ``delta`` int64 ``[B]``, contiguous on one CUDA device; ``most`` is the
-    largest count (every count is at most ``cap``).
+    largest count (every count is at most ``cap``). ``cache``: candidate values of a row held
+    in shared memory during the selection (default: :data:`CACHE_VALUES` for batches of at most
+    :data:`CACHE_MAX_BATCH` queries, else none); the result does not depend on it.
     """
     dev = theta.device
     check_tensors(
@@ -47,6 +56,10 @@ def compact_candidates(
     b, cap = cand_val.shape
     if b == 0 or most == 0:
         return
-    kernel = load_kernel(SOURCE, "compact_candidates", device=device_index(dev))
+    if cache is None:
+        cache = CACHE_VALUES if b <= CACHE_MAX_BATCH else 0
+    cache = max(0, min(cache, cap, most, CACHE_VALUES))
+    kernel = load_kernel(SOURCE, "compact_candidates", device=device_index(dev), max_dynamic_shared=CACHE_VALUES * 8)
     args = [pointer(x) for x in (theta, count, cand_doc, cand_val, delta)]
-    launch(kernel, (b,), (THREADS,), (*args, np.int32(k), np.int32(cap), np.int32(most)), device=dev)
+    ints = (np.int32(k), np.int32(cap), np.int32(most), np.int32(cache))
+    launch(kernel, (b,), (THREADS,), (*args, *ints), device=dev, shared_mem=cache * 8)

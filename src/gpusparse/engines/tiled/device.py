@@ -15,7 +15,7 @@ import torch
 
 from ...config import engine_config
 from ...exact import pad_results
-from ...kernels import rescore, tile_candidates
+from ...kernels import finish, rescore, tile_candidates
 from ...kernels.compact import compact_candidates
 from ...layout.postings import PostingLists
 from ...layout.tiled import TiledIndex
@@ -116,8 +116,11 @@ def _device_steps(
         fp.delta, fp.scale, width=width, count=count, list_pos=layout.list_pos if tiled is None else None,
         tile_bits=layout.tile_bits, floor=floor, forward=layout.forward, tiled=tiled,
     )  # fmt: skip
-    top = top_keys(keys, k, count)
-    scores, ids = pad_results(decode_keys(top) if width else None, k, b, dev)
+    top = top_keys(keys, k, count) if width else None
+    if finish.available():  # the ~25 small operations below in one launch
+        scores, ids = finish.finish_rows(top, k, fp.delta, fp.scale, lb, floor, redo)
+        return scores, ids, redo
+    scores, ids = pad_results(decode_keys(top) if top is not None else None, k, b, dev)
     redo |= uncertain_rows(index, None, fp, scores, k, lb, floor)
     return scores, ids, redo
 

@@ -5,10 +5,14 @@ typedef long long i64;
 // One block per query: the k-th largest candidate value (MSB-first radix select, 8 bits a
 // pass) raises theta, then the candidates below theta's margin are dropped in place, the
 // kept ones in their order. The rule is gpusparse.engines.tiled.waves.compact_torch's, which is its reference.
+// A row's first `cached` values are kept in shared memory (dynamic, 8 bytes each) by the first
+// pass, so that the radix passes do not wait on global loads: a small batch has one block a
+// query, whose passes are latency-bound.
 extern "C" __global__ void __launch_bounds__(NT) compact_candidates(
     u64* __restrict__ theta, int* __restrict__ count, int* __restrict__ cand_doc, u64* __restrict__ cand_val,
-    const i64* __restrict__ q_delta, const int k, const int cap, const int most)
+    const i64* __restrict__ q_delta, const int k, const int cap, const int most, const int cached)
 {
+    extern __shared__ u64 cache[];
     __shared__ unsigned int hist[256];
     __shared__ u64 s_max, s_prefix;
     __shared__ int s_need, s_warp[NT / 32];
@@ -21,7 +25,11 @@ extern "C" __global__ void __launch_bounds__(NT) compact_candidates(
         if (tid == 0) s_max = 0ull;
         __syncthreads();
         u64 m = 0ull;
-        for (int i = tid; i < n; i += NT) m = max(m, val[i]);
+        for (int i = tid; i < n; i += NT) {
+            const u64 v = val[i];
+            if (i < cached) cache[i] = v;
+            m = max(m, v);
+        }
         for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_down_sync(0xffffffffu, m, o));
         if (lane == 0) atomicMax(&s_max, m);
         if (tid == 0) {
@@ -35,20 +43,34 @@ extern "C" __global__ void __launch_bounds__(NT) compact_candidates(
             __syncthreads();
             const u64 prefix = s_prefix;
             for (int i = tid; i < n; i += NT) {
-                const u64 v = val[i];
+                const u64 v = i < cached ? cache[i] : val[i];
                 if (shift + 8 >= 64 || (v >> (shift + 8)) == (prefix >> (shift + 8)))
                     atomicAdd(&hist[(v >> shift) & 255u], 1u);
             }
             __syncthreads();
-            if (tid == 0) {
-                unsigned int cum = 0u;
-                int b = 255;
-                for (; b > 0; --b) {
-                    if (cum + hist[b] >= (unsigned int)s_need) break;
-                    cum += hist[b];
+            if (warp == 0) {
+                // the highest bin b >= 1 whose count from the top reaches s_need, else 0 (the
+                // counts above it are dropped from s_need); lane l sums bins 255 - 8l down to 248 - 8l
+                const unsigned int need = (unsigned int)s_need;
+                unsigned int own = 0u;
+                for (int j = 0; j < 8; ++j) own += hist[255 - 8 * lane - j];
+                unsigned int incl = own;
+                for (int o = 1; o < 32; o <<= 1) {
+                    const unsigned int up = __shfl_up_sync(0xffffffffu, incl, o);
+                    if (lane >= o) incl += up;
                 }
-                s_need -= (int)cum;
-                s_prefix = prefix | ((u64)b << shift);
+                const unsigned int hit = __ballot_sync(0xffffffffu, incl >= need);
+                const int first = hit ? __ffs(hit) - 1 : 31;  // counts always reach need; 31 holds bin 0
+                if (lane == first) {
+                    unsigned int cum = incl - own;
+                    int b = 255 - 8 * lane;
+                    for (int j = 0; j < 8 && b > 0; ++j, --b) {
+                        if (cum + hist[b] >= need) break;
+                        cum += hist[b];
+                    }
+                    s_need -= (int)cum;
+                    s_prefix = prefix | ((u64)b << shift);
+                }
             }
             __syncthreads();
         }
