@@ -6,11 +6,9 @@ Usage (GPU machine):
 At batch 1 the kernel runs one block per tile (1,080 at 8.8M documents) on 132 SMs: with 4
 resident blocks an SM that is 2.05 rounds of blocks, i.e. three rounds of block time. This times
 the kernel alone (one launch over all tiles with each block's own selection, as a small batch's
-single wave runs it; CUDA events, median) for several ``(threads, min_blocks)`` builds
-(``--shapes``), and on fixed-point float32 layouts with the dense terms read from the lists
-(``lists``: the DENSE_LISTS build) or from the dense rows, on the layout the engine searches
-(float32 fixed point and 8-bit levels), at the batches given, and checks that every build's
-candidates hold the same k best as the default one's. GPU bytes over every allocator
+single wave runs it; CUDA events, median) for several ``(threads, min_blocks)`` builds, on the
+layout the engine searches (float32 fixed point and 8-bit levels), at B = 1 and 8, and checks
+that every build's candidates hold the same k best as the default one's. GPU bytes over every allocator
 are recorded (bench/gpu_peaks.py).
 """
 
@@ -31,7 +29,6 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from gpu_peaks import gpu_memory  # noqa: E402
 from gpusparse import Index, SparseCollection, Vocabulary  # noqa: E402
-from gpusparse.engines.tiled.device import dense_lists  # noqa: E402
 from gpusparse.engines.tiled.engine import layout_for_search  # noqa: E402
 from gpusparse.engines.tiled.fixed_point import fixed_point, integer_weights, kernel_scale  # noqa: E402
 from gpusparse.engines.tiled.waves import initial_capacity  # noqa: E402
@@ -44,7 +41,7 @@ from kernels import time_events  # noqa: E402
 SHAPES = [(0, 0), (256, 5), (512, 3), (512, 2), (1024, 2), (1024, 1)]  # (0, 0): the launcher's default
 
 
-def candidates(layout, batch, fp, int_w, k, shape, lists=None) -> tuple[callable, tuple]:
+def candidates(layout, batch, fp, int_w, k, shape) -> tuple[callable, tuple]:
     """A launch of the kernel over all tiles into fresh buffers, and those buffers."""
     b = batch.padded_terms.shape[0]
     cap = initial_capacity(k, layout.n_tiles)
@@ -63,7 +60,7 @@ def candidates(layout, batch, fp, int_w, k, shape, lists=None) -> tuple[callable
         tile_candidates.tiled_candidates(
             layout, terms32, batch.padded_weights, q_scale, fp.delta, k=k, acc="u32", int_weights=int_w,
             q_shift=fp.shift, theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
-            threads=threads or None, min_blocks=min_blocks or None, lists=lists,
+            threads=threads or None, min_blocks=min_blocks or None,
         )  # fmt: skip
 
     return run, (count, cand_doc, cand_val)
@@ -84,10 +81,9 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--n", type=int, default=8_841_823)
     p.add_argument("--quantize", type=int, nargs="+", default=[0, 8])
-    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--reps", type=int, default=50)
-    p.add_argument("--shapes", action="store_true", help="sweep the launch shapes (else the default only)")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--commit", default="unknown")
     args = p.parse_args()
@@ -106,36 +102,30 @@ def main() -> None:
             fp = fixed_point(index, batch, "u32", layout.weight_bits)
             int_w = integer_weights(layout, batch, fp, "u32")
             want = None
-            lists = dense_lists(index, layout, 1)  # whatever the batch: both ways are timed
-            variants = [(shape, None) for shape in (SHAPES if args.shapes else SHAPES[:1])]
-            variants += [((0, 0), lists)] if lists is not None else []
-            for shape, from_lists in variants:
-                run, bufs = candidates(layout, batch, fp, int_w, args.k, shape, from_lists)
+            for shape in SHAPES:
+                run, bufs = candidates(layout, batch, fp, int_w, args.k, shape)
                 try:
                     ms = statistics.median(time_events(run, reps=args.reps, warmup=3))
                 except Exception as e:  # a shape the kernel cannot launch (registers, shared memory)
-                    out["rows"].append({"weights": label, "batch": b, "shape": shape, "lists": from_lists is not None,
-                                        "error": str(e)[:200]})  # fmt: skip
+                    out["rows"].append({"weights": label, "batch": b, "shape": shape, "error": str(e)[:200]})
                     print(label, b, shape, "error", str(e)[:200], flush=True)
                     continue
                 got = emitted(bufs, args.k)
                 want = want if want is not None else got
-                row = {"weights": label, "batch": b, "shape": list(shape), "lists": from_lists is not None,
-                       "kernel_ms": ms, "same_top_k_as_default": got == want,
-                       "candidates": int(bufs[0].sum())}  # fmt: skip
+                row = {"weights": label, "batch": b, "shape": list(shape), "kernel_ms": ms,
+                       "same_top_k_as_default": got == want, "candidates": int(bufs[0].sum())}  # fmt: skip
                 out["rows"].append(row)
                 print(json.dumps(row), flush=True)
         out[f"gpu_memory_{label}"] = gpu_memory()
         del index, layout
         torch.cuda.empty_cache()
     args.out.write_text(json.dumps(out, indent=2))
-    print(f"{'weights':8} {'B':>3} {'threads':>7} {'blocks':>6} {'dense':>5} {'kernel ms':>9} same")
+    print(f"{'weights':8} {'B':>3} {'threads':>7} {'blocks':>6} {'kernel ms':>9} same")
     for r in out["rows"]:
         if "kernel_ms" in r:
             t, m = r["shape"]
-            dense = "lists" if r["lists"] else "rows"
-            print(f"{r['weights']:8} {r['batch']:>3} {t or 'dflt':>7} {m or 'dflt':>6} {dense:>5} "
-                  f"{r['kernel_ms']:9.4f} {r['same_top_k_as_default']}")  # fmt: skip
+            print(f"{r['weights']:8} {r['batch']:>3} {t or 'dflt':>7} {m or 'dflt':>6} {r['kernel_ms']:9.4f} "
+                  f"{r['same_top_k_as_default']}")  # fmt: skip
 
 
 if __name__ == "__main__":
