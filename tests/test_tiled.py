@@ -290,10 +290,9 @@ def test_cuda_compaction_equals_the_pytorch_one(rng, cache: int):
                 assert torch.equal(d[r, :n], cpu[2][r, :n]) and torch.equal(v[r, :n], cpu[3][r, :n]), (k, spread, r)
 
 
-def fake_kernel(layout, q_terms, q_weights, q_scale, q_delta, *, k, tiles, select, acc, int_weights, q_shift, theta,
-                cand_count, cand_doc, cand_val):  # fmt: skip
-    """The CUDA kernel's contract in PyTorch, block by block, so the host's waves run on a CPU.
-    It reads the layout's arrays as the kernel does (not through the layout's accessors)."""
+def tile_sums(layout, q_terms, q_weights, q_scale, q_shift, tl_idx: int, q: int) -> torch.Tensor:
+    """Query ``q``'s fixed-point sums over tile ``tl_idx`` (int64), as the CUDA kernel adds them;
+    it reads the layout's arrays as the kernel does (not through the layout's accessors)."""
     n_docs, n_terms, tile_bits, weight_bits = layout.n_docs, layout.n_terms, layout.tile_bits, layout.weight_bits
     seg, dense_id, dense = layout.seg, layout.dense_id, layout.dense
     shift = 32 - tile_bits
@@ -313,32 +312,123 @@ def fake_kernel(layout, q_terms, q_weights, q_scale, q_delta, *, k, tiles, selec
         field = ((word & ((1 << shift) - 1)) << 8) | layout.wts[a:e].to(torch.int64)
         return word >> shift, (field + (layout.exp_base << 23)).to(torch.int32).view(torch.float32)
 
-    b, t = q_terms.shape
+    base = tl_idx << tile_bits
+    width = min(1 << tile_bits, n_docs - base)
+    acc = torch.zeros(width, dtype=torch.int64)
+    for j in range(q_terms.shape[1]):
+        term = int(q_terms[q, j])
+        if term < 0:
+            break
+        did = int(dense_id[tl_idx * n_terms + term])
+        w = float(q_weights[q, j]) * float(q_scale[q])
+        if did >= 0:
+            acc += products(w, q, dense[int(layout.dense_start[tl_idx]) + did, :width])
+            continue
+        start = int(layout.tile_start[tl_idx])
+        a = start + int(seg[tl_idx * (n_terms + 1) + term])
+        e = start + int(seg[tl_idx * (n_terms + 1) + term + 1])
+        offs, wts = sparse(a, e)
+        acc.index_add_(0, offs, products(w, q, wts))
+    return acc
+
+
+def radix_tau(acc: torch.Tensor, k: int) -> int:
+    """The CUDA kernel's block threshold ``tau`` for one tile's sums: two radix passes of 8 bits
+    from the largest sum's top bit give a value that at least ``k`` sums reach (0 when fewer
+    than ``k`` sums are positive)."""
+    vals = acc[acc != 0].tolist()
+    msb = max(vals).bit_length() - 1
+    s0 = msb - 7 if msb >= 7 else 0
+    tau, need = 0, k
+    for step in (0, 1):
+        shift = s0 if step == 0 else (s0 - 8 if s0 >= 8 else 0)
+        bits = 8 if step == 0 else s0 - shift
+        if step == 1 and bits == 0:
+            break
+        prefix = tau >> s0
+        hist = [0] * (1 << bits)
+        for v in vals:
+            if step == 0 or v >> s0 == prefix:
+                hist[(v >> shift) & ((1 << bits) - 1)] += 1
+        cum, b = 0, (1 << bits) - 1
+        while b >= 0 and cum + hist[b] < need:
+            cum += hist[b]
+            b -= 1
+        if b < 0:
+            return 0
+        need -= cum
+        tau = b << s0 if step == 0 else tau | (b << shift)
+    return tau
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("tile_bits", [13, 12, 4])
+def test_cuda_block_threshold_is_the_radix_rule(rng, tile_bits: int):
+    """Each block's own threshold (the first wave's selection, read back as theta after a launch
+    over one tile from theta = 0) equals the two-pass radix rule on the tile's sums, for k from
+    1 to past the tile's matches, on fixed-point and 8-bit layouts (whose sums are exact integers
+    either way). Tiles of 16 documents run blocks of fewer threads than a warp."""
+    require_cuda_kernels()
+    from dataclasses import fields, replace
+
+    from gpusparse.engines.tiled.fixed_point import integer_weights, kernel_scale
+    from gpusparse.kernels import tile_candidates
+    from gpusparse.layout.statistics import max_scores_host
+    from gpusparse.queries import prepare_queries
+
+    for quantized in (False, True):
+        docs = random_collection(rng, 3 << tile_bits, 400, 30, quantized=quantized)
+        index = Index.build(docs, device="cuda", quantize=8 if quantized else None)
+        queries = random_collection(rng, 6, 400, 12, quantized=quantized)
+        queries = prepare_queries(queries, index.vocab, index.quantization, max_scores_host(index))
+        layout = layout_for_search(index, tile_bits, 0.1, "u32", True)
+        assert (layout.weight_bits is not None) != quantized
+        arrays = {f.name: getattr(layout, f.name) for f in fields(layout)}
+        cpu_layout = replace(
+            layout, forward=None, **{n: x.cpu() for n, x in arrays.items() if isinstance(x, torch.Tensor)}
+        )
+        batch = query_batch(queries, index.device)
+        fp = fixed_point(index, batch, "u32", layout.weight_bits)
+        int_w = integer_weights(layout, batch, fp, "u32")
+        terms32 = batch.padded_terms.to(torch.int32).contiguous()
+        q_scale = kernel_scale(layout, fp)
+        host = (
+            terms32.cpu(),
+            batch.padded_weights.cpu(),
+            q_scale.cpu(),
+            fp.shift.cpu() if fp.shift is not None else None,
+        )
+        b, cap = len(queries), 1 << tile_bits
+        for tl in range(layout.n_tiles):
+            sums = [tile_sums(cpu_layout, *host, tl, q) for q in range(b)]
+            for k in (1, 10, 100, 5000):
+                theta = torch.zeros(b, dtype=torch.int64, device="cuda")
+                count = torch.zeros(b, dtype=torch.int32, device="cuda")
+                cdoc = torch.empty((b, cap), dtype=torch.int32, device="cuda")
+                cval = torch.empty((b, cap), dtype=torch.int64, device="cuda")
+                tile_candidates.tiled_candidates(
+                    layout, terms32, batch.padded_weights, q_scale, fp.delta, k=k, tiles=(tl, 1), acc="u32",
+                    int_weights=int_w, q_shift=fp.shift, theta=theta, cand_count=count, cand_doc=cdoc, cand_val=cval,
+                )  # fmt: skip
+                want = [radix_tau(x, k) if int(x.max()) > 0 else 0 for x in sums]
+                assert theta.tolist() == want, (quantized, tl, k)
+                assert any(want) or k > 10, "the rule is exercised"
+
+
+def fake_kernel(layout, q_terms, q_weights, q_scale, q_delta, *, k, tiles, select, acc, int_weights, q_shift, theta,
+                cand_count, cand_doc, cand_val):  # fmt: skip
+    """The CUDA kernel's contract in PyTorch, block by block, so the host's waves run on a CPU."""
+    b = q_terms.shape[0]
     cap = cand_doc.shape[1]
-    tile = 1 << tile_bits
+    tile = 1 << layout.tile_bits
     for tl_idx in range(tiles[0], tiles[0] + tiles[1]):
         base = tl_idx * tile
-        width = min(tile, n_docs - base)
         for q in range(b):
-            acc = torch.zeros(width, dtype=torch.int64)
-            for j in range(t):
-                term = int(q_terms[q, j])
-                if term < 0:
-                    break
-                did = int(dense_id[tl_idx * n_terms + term])
-                if did >= 0:
-                    w = float(q_weights[q, j]) * float(q_scale[q])
-                    acc += products(w, q, dense[int(layout.dense_start[tl_idx]) + did, :width])
-                    continue
-                start = int(layout.tile_start[tl_idx])
-                a = start + int(seg[tl_idx * (n_terms + 1) + term])
-                e = start + int(seg[tl_idx * (n_terms + 1) + term + 1])
-                w = float(q_weights[q, j]) * float(q_scale[q])
-                offs, wts = sparse(a, e)
-                acc.index_add_(0, offs, products(w, q, wts))
+            acc = tile_sums(layout, q_terms, q_weights, q_scale, q_shift, tl_idx, q)
             if int(acc.max()) == 0:
                 continue
-            tau = int(torch.topk(acc, k).values[-1]) if select and k <= width else 0
+            tau = int(torch.topk(acc, k).values[-1]) if select and k <= acc.numel() else 0
             old = int(theta[q])
             theta[q] = max(old, tau)
             th = max(old, tau)

@@ -453,21 +453,56 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
         const u64 prefix = tau >> s0;  // pass 1: the bucket chosen in pass 0
         for (int i = tid; i < 256; i += nt) hist[i] = 0u;
         __syncthreads();
+#if ACC_MODE == 1 && VEC == 4
+        // 32-bit sums (vmax < 2**32, so s0 <= 24): the groups of four each thread owns, one
+        // vector load each, as in the max pass (past `width` the sums are 0 and skipped)
+        const unsigned int pre32 = (unsigned int)prefix, field = (1u << bits) - 1u;
+#pragma unroll
+        for (int g = 0; g < PER / 4; ++g) {
+            const uint4 x = lo4[g * THREADS + tid];
+            const unsigned int xv[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+            for (int v = 0; v < 4; ++v)
+                if (xv[v] != 0u && (pass == 0 || (xv[v] >> s0) == pre32)) atomicAdd(&hist[(xv[v] >> shift) & field], 1u);
+        }
+#else
         for (int i = tid; i < width; i += nt) {
             const u64 v = ACC(i);
             if (v != 0ull && (pass == 0 || (v >> s0) == prefix))
                 atomicAdd(&hist[(v >> shift) & ((1u << bits) - 1u)], 1u);
         }
+#endif
         __syncthreads();
-        if (tid == 0) {
-            unsigned int cum = 0u;
-            int b = (1 << bits) - 1;
-            for (; b >= 0; --b) {
-                if (cum + hist[b] >= (unsigned int)need) break;
-                cum += hist[b];
+        if (tid < WL) {
+            // The highest bucket b whose count from the top reaches `need` (-1: none), and the
+            // count above it, by the first warp: lane l sums `per` buckets from place l * per
+            // (places counted from the top), a prefix sum over the lanes finds the one holding b,
+            // which walks its own (one thread walking all 256 buckets kept the others waiting).
+            const int nb = 1 << bits, per = (nb + WL - 1) / WL;
+            const unsigned int want = (unsigned int)need;
+            unsigned int own = 0u;
+            for (int j = 0; j < per; ++j) {
+                const int place = per * tid + j;
+                if (place < nb) own += hist[nb - 1 - place];
             }
-            s_bucket = b;
-            s_above = cum;
+            unsigned int incl = own;
+            for (int o = 1; o < WL; o <<= 1) {
+                const unsigned int up = __shfl_up_sync(WMASK, incl, o);
+                if (tid >= o) incl += up;
+            }
+            const unsigned int hit = __ballot_sync(WMASK, incl >= want);
+            if (hit == 0u) {  // fewer than `need` counted (s_above is then not read)
+                if (tid == 0) s_bucket = -1;
+            } else if (tid == __ffs(hit) - 1) {
+                unsigned int cum = incl - own;
+                int b = nb - 1 - per * tid;
+                for (int j = 0; j < per; ++j, --b) {
+                    if (cum + hist[b] >= want) break;
+                    cum += hist[b];
+                }
+                s_bucket = b;
+                s_above = cum;
+            }
         }
         __syncthreads();
         const int b = s_bucket;
