@@ -400,6 +400,7 @@ def test_cuda_block_threshold_is_the_radix_rule(rng, tile_bits: int):
             fp.shift.cpu() if fp.shift is not None else None,
         )
         b, cap = len(queries), 1 << tile_bits
+        exercised = 0
         for tl in range(layout.n_tiles):
             sums = [tile_sums(cpu_layout, *host, tl, q) for q in range(b)]
             for k in (1, 10, 100, 5000):
@@ -413,7 +414,8 @@ def test_cuda_block_threshold_is_the_radix_rule(rng, tile_bits: int):
                 )  # fmt: skip
                 want = [radix_tau(x, k) if int(x.max()) > 0 else 0 for x in sums]
                 assert theta.tolist() == want, (quantized, tl, k)
-                assert any(want) or k > 10, "the rule is exercised"
+                exercised += sum(1 for x in want if x)
+        assert exercised, "some block found k matches"
 
 
 def fake_kernel(layout, q_terms, q_weights, q_scale, q_delta, *, k, tiles, select, acc, int_weights, q_shift, theta,
