@@ -47,11 +47,14 @@ def doc_levels(
     indptr: torch.Tensor, indices: torch.Tensor, values: torch.Tensor
 ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], float]:
     """The documents quantized as ``Index.from_csr(..., quantize=8)`` does (``quantize_csr``):
-    ``(indptr, terms, level)`` with zero levels removed (level int64 in 1..255), and the step.
+    ``(indptr, terms, level)`` with zero levels removed (level uint8 in 1..255), and the step.
     The returned CSR's float weights are ``level · step``, what that index stores."""
     (qi, qt, qv), report = quantize_csr(indptr, indices, values, BITS)
     step = report.quantization.step
-    return (qi, qt, levels(qv, step, BITS)), step
+    lev = torch.empty(qv.numel(), dtype=torch.uint8, device=qv.device)
+    for lo in range(0, qv.numel(), 1 << 24):  # levels() works in float64 and int64: bounded pieces
+        lev[lo : lo + (1 << 24)] = levels(qv[lo : lo + (1 << 24)], step, BITS).to(torch.uint8)
+    return (qi, qt, lev), step
 
 
 def query_levels(queries) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -92,6 +95,13 @@ class ChunkLayout:
     def nbytes(self) -> int:
         return self.post.numel() * 4 + self.chunk_start.numel() * 8
 
+    def head(self, n_chunks: int) -> ChunkLayout:
+        """The first ``n_chunks`` chunks (views; for statistics on a sample of a large layout)."""
+        k = min(n_chunks, self.n_chunks)
+        end = int(self.chunk_start[k])
+        return ChunkLayout(self.post[:end], self.chunk_start[: k + 1], min(self.n_docs, k * self.chunk), self.chunk,
+                           self.n_terms)  # fmt: skip
+
     def unpack(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Term, offset in the chunk, level of every posting (int64)."""
         p = self.post.to(torch.int64) & 0xFFFFFFFF
@@ -129,7 +139,8 @@ def chunk_layout(
         lo, hi = int(bounds_h[c0]), int(bounds_h[c1])
         if hi > lo:
             docs = torch.repeat_interleave(
-                torch.arange(c0 * chunk, min(c1 * chunk, n), device=dev), torch.diff(indptr[c0 * chunk : c1 * chunk + 1])
+                torch.arange(c0 * chunk, min(c1 * chunk, n), device=dev),
+                torch.diff(indptr[c0 * chunk : c1 * chunk + 1]),
             )
             packed = (terms[lo:hi].to(torch.int64) << 16) | ((docs % chunk) << 8) | level[lo:hi].to(torch.int64)
             key = ((docs // chunk - c0) << 32) | packed
@@ -189,24 +200,41 @@ def row_stride(b: int) -> int:
 
 
 def reference_scores(
-    d_indptr: torch.Tensor, d_terms: torch.Tensor, d_level: torch.Tensor, bt: BatchTerms, n_terms: int
+    d_indptr: torch.Tensor,
+    d_terms: torch.Tensor,
+    d_level: torch.Tensor,
+    bt: BatchTerms,
+    n_terms: int,
+    queries: list[int] | None = None,
+    group_postings: int = 1 << 24,
 ) -> torch.Tensor:
-    """int64 ``[B, N]``: ``Σ q_level · d_level`` by a scatter-add over the whole collection from
-    the CSR (independent of the chunk layout and of the packing)."""
+    """int64 ``[len(queries), N]`` (default: every query): ``Σ q_level · d_level`` by a scatter-add
+    over the whole collection from the CSR, independent of the chunk layout and of the packing;
+    ``group_postings`` postings at a time."""
     dev = d_terms.device
+    rows = list(range(bt.n_queries)) if queries is None else list(queries)
     q = torch.zeros(bt.n_queries, n_terms, dtype=torch.int64, device=dev)
     ql = bt.qlist.to(torch.int64) & 0xFFFF
     tm = bt.tmap.to(torch.int64)
     terms = torch.nonzero(tm >= 0).flatten()
-    qptr = bt.qptr.to(torch.int64)
-    counts = torch.diff(qptr)[tm[terms]]
+    counts = torch.diff(bt.qptr.to(torch.int64))[tm[terms]]
     term_of_pair = torch.repeat_interleave(terms, counts)  # pairs are stored by batch term, in term order
     q[ql >> 8, term_of_pair] = ql & 0xFF
-    n = d_indptr.numel() - 1
-    docs = torch.repeat_interleave(torch.arange(n, device=dev), torch.diff(d_indptr.to(torch.int64)))
-    out = torch.zeros(bt.n_queries, n, dtype=torch.int64, device=dev)
-    for b in range(bt.n_queries):
-        out[b].index_add_(0, docs, q[b, d_terms.to(torch.int64)] * d_level.to(torch.int64))
+    q = q[rows]
+    indptr = d_indptr.to(torch.int64)
+    n = indptr.numel() - 1
+    out = torch.zeros(len(rows), n, dtype=torch.int64, device=dev)
+    bounds = indptr.cpu().numpy()
+    d0 = 0
+    while d0 < n:
+        d1 = max(d0 + 1, min(n, int(np.searchsorted(bounds, bounds[d0] + group_postings, side="right")) - 1))
+        lo, hi = int(bounds[d0]), int(bounds[d1])
+        docs = torch.repeat_interleave(torch.arange(d0, d1, device=dev), torch.diff(indptr[d0 : d1 + 1]))
+        t = d_terms[lo:hi].to(torch.int64)
+        lev = d_level[lo:hi].to(torch.int64)
+        for i in range(len(rows)):
+            out[i].index_add_(0, docs, q[i, t] * lev)
+        d0 = d1
     return out
 
 
@@ -249,7 +277,9 @@ def _window_pairs(post: torch.Tensor, tinfo: torch.Tensor, qlist: torch.Tensor, 
         rm = cm[rstart]
         per_run = rlen * rm
         run = torch.repeat_interleave(torch.arange(rstart.numel(), device=p.device), per_run)
-        lane = torch.arange(total, device=p.device) - torch.repeat_interleave(torch.cumsum(per_run, 0) - per_run, per_run)
+        lane = torch.arange(total, device=p.device) - torch.repeat_interleave(
+            torch.cumsum(per_run, 0) - per_run, per_run
+        )
         posting = rstart[run] + lane // rm[run]
         j = lane % rm[run]
     else:
