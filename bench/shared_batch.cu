@@ -98,7 +98,7 @@ __device__ __forceinline__ void chunk_batch(const u32* __restrict__ post, const 
     for (int chunk = blockIdx.x; chunk < n_chunks; chunk += gridDim.x) {
         const long long cs = chunk_start[chunk], ce = chunk_start[chunk + 1];
         for (long long w0 = cs; w0 < ce; w0 += W) {
-            const int wn = (int)min((long long)W, ce - w0);
+            const int wn = ce - w0 < (long long)W ? (int)(ce - w0) : W;
             u32 p[ITEMS], inf[ITEMS];
             u64 val[ITEMS];
             u64 local = 0;
@@ -199,7 +199,7 @@ __device__ __forceinline__ void chunk_batch(const u32* __restrict__ post, const 
         }
 
         // selection: per-query maxima, candidates at theta, accumulators zeroed
-        const int docs = min(CHUNK, n_docs - chunk * CHUNK);
+        const int docs = n_docs - chunk * CHUNK < CHUNK ? n_docs - chunk * CHUNK : CHUNK;
         for (int e = tid; e < ACC_WORDS; e += THREADS) {
             const int d = e / STRIDE, q = e - d * STRIDE;
             const int v = (int)acc[e];

@@ -4,6 +4,10 @@ and at a threshold exactly the documents scoring at least it."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+from pathlib import Path
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -134,6 +138,69 @@ def test_batch_terms_refuses_big_batches():
         ops.batch_terms(qi, np.zeros(257, dtype=np.int64), np.ones(257, dtype=np.int64), 10, "cpu")
     with pytest.raises(ValueError, match="chunk"):
         ops.chunk_layout(torch.zeros(1, dtype=torch.int64), torch.zeros(0), torch.zeros(0), 10, chunk=300)
+
+
+def _host_kernel(tmp: Path, variant: str, layout, bt, theta: np.ndarray, *, emit: bool, cap: int, threads: int,
+                 items: int, grid: int):  # fmt: skip
+    """bench/shared_batch.cu's kernel ``variant`` compiled for the CPU (tests/shared_batch_host.cpp) and
+    run: qmax, count, cand_doc, cand_val as numpy arrays."""
+    root = Path(__file__).resolve().parents[1]
+    b = bt.n_queries
+    exe = tmp / f"host_{threads}_{items}_{layout.chunk}_{b}"
+    if not exe.exists():
+        subprocess.run(
+            ["g++", "-std=c++20", "-O1", "-pthread", f"-DTHREADS={threads}", f"-DITEMS={items}",
+             f"-DCHUNK={layout.chunk}", f"-DNQ={b}", f"-DSTRIDE={ops.row_stride(b)}",
+             f'-DKERNEL_SOURCE="{root / "bench" / "shared_batch.cu"}"', str(root / "tests" / "shared_batch_host.cpp"),
+             "-o", str(exe)],
+            check=True, capture_output=True,
+        )  # fmt: skip
+    layout.post.numpy().tofile(tmp / "post.bin")
+    layout.chunk_start.numpy().tofile(tmp / "chunk_start.bin")
+    bt.tinfo.numpy().tofile(tmp / "tinfo.bin")
+    bt.qlist.numpy().tofile(tmp / "qlist.bin")
+    theta.astype(np.int32).tofile(tmp / "theta.bin")
+    args = [layout.n_chunks, layout.n_docs, bt.n_pairs, int(emit), cap, grid]
+    subprocess.run([str(exe), str(tmp), variant, *map(str, args)], check=True, timeout=120)
+    qmax, count = (np.fromfile(tmp / f"{n}.bin", dtype=np.int32) for n in ("qmax", "count"))
+    doc, val = (np.fromfile(tmp / f"{n}.bin", dtype=np.int32).reshape(b, cap) for n in ("cand_doc", "cand_val"))
+    return qmax, count, doc, val
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (C++20) to run the CUDA source on the CPU")
+@pytest.mark.parametrize(
+    ("n", "b", "chunk", "threads", "items", "grid"),
+    [(400, 33, 100, 64, 2, 3), (300, 7, 256, 96, 1, 1), (150, 40, 1, 32, 4, 7), (90, 64, 16, 64, 4, 2)],
+)
+def test_cuda_source_on_cpu_threads_is_exact(rng, tmp_path, n, b, chunk, threads, items, grid):
+    """The .cu file itself (not an emulation of it), its threads as CPU threads: every non-zero sum
+    at theta 1, the maxima, and the candidates at an oracle theta with a small capacity (overflow)."""
+    v = 500
+    d_csr = _random_levels(rng, n, v, 40, empty=0.05)
+    q_csr = _random_queries(rng, b, v, 20, shared_term=int(rng.integers(20)))
+    layout = ops.chunk_layout(*d_csr, v, chunk)
+    bt = ops.batch_terms(*q_csr, v, "cpu")
+    ref = ops.reference_scores(*d_csr, bt, v).numpy()
+    for variant in ("flat", "warp"):
+        run = dict(threads=threads, items=items, grid=grid)
+        qmax, count, doc, val = _host_kernel(tmp_path, variant, layout, bt, np.ones(b), emit=True, cap=n, **run)
+        assert np.array_equal(qmax, ref.max(1)), variant
+        for q in range(b):
+            want = np.flatnonzero(ref[q] > 0)
+            order = np.argsort(doc[q, : count[q]])
+            assert count[q] == len(want), f"{variant}: query {q}'s count"
+            assert np.array_equal(doc[q, : count[q]][order], want), f"{variant}: query {q}'s documents"
+            assert np.array_equal(val[q, : count[q]][order], ref[q][want]), f"{variant}: query {q}'s sums"
+        theta = ops.oracle_theta(torch.from_numpy(ref), 4).numpy()
+        theta[0] = 0
+        qmax, count, doc, val = _host_kernel(tmp_path, variant, layout, bt, theta, emit=True, cap=5, **run)
+        assert np.array_equal(qmax, ref.max(1)) and count[0] == 0
+        for q in range(1, b):
+            want = np.flatnonzero(ref[q] >= theta[q])
+            got = doc[q, : min(5, count[q])]
+            assert count[q] == len(want) and len(got) == min(5, len(want)), f"{variant}: query {q}"
+            assert set(got.tolist()) <= set(want.tolist())
+            assert np.array_equal(val[q, : len(got)], ref[q][got])
 
 
 @pytest.mark.gpu
