@@ -223,7 +223,7 @@ __device__ __forceinline__ void chunk_batch(const u32* __restrict__ post, const 
             if (smax[q] > 0) atomicMax(qmax + q, smax[q]);
             smax[q] = 0;
         }
-        __syncthreads();  // an empty next chunk goes straight to its selection, which writes smax
+        __syncthreads();  // smax flushed before any later selection (an empty chunk has no window barriers)
     }
 }
 

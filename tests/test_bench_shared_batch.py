@@ -141,15 +141,15 @@ def test_batch_terms_refuses_big_batches():
 
 
 def _host_kernel(tmp: Path, variant: str, layout, bt, theta: np.ndarray, *, emit: bool, cap: int, threads: int,
-                 items: int, grid: int):  # fmt: skip
-    """bench/shared_batch.cu's kernel ``variant`` compiled for the CPU (tests/shared_batch_host.cpp) and
-    run: qmax, count, cand_doc, cand_val as numpy arrays."""
+                 items: int, grid: int, exe_dir: Path | None = None):  # fmt: skip
+    """bench/shared_batch.cu's kernel ``variant`` compiled for the CPU (tests/shared_batch_host.cpp, into
+    ``exe_dir``, default ``tmp``) and run in ``tmp``: qmax, count, cand_doc, cand_val as numpy arrays."""
     root = Path(__file__).resolve().parents[1]
     b = bt.n_queries
-    exe = tmp / f"host_{threads}_{items}_{layout.chunk}_{b}"
+    exe = (exe_dir or tmp) / f"host_{threads}_{items}_{layout.chunk}_{b}"
     if not exe.exists():
         subprocess.run(
-            ["g++", "-std=c++20", "-O1", "-pthread", f"-DTHREADS={threads}", f"-DITEMS={items}",
+            ["g++", "-std=c++20", "-O1", f"-DTHREADS={threads}", f"-DITEMS={items}",
              f"-DCHUNK={layout.chunk}", f"-DNQ={b}", f"-DSTRIDE={ops.row_stride(b)}",
              f'-DKERNEL_SOURCE="{root / "bench" / "shared_batch.cu"}"', str(root / "tests" / "shared_batch_host.cpp"),
              "-o", str(exe)],
@@ -170,7 +170,13 @@ def _host_kernel(tmp: Path, variant: str, layout, bt, theta: np.ndarray, *, emit
 @pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (C++20) to run the CUDA source on the CPU")
 @pytest.mark.parametrize(
     ("n", "b", "chunk", "threads", "items", "grid"),
-    [(400, 33, 100, 64, 2, 3), (300, 7, 256, 96, 1, 1), (150, 40, 1, 32, 4, 7), (90, 64, 16, 64, 4, 2)],
+    [
+        (400, 33, 100, 64, 2, 3),
+        (300, 7, 256, 96, 1, 1),
+        (150, 40, 1, 32, 4, 7),
+        (90, 64, 16, 64, 4, 2),
+        (300, 256, 128, 1024, 4, 2),
+    ],  # the benchmark's shape: 1024 threads, 4 postings each, 256 queries
 )
 def test_cuda_source_on_cpu_threads_is_exact(rng, tmp_path, n, b, chunk, threads, items, grid):
     """The .cu file itself (not an emulation of it), its threads as CPU threads: every non-zero sum
@@ -245,3 +251,46 @@ def test_cuda_kernels_match_the_emulation(rng, n, b, chunk, threads):
             doc, val = out.candidates(q)
             assert set(doc.tolist()) <= set(want.tolist()) and len(doc) == min(4, len(want))
             assert np.array_equal(val, ref[q].numpy()[doc])
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ (C++20) to run the CUDA source on the CPU")
+def test_benchmark_checks_on_cpu(tmp_path, monkeypatch):
+    """bench/shared_batch.py's oracle (the engine's exact 8-bit results as integers) and its exactness
+    checks, with the kernels run on CPU threads in place of the GPU: every check passes on a correct
+    kernel and fails on a wrong one."""
+    bench = pytest.importorskip("shared_batch")
+    cuda = pytest.importorskip("shared_batch_cuda")
+    (di, dt, dw), (qi, qt, qw) = generate(800, 24, seed=5)
+    vocab = Vocabulary.bert()
+    v = len(vocab)
+    (li, lt, ll), step = ops.doc_levels(di, dt, dw)
+    layout = ops.chunk_layout(li, lt, ll, v, 128)
+    queries = SparseCollection(qi.numpy(), qt.numpy(), qw.numpy(), vocab=vocab)
+    bt = ops.batch_terms(*ops.query_levels(queries), v, "cpu")
+    index = Index.from_csr(li, lt, ll.to(torch.float32) * step, vocab, quantize=8)
+    steps = ops.power_of_two_steps(bench._row_max(queries), 8)
+    thetas = {k: bench.oracle_thetas(index.search(queries, k), steps, step, k) for k in (3, 30)}
+    qmax = bench.oracle_thetas(index.search(queries, 1), steps, step, 1)
+    ref = ops.reference_scores(li, lt, ll, bt, v)
+    assert np.array_equal(qmax, ref.max(1).values.numpy())
+    for k, theta in thetas.items():
+        assert np.array_equal(theta, torch.topk(ref, k).values[:, -1].numpy())
+    dirs = iter(range(10**6))
+
+    def host_run(variant, layout, bt, theta, out, *, emit=True, threads=64, reset=True, wrong=False):
+        work = tmp_path / f"run{next(dirs)}"
+        work.mkdir()
+        got = _host_kernel(work, variant, layout, bt, theta.cpu().numpy(), emit=emit, cap=out.cap, threads=threads,
+                           items=4, grid=3, exe_dir=tmp_path)  # fmt: skip
+        for tensor, value in zip((out.qmax, out.count, out.cand_doc, out.cand_val), got, strict=True):
+            tensor.copy_(torch.from_numpy(value).view_as(tensor))
+        if wrong:
+            out.cand_val[out.cand_val > 0] += 1
+
+    monkeypatch.setattr(cuda, "run", host_run)
+    report = bench.check_exact(layout, bt, (li, lt, ll), v, thetas, qmax, [1, 5, 6], torch.device("cpu"))
+    for variant in ("flat", "warp"):
+        assert report[variant] and all(report[variant].values()), report
+    monkeypatch.setattr(cuda, "run", lambda *a, **kw: host_run(*a, **kw, wrong=True))
+    report = bench.check_exact(layout, bt, (li, lt, ll), v, thetas, qmax, [1, 5, 6], torch.device("cpu"))
+    assert not any(report["flat"][name] for name in report["flat"] if name.startswith(("candidates", "all_sums")))
