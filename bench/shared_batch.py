@@ -231,7 +231,13 @@ def main() -> None:
         _write(args, res)
         return
 
+    import cupy
+
     from gpu_peaks import gpu_memory
+
+    props = torch.cuda.get_device_properties(dev)
+    res["env"] = {"torch": torch.__version__, "cuda": torch.version.cuda, "cupy": cupy.__version__,
+                  "multiprocessors": props.multi_processor_count, "smem_optin": cuda.smem_limit(dev)}  # fmt: skip
 
     steps = ops.power_of_two_steps(_row_max(queries), 8)
     rng = np.random.default_rng(0)
@@ -255,6 +261,9 @@ def main() -> None:
     launch = {"threads": args.threads}
     res["exact"] = check_exact(layout, bt, (li, lt, ll), v, thetas, qmax_engine, sampled, dev, **launch)
     print("exact:", json.dumps(res["exact"]), flush=True)
+    torch.cuda.synchronize(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    res["gpu_memory_before_kernels"] = gpu_memory(dev)  # layout, levels, CSR (its peak: since this point)
     cap = max(args.ks) * 4 + 1024
     out = cuda.Outputs.allocate(args.batch, cap, dev)
     zeros = torch.zeros(args.batch, dtype=torch.int32, device=dev)

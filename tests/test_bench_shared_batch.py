@@ -4,6 +4,7 @@ and at a threshold exactly the documents scoring at least it."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -228,7 +229,8 @@ def test_cuda_kernels_match_the_emulation(rng, n, b, chunk, threads):
     for variant in ("flat", "warp"):
         # theta 1 and room for every document: the candidates are every non-zero sum
         out = cuda.Outputs.allocate(b, n, torch.device("cuda"))
-        cuda.run(variant, layout, bt, torch.ones(b, dtype=torch.int32, device="cuda"), out, threads=threads)
+        ones = torch.ones(b, dtype=torch.int32, device="cuda")
+        cuda.run(variant, layout, bt, ones, out, threads=threads, blocks=7)  # blocks loop over chunks
         torch.cuda.synchronize()
         assert torch.equal(out.qmax.cpu().to(torch.int64), ref.max(1).values), variant
         assert int(out.overflow().sum()) == 0
@@ -294,3 +296,20 @@ def test_benchmark_checks_on_cpu(tmp_path, monkeypatch):
     monkeypatch.setattr(cuda, "run", lambda *a, **kw: host_run(*a, **kw, wrong=True))
     report = bench.check_exact(layout, bt, (li, lt, ll), v, thetas, qmax, [1, 5, 6], torch.device("cpu"))
     assert not any(report["flat"][name] for name in report["flat"] if name.startswith(("candidates", "all_sums")))
+
+
+@pytest.mark.gpu
+def test_benchmark_runs_small_on_gpu(tmp_path, monkeypatch):
+    """bench/shared_batch.py end to end at a small size: every exactness check passes, every row timed."""
+    require_cuda_kernels()
+    bench = pytest.importorskip("shared_batch")
+    argv = ["shared_batch.py", "--n", "30000", "--batch", "100", "--ks", "10", "100", "--reps", "2"]
+    argv += ["--out", str(tmp_path)]
+    monkeypatch.setattr("sys.argv", argv)
+    bench.main()
+    (path,) = tmp_path.glob("*-shared-batch.json")
+    res = json.loads(path.read_text())
+    for variant in ("flat", "warp"):
+        assert res["exact"][variant] and all(res["exact"][variant].values()), res["exact"]
+    assert {r["what"] for r in res["rows"]} == {"engine 8-bit", "kernel flat", "kernel warp"}
+    assert all(r.get("overflow", 0) == 0 for r in res["rows"])
