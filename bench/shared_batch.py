@@ -175,7 +175,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--n", type=int, default=8_841_823)
     p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--chunk", type=int, default=128)
+    p.add_argument("--chunk", type=int, nargs="+", default=[128], help="documents a chunk (several: one layout each)")
     p.add_argument("--ks", type=int, nargs="+", default=[10, 1000])
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--threads", type=int, default=1024)
@@ -187,67 +187,50 @@ def main() -> None:
     dev = torch.device(args.device)
     vocab = Vocabulary.bert()
     v = len(vocab)
-    res: dict = {"n_docs": args.n, "batch": args.batch, "chunk": args.chunk, "threads": args.threads,
+    res: dict = {"n_docs": args.n, "batch": args.batch, "chunks": args.chunk, "threads": args.threads,
                  "commit": args.commit, "command": "python bench/shared_batch.py " + " ".join(sys.argv[1:]),
                  "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                  "card": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
                  "theta": "oracle: the exact k-th score of each query (from the engine's exact 8-bit search); "
-                          "kernel timings are accumulation + emission at the final threshold, no waves"}  # fmt: skip
+                          "kernel timings are accumulation + emission at the final threshold, no waves",
+                 "rows": [], "layouts": []}  # fmt: skip
     t0 = time.perf_counter()
     (di, dt_, dw), (qi, qt, qw) = generate(args.n, args.batch, seed=0, device=dev)
     _sync(dev)
     res["generate_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    (li, lt, ll), step = ops.doc_levels(di, dt_, dw)
+    csr, step = ops.doc_levels(di, dt_, dw)
     del di, dt_, dw
     _sync(dev)
     res["levels_s"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    layout = ops.chunk_layout(li, lt, ll, v, args.chunk)
-    _sync(dev)
-    res["layout_build_s"] = time.perf_counter() - t0
-    res["layout_bytes"] = layout.nbytes
     queries = SparseCollection(qi.cpu().numpy(), qt.cpu().numpy(), qw.cpu().numpy(), vocab=vocab)
-    q_csr = ops.query_levels(queries)
-    bt = ops.batch_terms(*q_csr, v, dev)
+    bt = ops.batch_terms(*ops.query_levels(queries), v, dev)
     res["batch_pairs"], res["batch_terms"] = bt.n_pairs, int(bt.qptr.numel() - 1)
-    items = 4
-    if dev.type == "cuda":
-        import shared_batch_cuda as cuda
-
-        items = cuda.choose_items(args.batch, args.chunk, args.threads, bt.n_pairs, cuda.smem_limit(dev))
-        res["items"] = items
-        res["smem_bytes"] = cuda.smem_bytes(args.batch, args.chunk, args.threads, items, bt.n_pairs)
-    stats = ops.chunk_statistics(layout.head(STAT_CHUNKS), bt, window=args.threads * items)
-    stats["over_first_chunks"] = min(STAT_CHUNKS, layout.n_chunks)
-    res["statistics"] = stats
-    print(f"layout: {layout.nbytes / 2**30:.2f} GiB, built in {res['layout_build_s']:.2f} s; batch: {bt.n_pairs} "
-          f"(query, term) pairs over {res['batch_terms']} terms", flush=True)  # fmt: skip
-    print("per chunk (first chunks): " + ", ".join(f"{name} {stats[name]['mean']:.0f}" for name in (
-        "postings_per_chunk", "batch_postings_per_chunk", "pairs_per_chunk", "runs_per_chunk")) +
-        f"; mean m {stats['mean_m_posting_weighted']:.2f}, pairs with m>=32 {stats['share_pairs_m_ge_32']:.3f}, "
-        f"warp lane efficiency {stats['warp_lane_efficiency']:.3f}", flush=True)  # fmt: skip
+    print(f"batch: {bt.n_pairs} (query, term) pairs over {res['batch_terms']} terms", flush=True)
     if dev.type == "cpu":
+        for chunk in args.chunk:
+            layout = _layout(res, csr, v, chunk, dev)
+            _statistics(res["layouts"][-1], layout, bt, args.threads * 4)
         _write(args, res)
         return
 
     import cupy
 
+    import shared_batch_cuda as cuda
     from gpu_peaks import gpu_memory
 
     props = torch.cuda.get_device_properties(dev)
     res["env"] = {"torch": torch.__version__, "cuda": torch.version.cuda, "cupy": cupy.__version__,
                   "multiprocessors": props.multi_processor_count, "smem_optin": cuda.smem_limit(dev)}  # fmt: skip
-
     steps = ops.power_of_two_steps(_row_max(queries), 8)
     rng = np.random.default_rng(0)
     sampled = sorted(rng.choice(args.batch, size=min(SAMPLED, args.batch), replace=False).tolist())
-    thetas, rows = {}, []
+    li, lt, ll = csr
     if not args.no_engine:
         index = Index.from_csr(li, lt, ll.to(torch.float32) * step, vocab, device=dev, quantize=8)
         if index.quantization.step != step:
             raise RuntimeError("the index's step is not the levels' step")
-        rows, results = engine_rows(index, queries, args.ks, args.reps)
+        res["rows"], results = engine_rows(index, queries, args.ks, args.reps)
         thetas = {k: oracle_thetas(results[k], steps, step, k) for k in args.ks}
         qmax_engine = oracle_thetas(index.search(queries, 1), steps, step, 1)
         res["gpu_memory_with_engine"] = gpu_memory(dev)
@@ -258,30 +241,79 @@ def main() -> None:
         thetas = {k: ops.oracle_theta(ref, k).to(torch.int32).cpu().numpy() for k in args.ks}
         qmax_engine = ref.max(1).values.to(torch.int32).cpu().numpy()
         del ref
-    launch = {"threads": args.threads}
-    res["exact"] = check_exact(layout, bt, (li, lt, ll), v, thetas, qmax_engine, sampled, dev, **launch)
-    print("exact:", json.dumps(res["exact"]), flush=True)
-    torch.cuda.synchronize(dev)
-    torch.cuda.reset_peak_memory_stats(dev)
-    res["gpu_memory_before_kernels"] = gpu_memory(dev)  # layout, levels, CSR (its peak: since this point)
-    cap = max(args.ks) * 4 + 1024
-    out = cuda.Outputs.allocate(args.batch, cap, dev)
-    zeros = torch.zeros(args.batch, dtype=torch.int32, device=dev)
-    for variant in ("flat", "warp"):
-        ms = _events_ms(lambda variant=variant: cuda.run(variant, layout, bt, zeros, out, emit=False, **launch),
-                        args.reps)  # fmt: skip
-        rows.append({"what": f"kernel {variant}", "k": None, "emit": False, "kernel_ms": statistics.median(ms),
-                     "kernel_ms_all": ms})  # fmt: skip
-        for k, theta in thetas.items():
-            th = torch.from_numpy(theta).to(dev)
-            ms = _events_ms(lambda variant=variant, th=th: cuda.run(variant, layout, bt, th, out, **launch), args.reps)
-            rows.append({"what": f"kernel {variant}", "k": k, "emit": True, "kernel_ms": statistics.median(ms),
-                         "kernel_ms_all": ms, "candidates_mean": float(out.count.double().mean()),
-                         "overflow": int(out.overflow().sum())})  # fmt: skip
-        print(json.dumps([r for r in rows if r["what"] == f"kernel {variant}"]), flush=True)
-    res["rows"] = rows
+    for chunk in args.chunk:
+        try:
+            items = cuda.choose_items(args.batch, chunk, args.threads, bt.n_pairs, cuda.smem_limit(dev))
+        except ValueError as e:
+            print(f"chunk {chunk}: skipped ({e})", flush=True)
+            res["layouts"].append({"chunk": chunk, "skipped": str(e)})
+            continue
+        layout = _layout(res, csr, v, chunk, dev)
+        info = res["layouts"][-1]
+        info["items"] = items
+        info["smem_bytes"] = cuda.smem_bytes(args.batch, chunk, args.threads, items, bt.n_pairs)
+        _statistics(info, layout, bt, args.threads * items)
+        info["exact"] = check_exact(layout, bt, csr, v, thetas, qmax_engine, sampled, dev, threads=args.threads)
+        print(f"chunk {chunk}: exact", json.dumps(info["exact"]), flush=True)
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        info["gpu_memory_before_kernels"] = gpu_memory(dev)  # its peak: since this point
+        res["rows"] += time_kernels(layout, bt, thetas, args.reps, args.threads, max(args.ks) * 4 + 1024)
+        info["gpu_memory_kernels"] = gpu_memory(dev)
+        del layout
+        torch.cuda.empty_cache()
     res["gpu_memory"] = gpu_memory(dev)
     _write(args, res)
+
+
+def time_kernels(layout, bt, thetas: dict, reps: int, threads: int, cap: int) -> list[dict]:
+    """CUDA-event milliseconds (median of ``reps`` after warm-up) of each kernel: accumulate only
+    (per-query maxima, no emission), and with emission at each oracle theta."""
+    import shared_batch_cuda as cuda
+
+    dev = layout.post.device
+    out = cuda.Outputs.allocate(bt.n_queries, cap, dev)
+    zeros = torch.zeros(bt.n_queries, dtype=torch.int32, device=dev)
+    rows = []
+    for variant in ("flat", "warp"):
+        ms = _events_ms(lambda variant=variant: cuda.run(variant, layout, bt, zeros, out, emit=False, threads=threads),
+                        reps)  # fmt: skip
+        rows.append({"what": f"kernel {variant}", "chunk": layout.chunk, "k": None, "emit": False,
+                     "kernel_ms": statistics.median(ms), "kernel_ms_all": ms})  # fmt: skip
+        for k, theta in thetas.items():
+            th = torch.from_numpy(theta).to(dev)
+            ms = _events_ms(lambda variant=variant, th=th: cuda.run(variant, layout, bt, th, out, threads=threads),
+                            reps)  # fmt: skip
+            rows.append({"what": f"kernel {variant}", "chunk": layout.chunk, "k": k, "emit": True,
+                         "kernel_ms": statistics.median(ms), "kernel_ms_all": ms,
+                         "candidates_mean": float(out.count.double().mean()),
+                         "overflow": int(out.overflow().sum())})  # fmt: skip
+        print(json.dumps(rows[-1 - len(thetas) :]), flush=True)
+    return rows
+
+
+def _layout(res: dict, csr, v: int, chunk: int, dev: torch.device):
+    """The chunk layout of ``csr`` (its bytes and build time appended to ``res["layouts"]``)."""
+    _sync(dev)
+    t0 = time.perf_counter()
+    layout = ops.chunk_layout(*csr, v, chunk)
+    _sync(dev)
+    res["layouts"].append({"chunk": chunk, "build_s": time.perf_counter() - t0, "bytes": layout.nbytes})
+    print(f"chunk {chunk}: layout {layout.nbytes / 2**30:.2f} GiB, built in {res['layouts'][-1]['build_s']:.2f} s",
+          flush=True)  # fmt: skip
+    return layout
+
+
+def _statistics(info: dict, layout, bt, window: int) -> None:
+    """:func:`ops.chunk_statistics` over the first chunks into ``info``, printed."""
+    stats = ops.chunk_statistics(layout.head(STAT_CHUNKS), bt, window=window)
+    stats["over_first_chunks"] = min(STAT_CHUNKS, layout.n_chunks)
+    info["statistics"] = stats
+    names = ("postings_per_chunk", "batch_postings_per_chunk", "pairs_per_chunk", "runs_per_chunk")
+    means = ", ".join(f"{n} {stats[n]['mean']:.0f}" for n in names)
+    print(f"chunk {layout.chunk}, per chunk (first chunks): {means}" +
+        f"; mean m {stats['mean_m_posting_weighted']:.2f}, pairs with m>=32 {stats['share_pairs_m_ge_32']:.3f}, "
+        f"warp lane efficiency {stats['warp_lane_efficiency']:.3f}", flush=True)  # fmt: skip
 
 
 def _row_max(queries: SparseCollection) -> np.ndarray:
@@ -298,10 +330,10 @@ def _write(args, res: dict) -> None:
     path = args.out / f"{dt.date.today().isoformat()}-{card}-shared-batch.json"
     path.write_text(json.dumps(res, indent=2))
     print(f"wrote {path}")
-    print(f"{'what':16} {'k':>5} {'kernel ms':>10} {'engine ms':>10} {'h2h ms':>8} {'tiled kernel':>12}")
+    print(f"{'what':16} {'chunk':>5} {'k':>5} {'kernel ms':>10} {'engine ms':>10} {'h2h ms':>10} {'tiled kern':>10}")
     for r in res.get("rows", []):
         cols = [r.get(c) for c in ("kernel_ms", "engine_ms", "h2h_ms", "engine_kernel_ms")]
-        print(f"{r['what']:16} {r['k'] if r.get('emit', True) else 'acc'!s:>5} " + " ".join(
+        print(f"{r['what']:16} {r.get('chunk', '-')!s:>5} {r['k'] if r.get('emit', True) else 'acc'!s:>5} " + " ".join(
             f"{c:10.3f}" if isinstance(c, float) else f"{'-':>10}" for c in cols))  # fmt: skip
 
 
