@@ -85,10 +85,8 @@ class Outputs:
     def candidates(self, q: int) -> tuple[np.ndarray, np.ndarray]:
         """Query ``q``'s candidate documents (ascending) and their values, on the host."""
         n = min(int(self.count[q]), self.cap)
-        doc = self.cand_doc[q, :n].cpu().numpy()
-        val = self.cand_val[q, :n].cpu().numpy()
-        order = np.argsort(doc, kind="stable")
-        return doc[order], val[order]
+        doc, order = torch.sort(self.cand_doc[q, :n])  # on the device: up to every document of the collection
+        return doc.cpu().numpy(), self.cand_val[q, :n][order].cpu().numpy()
 
 
 def run(
