@@ -1,10 +1,10 @@
 """The tiled engine's last device step in one launch (``cuda/finish.cu``): ranked keys to padded
 results, and each row's fixed-point certainty check.
 
-On the synchronisation-free path these were some 25 small PyTorch operations after the final
+On the synchronisation-free path these were some 25-30 small PyTorch operations after the final
 top-k (decoding the keys, padding to ``k``, the row check of
 :func:`gpusparse.engines.tiled.fixed_point.uncertain_rows`): ~1 µs of device time each, about
-a sixth of a batch-1 search's device time at 8.8M documents, and the host's launches of them
+a fifth of a batch-1 search's device time at 8.8M documents, and the host's launches of them
 where no CUDA graph replays the search. Those operations are the kernel's reference.
 """
 
