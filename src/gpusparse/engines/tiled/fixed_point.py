@@ -25,8 +25,9 @@ from ...transfer import to_device
 
 FIXED_MAX_DELTA = 1 << 16
 # Batches of at most this many queries take their fixed-point parameters from Python floats,
-# row by row (~1.6 µs a row on a CPU dev box, against ~30 µs for numpy's ~50 calls on [B] arrays).
-SCALAR_ROWS = 16
+# row by row: on a CPU dev box ~2 µs a row, against ~20-30 µs for numpy's ~50 calls on [B]
+# arrays (bench/host_prep.py; equal near 8 rows with fixed-point weights, 12 without).
+SCALAR_ROWS = 8
 
 
 @dataclass(frozen=True)
