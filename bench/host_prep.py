@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -144,6 +145,14 @@ def bench_case(mods: dict, index, layout, queries: SparseCollection, b: int, acc
     return time_pairs(calls, reps)
 
 
+def cpu_model() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), platform.machine())
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--old", default="a93d098", help="the commit whose functions are the baseline")
@@ -160,7 +169,7 @@ def main() -> None:
                             text=True).stdout.strip()  # fmt: skip
     dirty = bool(subprocess.run(["git", "status", "--porcelain", "src"], cwd=ROOT, capture_output=True,
                                 text=True).stdout.strip())  # fmt: skip
-    out = {"machine": f"{platform.node()} {platform.processor() or platform.machine()}, CPU only",
+    out = {"machine": f"{platform.node()}: {cpu_model()}, {os.cpu_count()} cores (shared), CPU only",
            "python": platform.python_version(), "numpy": np.__version__, "commit": commit + ("+dirty" if dirty else ""),
            "old": args.old, "date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(sys.argv),
            "unit": "microseconds a call (median, p10, p90)", "rows": []}  # fmt: skip
@@ -182,6 +191,9 @@ def main() -> None:
             o, n = r[f"{s} old"]["median"], r[f"{s} new"]["median"]
             cells.append(f"{o:8.1f} → {n:7.1f} ({n / o:4.2f})")
         print(f"{r['weights']:8} {r['batch']:>4} " + " ".join(f"{c:>22}" for c in cells))
+    print("spread of the totals (p10-p90 µs): " + "; ".join(
+        f"{r['weights']} B={r['batch']} old {r['total old']['p10']:.1f}-{r['total old']['p90']:.1f}, "
+        f"new {r['total new']['p10']:.1f}-{r['total new']['p90']:.1f}" for r in out["rows"]))  # fmt: skip
 
 
 if __name__ == "__main__":
