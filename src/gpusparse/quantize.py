@@ -77,7 +77,8 @@ def power_of_two_steps(max_weights: np.ndarray, bits: int) -> np.ndarray:
     Exact, from the binary exponent: with ``m = f · 2**x`` (``f`` in [0.5, 1)) and
     ``top = 2**bits − 1`` in ``[2**(bits−1), 2**bits)``, the smallest ``e`` with
     ``m ≤ top · 2**e`` is ``x − bits`` or one more (both sides exact: ``top · 2**e`` is a
-    float64). That is the step :func:`power_of_two_step` finds with ``log2`` and its guard."""
+    float64). :func:`power_of_two_step` finds the same with ``log2`` and its guard (tested, at
+    the boundaries too)."""
     check_bits(bits)
     m = np.asarray(max_weights, dtype=np.float64)
     _, e = np.frexp(m)
@@ -201,15 +202,13 @@ def quantize_queries(queries: SparseCollection, bits: int) -> SparseCollection:
         if values.size:
             row_max[nonempty] = np.maximum.reduceat(values, indptr[:-1][nonempty])
         step_of = np.repeat(power_of_two_steps(row_max, bits), lens)
-    lev = np.round(values / step_of)
-    keep = lev > 0
+    new_values = (np.round(values / step_of) * step_of).astype(np.float32)
+    keep = new_values > 0  # level 0 (level · step is a float32 exactly: 0 only then)
     indices = queries.indices
     if not keep.all():
         counts = np.zeros(len(keep) + 1, dtype=np.int64)
         np.cumsum(keep, out=counts[1:])
         indptr = counts[indptr]
-        indices, lev = indices[keep], lev[keep]
-        step_of = step_of[keep] if n != 1 else step_of
-    new_values = (lev * step_of).astype(np.float32)
+        indices, new_values = indices[keep], new_values[keep]
     # the ids were checked when ``queries`` was made (checking them again cost ~2 µs a query)
     return SparseCollection.from_canonical(indptr, indices, new_values, queries.ids, queries.vocab)

@@ -127,11 +127,8 @@ def fixed_point_host(
     max_scores = max_scores_host(index)
     b, width = terms.shape
     w64 = weights.astype(np.float64)
-    if width:
-        ub = np.einsum("ij,ij->i", w64, max_scores[terms])
-        qmin = np.minimum.reduce(weights, 1, where=terms >= 0, initial=np.inf)
-    else:
-        ub, qmin = np.zeros(b), np.full(b, np.inf, dtype=np.float32)
+    ub = np.einsum("ij,ij->i", w64, max_scores[terms]) if width else np.zeros(b)
+    qmin = _query_minima(terms, weights)
     qmax = qsum = np.zeros(b)  # read with weight_bits only
     if weight_bits is not None:  # max and sum of w_q (times scale: a power of two, exact after)
         qmax = np.maximum.reduce(weights, 1) if width else np.zeros(b, dtype=np.float32)
@@ -179,11 +176,12 @@ _SCALAR = _Scalar()
 def _parameters(
     xp, ub, n, qmin, qmax, qsum, top_bits: int, min_w: float, max_w: float, weight_bits: int | None
 ) -> dict:
-    """:func:`fixed_point_host`'s per-query arithmetic, once for both kinds of operand: ``xp``
-    is numpy (``[B]`` float64 arrays; ``qmax`` float32) or :data:`_SCALAR` (Python floats of one
-    query; ``qmax`` float32's value). ``ub``: the score bound; ``n``: the query's terms; ``qmin``/``qmax``/``qsum``: its
-    smallest, largest weight and their sum. Returns the parameters (arrays, or floats and ints
-    that the caller makes arrays of)."""
+    """:func:`fixed_point_host`'s per-query arithmetic, written once for both kinds of operand:
+    ``xp`` is numpy (``[B]`` float64 arrays; ``qmax`` float32) or :data:`_SCALAR` (one query's
+    Python floats). ``ub``: the score bound; ``n``: the query's terms; ``qmin``/``qmax``/``qsum``:
+    its smallest and largest weight and their sum; ``top_bits``: log2 of the accumulator's limit;
+    ``min_w``/``max_w``: the index's smallest and largest weight. Returns the parameters by name
+    (arrays, or one query's floats and ints)."""
     mant, expo = xp.frexp(ub)  # ub = mant · 2**expo, mant in [0.5, 1)
     e = top_bits - expo + (mant == 0.5)
     scale = xp.where(ub > 0, xp.ldexp(1.0, xp.clip(e, -1000, 1000)), 1.0)
@@ -239,9 +237,14 @@ def match_floor(index: PostingLists, batch: QueryBatch, dev: torch.device) -> to
 
 
 def _match_floor_host(index: PostingLists, terms: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    b = terms.shape[0]
-    qmin = np.where(terms >= 0, weights, np.inf).min(1) if terms.shape[1] else np.full(b, np.inf)
-    return qmin.astype(np.float64) * min_weight(index)
+    return _query_minima(terms, weights).astype(np.float64) * min_weight(index)
+
+
+def _query_minima(terms: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """float32 ``[B]``: each query's smallest weight over its terms (inf without terms)."""
+    if terms.shape[1]:
+        return np.minimum.reduce(weights, 1, where=terms >= 0, initial=np.inf)
+    return np.full(terms.shape[0], np.inf, dtype=np.float32)
 
 
 def uncertain_rows(
