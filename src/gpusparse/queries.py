@@ -180,7 +180,8 @@ def _padded(
     b = len(lengths)
     width = (int(lengths.max()) if b > 1 else indices.size) if b else 0
     width = widen(width) if widen is not None else width
-    terms = np.full((b, width), -1, dtype=np.int64)
+    terms = np.empty((b, width), dtype=np.int64)
+    terms.fill(-1)  # np.full costs a microsecond more (a Python function around these two)
     weights = np.zeros((b, width), dtype=np.float32)
     if b == 1:  # one row: two slices (a mask costs three numpy calls more)
         terms[0, : indices.size] = indices
