@@ -170,6 +170,7 @@ def same_arrays(got, want) -> None:
 @pytest.mark.parametrize("kind", KINDS)
 def test_host_preparation_is_bit_identical_to_the_old_computation(bits, kind):
     rng = np.random.default_rng([bits or 0, KINDS.index(kind)])
+    seen = set()  # the outcomes met (checked below: the comparisons above saw each)
     for index_kind in ("splade", "wide", "outlier"):
         index = random_index(rng, index_kind, bits)
         for acc in ("u32", "carry"):
@@ -181,6 +182,7 @@ def test_host_preparation_is_bit_identical_to_the_old_computation(bits, kind):
                 if want_bad.any():
                     with pytest.raises(InputError, match=f"query {q.ids[int(np.argmax(want_bad))]!r}: its weights"):
                         prepare_queries(q, VOCAB, index.quantization, ms)
+                    seen.add("refused")
                     continue
                 got_q = prepare_queries(q, VOCAB, index.quantization, ms)
                 for name in ("indptr", "indices", "values"):
@@ -190,25 +192,34 @@ def test_host_preparation_is_bit_identical_to_the_old_computation(bits, kind):
                 for g, w in zip(padded, old_padded(old_q, query_width), strict=True):
                     same_arrays(g, w)
                 terms, weights, lengths = padded
-                for wb in {None, layout.weight_bits}:
+                for wb in dict.fromkeys((None, layout.weight_bits)):
                     try:
                         want = old_fixed_point_host(index, terms, weights, lengths, acc, wb)
                     except ValueError:
                         with pytest.raises(ValueError, match="outside the fixed-point range"):
                             fixed_point_host(index, terms, weights, lengths, acc, wb)
+                        seen.add("out of range")
                         continue
                     got = fixed_point_host(index, terms, weights, lengths, acc, wb)
                     assert list(got) == list(want)
                     for name in want:
                         same_arrays(got[name], want[name])
                     same_arrays(_match_floor_host(index, terms, weights), want["lb"])
-                    assert integer_weights_host(layout, weights, got["scale"], acc) == old_integer_weights(
-                        layout, weights, want["scale"], acc
-                    )
+                    int_w = integer_weights_host(layout, weights, got["scale"], acc)
+                    assert int_w == old_integer_weights(layout, weights, want["scale"], acc)
+                    seen.update({"scalar rows" if 0 < b <= SCALAR_ROWS else "numpy rows", f"integer {int_w}"})
+    assert {"scalar rows", "numpy rows", "integer False"} <= seen
+    if bits is None:
+        assert "out of range" in seen
+    else:
+        assert "integer True" in seen
+    assert ("refused" in seen) == (kind == "wide")
 
 
-def test_the_cases_above_occur():
-    """The random batches reach both of fixed_point_host's outcomes and both widths of path."""
+def test_an_outlier_document_weight_is_out_of_range_with_fixed_point_weights_only():
+    """One document weight of 1e30: fixed-point document weights cannot hold the others (the
+    caller then takes float64 products), float32 weights still can; 8-bit queries against an
+    8-bit index take integer products."""
     rng = np.random.default_rng(5)
     index = random_index(rng, "outlier", None)
     layout = layout_for_search(index, acc="u32")
