@@ -85,8 +85,8 @@ MUTATIONS = [
     Mutation(
         "zero the tiled engine's margin delta",
         "engines/tiled/fixed_point.py",
-        "delta = np.ceil(",
-        "delta = 0 * np.ceil(",
+        "delta = xp.ceil(",
+        "delta = 0 * xp.ceil(",
         TILED,
         count=2,
     ),

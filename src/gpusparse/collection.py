@@ -248,12 +248,25 @@ class SparseCollection:
         a, b = int(self.indptr[start]), int(self.indptr[max(start, stop)])
         # A slice of a canonical collection is canonical: copy it without checking it again
         # (searches slice their queries into batches; the checks cost more than the search).
-        out = object.__new__(SparseCollection)
-        out.indptr = self.indptr[start : max(start, stop) + 1] - a
-        out.indices = self.indices[a:b].copy()
-        out.values = self.values[a:b].copy()
-        out.ids = self.ids[start:stop]
-        out.vocab = self.vocab
+        return SparseCollection.from_canonical(
+            self.indptr[start : max(start, stop) + 1] - a,
+            self.indices[a:b].copy(),
+            self.values[a:b].copy(),
+            self.ids[start:stop],
+            self.vocab,
+        )
+
+    @classmethod
+    def from_canonical(
+        cls, indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, ids: list[str], vocab: Vocabulary
+    ) -> SparseCollection:
+        """A collection of arrays already in canonical form, taken as they are (not copied,
+        not checked): int64 ``indptr``, int32 ``indices`` sorted and unique in each row and
+        within ``vocab``, float32 ``values`` finite and > 0, ``ids`` checked. For arrays made
+        from a collection's own (a slice, quantized queries): the constructor's checks cost more
+        than a small batch's search."""
+        out = object.__new__(cls)
+        out.indptr, out.indices, out.values, out.ids, out.vocab = indptr, indices, values, ids, vocab
         return out
 
     def row(self, i: int) -> dict[str, float]:

@@ -72,19 +72,19 @@ def power_of_two_step(max_weight: float, bits: int) -> float:
 
 def power_of_two_steps(max_weights: np.ndarray, bits: int) -> np.ndarray:
     """:func:`power_of_two_step` of each of ``max_weights`` (float64), vectorised (a batch's
-    queries each have their own step)."""
+    queries each have their own step).
+
+    Exact, from the binary exponent: with ``m = f · 2**x`` (``f`` in [0.5, 1)) and
+    ``top = 2**bits − 1`` in ``[2**(bits−1), 2**bits)``, the smallest ``e`` with
+    ``m ≤ top · 2**e`` is ``x − bits`` or one more (both sides exact: ``top · 2**e`` is a
+    float64). :func:`power_of_two_step` finds the same with ``log2`` and its guard (tested, at
+    the boundaries too)."""
     check_bits(bits)
-    top = (1 << bits) - 1
     m = np.asarray(max_weights, dtype=np.float64)
-    steps = np.ones(m.shape)
-    pos = m > 0
-    s = np.ldexp(1.0, np.ceil(np.log2(m[pos] / top)).astype(np.int64))
-    over = m[pos] / s > top
-    while over.any():  # guard log2's rounding, as power_of_two_step does
-        s[over] *= 2
-        over = m[pos] / s > top
-    steps[pos] = s
-    return steps
+    _, e = np.frexp(m)
+    e -= bits
+    e += m > np.ldexp(float((1 << bits) - 1), e)
+    return np.where(m > 0, np.ldexp(1.0, e), 1.0)
 
 
 def levels(values: torch.Tensor, step: float | torch.Tensor, bits: int) -> torch.Tensor:
@@ -180,25 +180,35 @@ def quantize_queries(queries: SparseCollection, bits: int) -> SparseCollection:
     """Each query quantized with its own power-of-two step, so its result never depends on
     the other queries of a batch. Terms rounding to zero are dropped.
 
-    In numpy (the rounding of :func:`levels`: half to even, then clipped): every search of a
-    quantized index passes here, and for a small batch PyTorch's per-operation cost on the
-    host was most of the search's host time."""
+    In numpy (the rounding of :func:`levels`: half to even; no clipping is needed, as no
+    weight exceeds its row's largest, ``≤ (2**bits − 1) · step``): every search of a quantized
+    index passes here, and a batch-1 search's host time is on its latency's critical path.
+    One query's step comes from a Python float (:func:`power_of_two_step`, equal to
+    :func:`power_of_two_steps`: tested). The result is built from canonical arrays without
+    the constructor's checks (:meth:`SparseCollection.from_canonical`); the arrays are shared
+    with ``queries`` where no term is dropped. A weight near float32's largest can round up
+    to a level whose ``level · step`` is ``inf``: :func:`~gpusparse.queries.check_score_bound`
+    then refuses the query."""
     check_bits(bits)
-    indptr = queries.indptr.astype(np.int64)
-    values = queries.values.astype(np.float64)
-    lens = np.diff(indptr)
     n = len(queries)
-    row_max = np.zeros(n)
-    nonempty = lens > 0
-    if values.size:
-        row_max[nonempty] = np.maximum.reduceat(values, indptr[:-1][nonempty])
-    steps = power_of_two_steps(row_max, bits)
-    step_of = np.repeat(steps, lens)
-    lev = np.clip(np.round(values / step_of), 0, (1 << bits) - 1)
-    keep = lev > 0
-    new_indptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(np.repeat(np.arange(n), lens)[keep], minlength=n), out=new_indptr[1:])
-    new_values = (lev[keep] * step_of[keep]).astype(np.float32)
+    indptr = queries.indptr
+    values = queries.values.astype(np.float64)
+    if n == 1:
+        step_of: float | np.ndarray = power_of_two_step(float(values.max()) if values.size else 0.0, bits)
+    else:
+        lens = indptr[1:] - indptr[:-1]
+        nonempty = lens > 0
+        row_max = np.zeros(n)
+        if values.size:
+            row_max[nonempty] = np.maximum.reduceat(values, indptr[:-1][nonempty])
+        step_of = np.repeat(power_of_two_steps(row_max, bits), lens)
+    new_values = (np.round(values / step_of) * step_of).astype(np.float32)
+    keep = new_values > 0  # level 0 (level · step is a float32 exactly: 0 only then)
+    indices = queries.indices
+    if not keep.all():
+        counts = np.zeros(len(keep) + 1, dtype=np.int64)
+        np.cumsum(keep, out=counts[1:])
+        indptr = counts[indptr]
+        indices, new_values = indices[keep], new_values[keep]
     # the ids were checked when ``queries`` was made (checking them again cost ~2 µs a query)
-    return SparseCollection(new_indptr, queries.indices[keep], new_values, vocab=queries.vocab, ids=queries.ids,
-                            check_ids=False, copy=False)  # fmt: skip
+    return SparseCollection.from_canonical(indptr, indices, new_values, queries.ids, queries.vocab)

@@ -24,6 +24,10 @@ from ...queries import QueryBatch
 from ...transfer import to_device
 
 FIXED_MAX_DELTA = 1 << 16
+# Batches of at most this many queries take their fixed-point parameters from Python floats,
+# row by row: on a CPU dev box ~2 µs a row, against ~20-30 µs for numpy's ~50 calls on [B]
+# arrays (bench/host_prep.py; equal near 8 rows with fixed-point weights, 12 without).
+SCALAR_ROWS = 8
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,7 @@ def integer_weights_host(layout: TiledIndex, weights: np.ndarray, scale: np.ndar
     """:func:`integer_weights` from the padded weights and the scales on the host."""
     if not layout.quantized or acc != "u32":
         return False
-    w = weights.astype(np.float64) * (scale * layout.step)[:, None]
+    w = weights * (scale * layout.step)[:, None]  # float64: float32 weights converted exactly
     return bool((w == np.round(w)).all())
 
 
@@ -113,38 +117,101 @@ def fixed_point_host(
     """:func:`fixed_point` on the host, from the padded batch: ``scale`` (float64), ``delta``
     (int64), with ``weight_bits`` also ``mult`` (float64) and ``shift`` (int32), and ``lb``
     (float64, :func:`match_floor`), each ``[B]``. Raises ``ValueError`` where fixed-point
-    products are out of range."""
+    products are out of range.
+
+    This runs before a small batch's launch: its row reductions are numpy calls over the
+    padded ``[B, T]`` (padding, term -1 and weight 0, adds 0), and the per-query arithmetic
+    (:func:`_parameters`) is numpy's over ``[B]`` arrays, or for at most :data:`SCALAR_ROWS`
+    queries Python's over each row's floats (the same IEEE operations in the same order:
+    bit-identical, tested)."""
     max_scores = max_scores_host(index)
-    # Padding (term -1, weight 0) adds 0 below: a batch is small, but each numpy pass over
-    # [B, T] costs tens of microseconds, and this runs before the first launch.
+    b, width = terms.shape
     w64 = weights.astype(np.float64)
-    ub = np.einsum("ij,ij->i", w64, max_scores[terms]) if terms.size else np.zeros(len(terms))
-    mant, expo = np.frexp(ub)  # ub = mant · 2**expo, mant in [0.5, 1)
-    e = int(math.log2(ACC_TOP[acc])) - expo + (mant == 0.5)
-    scale = np.where(ub > 0, np.ldexp(1.0, np.clip(e, -1000, 1000)), 1.0)
-    n = n_terms.astype(np.float64)
+    ub = np.einsum("ij,ij->i", w64, max_scores[terms]) if width else np.zeros(b)
+    qmin = _query_minima(terms, weights)
+    qmax = qsum = np.zeros(b)  # read with weight_bits only
+    if weight_bits is not None:  # max and sum of w_q (times scale: a power of two, exact after)
+        qmax = np.maximum.reduce(weights, 1) if width else np.zeros(b, dtype=np.float32)
+        qsum = np.add.reduce(w64, 1)
+    consts = (int(math.log2(ACC_TOP[acc])), min_weight(index), max_score(index), weight_bits)
+    if 0 < b <= SCALAR_ROWS:
+        cols = zip(ub.tolist(), map(float, n_terms.tolist()), qmin.tolist(), qmax.tolist(), qsum.tolist(), strict=True)
+        rows = [_parameters(_SCALAR, *row, *consts) for row in cols]
+        return {name: np.array([r[name] for r in rows], dtype=_DTYPES[name]) for name in rows[0]}
+    return _parameters(np, ub, n_terms.astype(np.float64), qmin.astype(np.float64), qmax, qsum, *consts)
+
+
+_DTYPES = {"scale": np.float64, "delta": np.int64, "mult": np.float64, "shift": np.int32, "lb": np.float64}
+
+
+class _Scalar:
+    """The numpy functions :func:`_parameters` calls, on Python floats and ints (for a few
+    queries: a numpy call on a small array costs about a microsecond, these tens of nanoseconds).
+    Each gives numpy's float64 result: ``frexp``/``ldexp``/``ceil`` are exact (``ldexp``
+    overflows to ``inf`` as numpy's does), ``where``/``clip``/``any`` select."""
+
+    frexp = staticmethod(math.frexp)
+    clip = staticmethod(lambda x, lo, hi: min(max(x, lo), hi))
+    any = staticmethod(bool)
+
+    @staticmethod
+    def ldexp(x: float, e: int) -> float:
+        try:
+            return math.ldexp(x, e)
+        except OverflowError:
+            return math.copysign(math.inf, x)
+
+    @staticmethod
+    def ceil(x: float) -> float:
+        return float(math.ceil(x)) if math.isfinite(x) else x
+
+    @staticmethod
+    def where(cond: bool, a: float, b: float) -> float:
+        return a if cond else b
+
+
+_SCALAR = _Scalar()
+
+
+def _parameters(
+    xp, ub, n, qmin, qmax, qsum, top_bits: int, min_w: float, max_w: float, weight_bits: int | None
+) -> dict:
+    """:func:`fixed_point_host`'s per-query arithmetic, written once for both kinds of operand:
+    ``xp`` is numpy (``[B]`` float64 arrays; ``qmax`` float32) or :data:`_SCALAR` (one query's
+    Python floats). ``ub``: the score bound; ``n``: the query's terms; ``qmin``/``qmax``/``qsum``:
+    its smallest and largest weight and their sum; ``top_bits``: log2 of the accumulator's limit;
+    ``min_w``/``max_w``: the index's smallest and largest weight. Returns the parameters by name
+    (arrays, or one query's floats and ints)."""
+    mant, expo = xp.frexp(ub)  # ub = mant · 2**expo, mant in [0.5, 1)
+    e = top_bits - expo + (mant == 0.5)
+    scale = xp.where(ub > 0, xp.ldexp(1.0, xp.clip(e, -1000, 1000)), 1.0)
     canon = (ub * scale) * 2 * (n + 1) * 2.0**-53
-    floor = _match_floor_host(index, terms, weights)
+    floor = qmin * min_w
     if weight_bits is None:
-        delta = np.ceil(2 * (n / 2 + 1) + 2 * canon + 2)
-        return {"scale": scale, "delta": delta.astype(np.int64), "lb": floor}
-    # max and sum of w_q · scale: scale is a power of two, so scaling after is exact
-    qmax = (weights.max(1) if terms.shape[1] else np.zeros(len(scale))) * scale
-    qsum = w64.sum(1) * scale
-    _, qexpo = np.frexp(qmax)
-    c = np.where(qmax > 0, 31 - qexpo, 0)  # qmax · 2**c < 2**31
-    max_w = max_score(index)
-    err = n + n * max_w * np.ldexp(0.5, -c) + qsum * 2.0 ** -(weight_bits + 1)
-    err += n * np.ldexp(0.25, -(weight_bits + c))
-    delta = np.ceil(2 * (err + 1) + 2 * canon + 2)
+        delta = xp.ceil(2 * (n / 2 + 1) + 2 * canon + 2)
+        return {"scale": scale, "delta": _ints(delta), "lb": floor}
+    qmax = qmax * scale
+    qsum = qsum * scale
+    _, qexpo = xp.frexp(qmax)
+    c = xp.where(qmax > 0, 31 - qexpo, 0)  # qmax · 2**c < 2**31
+    err = n + n * max_w * xp.ldexp(0.5, -c) + qsum * 2.0 ** -(weight_bits + 1)
+    err += n * xp.ldexp(0.25, -(weight_bits + c))
+    delta = xp.ceil(2 * (err + 1) + 2 * canon + 2)
     shift = weight_bits + c
     # Out of range when one document weight dwarfs the query's own terms' (b then leaves
     # ordinary weights few bits): the margin would admit most documents. The caller falls
     # back to float64 products.
-    if (shift < 0).any() or (shift > 62).any() or (delta > FIXED_MAX_DELTA).any():
+    if xp.any((shift < 0) | (shift > 62) | (delta > FIXED_MAX_DELTA)):
         raise ValueError("weights outside the fixed-point range")
-    return {"scale": scale, "delta": delta.astype(np.int64), "mult": np.ldexp(scale, c),
-            "shift": shift.astype(np.int32), "lb": floor}  # fmt: skip
+    return {"scale": scale, "delta": _ints(delta), "mult": xp.ldexp(scale, c), "shift": _int32(shift), "lb": floor}
+
+
+def _ints(delta):
+    return delta.astype(np.int64) if isinstance(delta, np.ndarray) else int(delta)
+
+
+def _int32(shift):
+    return shift.astype(np.int32) if isinstance(shift, np.ndarray) else shift
 
 
 def kernel_scale(layout: TiledIndex, fp: FixedPoint) -> torch.Tensor:
@@ -170,9 +237,14 @@ def match_floor(index: PostingLists, batch: QueryBatch, dev: torch.device) -> to
 
 
 def _match_floor_host(index: PostingLists, terms: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    b = terms.shape[0]
-    qmin = np.where(terms >= 0, weights, np.inf).min(1) if terms.shape[1] else np.full(b, np.inf)
-    return qmin.astype(np.float64) * min_weight(index)
+    return _query_minima(terms, weights).astype(np.float64) * min_weight(index)
+
+
+def _query_minima(terms: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """float32 ``[B]``: each query's smallest weight over its terms (inf without terms)."""
+    if terms.shape[1]:
+        return np.minimum.reduce(weights, 1, where=terms >= 0, initial=np.inf)
+    return np.full(terms.shape[0], np.inf, dtype=np.float32)
 
 
 def uncertain_rows(
