@@ -85,6 +85,7 @@ def compile_options(
     fixed: bool = False,
     defines: Sequence[str] = (),
     packed: bool = False,
+    select: bool = True,
 ) -> tuple[str, ...]:
     """The NVRTC options of one build of the kernel (``defines``: extra ``-D`` names, profiling only)."""
     return (
@@ -99,6 +100,7 @@ def compile_options(
         f"-DFIXED_W={int(fixed)}",
         f"-DFIXED_STORED={int(fixed and weight_type == 'unsigned int')}",
         f"-DPACKED={int(packed)}",
+        f"-DSELECT={int(select)}",
         *(f"-D{d}" for d in defines),
     )
 
@@ -145,7 +147,8 @@ def tiled_candidates(
     ``theta`` int64 ``[B]`` (zeros, updated), ``cand_count`` int32 ``[B]`` (zeros, updated),
     ``cand_doc`` int32 and ``cand_val`` int64 ``[B, cap]`` (written). ``tiles = (first, count)``
     restricts the launch to a range of tiles (default: all). ``select=False`` skips each
-    block's own k-th selection and relies on ``theta`` alone (for waves after the first).
+    block's own k-th selection and relies on ``theta`` alone (for waves after the first); it is
+    a build of its own, without the selection's code.
     ``acc`` is the accumulator mode (:data:`ACC_MODES`); the caller's scales must keep every
     sum within its :data:`ACC_TOP`. ``int_weights`` (with "u32" only): every
     ``q_weights · q_scale`` is an integer (checked by the caller), so the kernel multiplies
@@ -212,7 +215,7 @@ def tiled_candidates(
     threads, min_blocks = launch_shape(tile_bits, acc, threads=threads, min_blocks=min_blocks)
     shared = shared_bytes(tile_bits, acc)
     build = (tile_bits, threads, unroll, min_blocks, acc, _WEIGHT_TYPES[wdtype], int_weights, fixed, tuple(defines),
-             packed)  # fmt: skip
+             packed, bool(select))  # fmt: skip
     kernel = _kernel(build, device_index(dev), variant_of(SOURCE))
     if dense.numel() == 0:  # CuPy wants real memory behind every pointer
         dense = torch.zeros((1, 1 << tile_bits), dtype=wdtype, device=dev)

@@ -76,6 +76,12 @@ typedef WT ST;
 #define SPARSE_FIXED(x) FIXED_OF(x)
 #endif
 #define INT_PRODUCTS (INT_W || FIXED_W)
+// SELECT=0 builds the kernel without the blocks' own k-th selection, for the waves that rely on
+// theta alone: their code is then that much smaller (the selection's registers and unrolled
+// loops cost the whole kernel ~5 % at 8.8M x 256 when compiled in but not run).
+#ifndef SELECT
+#define SELECT 1
+#endif
 typedef long long i64;
 
 #define MAXT 256  // query terms whose metadata sits in shared memory at once
@@ -446,7 +452,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     //    bound than one tile's k-th, and the two passes over the tile are saved.
     u64 tau = 0ull;
     int need = k;
-    for (int pass = 0; pass < (select ? 2 : 0); ++pass) {
+    for (int pass = 0; pass < (SELECT && select ? 2 : 0); ++pass) {
         const int shift = pass == 0 ? s0 : (s0 >= 8 ? s0 - 8 : 0);
         const int bits = pass == 0 ? 8 : s0 - shift;
         if (pass == 1 && bits == 0) break;
