@@ -134,7 +134,9 @@ def check_exact(layout, bt, csr, v, thetas: dict, qmax_engine: np.ndarray, sampl
             cap = int(max(k, (ref >= torch.from_numpy(theta[sampled]).to(dev)[:, None]).sum(1).max())) + 16
             out = cuda.Outputs.allocate(bt.n_queries, cap, dev)
             cuda.run(variant, layout, bt, torch.from_numpy(theta).to(dev), out, **launch)
-            ok[f"candidates_k{k}_overflowing_queries"] = int((out.overflow() > 0).sum())
+            report.setdefault("overflowing_queries", {}).setdefault(variant, {})[f"k{k}"] = int(
+                (out.overflow() > 0).sum()
+            )
             good = True
             for i, q in enumerate(sampled):
                 r = ref[i].cpu().numpy()
