@@ -11,7 +11,8 @@ typedef unsigned long long u64;
 // One CUDA block per (tile, group of QB * 8 queries). S^T = D^T Q^T in m32n8k16 steps (u8 x u8 -> s32,
 // exact): A = 32 documents x 16 rows of the tile's dense rows (column-major: a row's documents are
 // contiguous, TILE apart), B = 16 rows x 8 queries of `qa` (row-major, each block of 8 queries at its
-// own 32 bytes, as WMMA loads want 256-bit aligned pointers). A warp takes 32 documents at a time and
+// own 32 bytes, as WMMA loads want 256-bit aligned pointers), staged in shared memory; the next A
+// fragment is loaded before the current one's products. A warp takes 32 documents at a time and
 // all of the group's queries. The sums leave only as a checksum (one 64-bit atomic a warp), and, for
 // the first `out_tiles` tiles, stored whole (`out`, [n_tiles, B, TILE] int32) for the exactness check.
 extern "C" __global__ void __launch_bounds__(NW * 32) dense_mma(
@@ -27,18 +28,28 @@ extern "C" __global__ void __launch_bounds__(NW * 32) dense_mma(
     const unsigned char* a_base = dense + r0 * TILE;
     const unsigned char* b_base = qa + (i64)t * RMAX * (n_blocks * 32) + (i64)g * QB * 32;
     const int ldb = n_blocks * 32;
+    // The group's query levels for the tile's rows, staged once in shared memory (rk x QB blocks of 32
+    // bytes): every warp reads them for each of its slabs.
+    extern __shared__ __align__(32) unsigned char s_q[];
+    for (int i = threadIdx.x * 16; i < rk * QB * 32; i += NW * 32 * 16) {
+        const int row = i / (QB * 32), col = i % (QB * 32);
+        *reinterpret_cast<uint4*>(s_q + i) = *reinterpret_cast<const uint4*>(b_base + (i64)row * ldb + col);
+    }
+    __syncthreads();
     u64 sum = 0ull;
     for (int slab = warp; slab < TILE / 32; slab += NW) {
         wmma::fragment<wmma::accumulator, 32, 8, 16, int> acc[QB];
 #pragma unroll
         for (int j = 0; j < QB; ++j) wmma::fill_fragment(acc[j], 0);
+        wmma::fragment<wmma::matrix_a, 32, 8, 16, unsigned char, wmma::col_major> a, a_next;
+        if (rk > 0) wmma::load_matrix_sync(a_next, a_base + slab * 32, TILE);
         for (int k0 = 0; k0 < rk; k0 += 16) {
-            wmma::fragment<wmma::matrix_a, 32, 8, 16, unsigned char, wmma::col_major> a;
-            wmma::load_matrix_sync(a, a_base + (i64)k0 * TILE + slab * 32, TILE);
+            a = a_next;
+            if (k0 + 16 < rk) wmma::load_matrix_sync(a_next, a_base + (i64)(k0 + 16) * TILE + slab * 32, TILE);
 #pragma unroll
             for (int j = 0; j < QB; ++j) {
                 wmma::fragment<wmma::matrix_b, 32, 8, 16, unsigned char, wmma::row_major> b;
-                wmma::load_matrix_sync(b, b_base + (i64)k0 * ldb + j * 32, ldb);
+                wmma::load_matrix_sync(b, s_q + k0 * (QB * 32) + j * 32, QB * 32);
                 wmma::mma_sync(acc[j], a, b, acc[j]);
             }
         }
