@@ -8,11 +8,14 @@ typedef unsigned long long u64;
 #define QB 8  // blocks of 8 queries a warp carries (QB * 8 queries a CUDA block)
 #endif
 #define NW 8  // warps a CUDA block
+#ifndef KMAX
+#define KMAX 8  // the most 16-row steps a tile has (the launcher passes the layout's)
+#endif
 // One CUDA block per (tile, group of QB * 8 queries). S^T = D^T Q^T in m32n8k16 steps (u8 x u8 -> s32,
 // exact): A = 32 documents x 16 rows of the tile's dense rows (column-major: a row's documents are
 // contiguous, TILE apart), B = 16 rows x 8 queries of `qa` (row-major, each block of 8 queries at its
-// own 32 bytes, as WMMA loads want 256-bit aligned pointers), staged in shared memory; the next A
-// fragment is loaded before the current one's products. A warp takes 32 documents at a time and
+// own 32 bytes, as WMMA loads want 256-bit aligned pointers), staged in shared memory; a slab's A
+// fragments are all loaded before its products. A warp takes 32 documents at a time and
 // all of the group's queries. The sums leave only as a checksum (one 64-bit atomic a warp), and, for
 // the first `out_tiles` tiles, stored whole (`out`, [n_tiles, B, TILE] int32) for the exactness check.
 extern "C" __global__ void __launch_bounds__(NW * 32) dense_mma(
@@ -41,16 +44,19 @@ extern "C" __global__ void __launch_bounds__(NW * 32) dense_mma(
         wmma::fragment<wmma::accumulator, 32, 8, 16, int> acc[QB];
 #pragma unroll
         for (int j = 0; j < QB; ++j) wmma::fill_fragment(acc[j], 0);
-        wmma::fragment<wmma::matrix_a, 32, 8, 16, unsigned char, wmma::col_major> a, a_next;
-        if (rk > 0) wmma::load_matrix_sync(a_next, a_base + slab * 32, TILE);
-        for (int k0 = 0; k0 < rk; k0 += 16) {
-            a = a_next;
-            if (k0 + 16 < rk) wmma::load_matrix_sync(a_next, a_base + (i64)(k0 + 16) * TILE + slab * 32, TILE);
+        // all of the slab's document fragments first (KMAX loads in flight), then the products
+        wmma::fragment<wmma::matrix_a, 32, 8, 16, unsigned char, wmma::col_major> a[KMAX];
+#pragma unroll
+        for (int kk = 0; kk < KMAX; ++kk)
+            if (kk * 16 < rk) wmma::load_matrix_sync(a[kk], a_base + (i64)kk * 16 * TILE + slab * 32, TILE);
+#pragma unroll
+        for (int kk = 0; kk < KMAX; ++kk) {
+            if (kk * 16 >= rk) break;
 #pragma unroll
             for (int j = 0; j < QB; ++j) {
                 wmma::fragment<wmma::matrix_b, 32, 8, 16, unsigned char, wmma::row_major> b;
-                wmma::load_matrix_sync(b, s_q + k0 * (QB * 32) + j * 32, QB * 32);
-                wmma::mma_sync(acc[j], a, b, acc[j]);
+                wmma::load_matrix_sync(b, s_q + kk * 16 * (QB * 32) + j * 32, QB * 32);
+                wmma::mma_sync(acc[j], a[kk], b, acc[j]);
             }
         }
 #pragma unroll

@@ -99,14 +99,14 @@ def reference_checksum(layout, qa: torch.Tensor, n_blocks: int) -> int:
     return int((q * d).sum())
 
 
-def kernel(device_index: int):  # -> cupy.RawKernel
+def kernel(device_index: int, rmax: int = 128):  # -> cupy.RawKernel
     """``dense_mma.cu`` compiled for the device (NVRTC needs the toolkit's headers for ``mma.h``)."""
     import os
 
     import cupy as cp
 
     code = (Path(__file__).resolve().parent / "dense_mma.cu").read_text()
-    options = ["--std=c++17"]
+    options = ["--std=c++17", f"-DKMAX={max(1, rmax // 16)}"]
     for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
         if root and (Path(root) / "include" / "mma.h").exists():
             options.append(f"-I{Path(root) / 'include'}")
@@ -179,7 +179,7 @@ def main() -> None:
     row_start = row_start.contiguous()
     qa, rmax, n_blocks = query_operand(layout, batch, len(queries))
     dense_pad = torch.cat([layout.dense, torch.zeros((PAD_ROWS, tile), dtype=torch.uint8, device="cuda")])
-    fn = kernel(index.device.index or 0)
+    fn = kernel(index.device.index or 0, rmax)
     checksum = torch.zeros(1, dtype=torch.int64, device="cuda")
     # exactness: the first tiles whole, every tile through the checksum
     out = torch.full((args.check_tiles, n_blocks * 8, tile), -7, dtype=torch.int32, device="cuda")

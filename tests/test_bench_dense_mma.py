@@ -64,7 +64,7 @@ def test_kernel_sums_equal_the_reference_on_gpu(rng):
     tile = 1 << layout.tile_bits
     row_start = bench.ops.tile_dense_rows(layout)[0].contiguous()
     dense_pad = torch.cat([layout.dense, torch.zeros((bench.PAD_ROWS, tile), dtype=torch.uint8, device="cuda")])
-    fn = bench.kernel(torch.cuda.current_device())
+    fn = bench.kernel(torch.cuda.current_device(), rmax)
     checksum = torch.zeros(1, dtype=torch.int64, device="cuda")
     out = torch.full((layout.n_tiles, n_blocks * 8, tile), -7, dtype=torch.int32, device="cuda")
     bench.run_mma(fn, dense_pad, row_start, qa, n_blocks, rmax, tile, checksum, out, layout.n_tiles)
