@@ -8,6 +8,7 @@ typedef unsigned long long u64;
 #define QB 8  // blocks of 8 queries a warp carries (QB * 8 queries a CUDA block)
 #endif
 #define NW 8  // warps a CUDA block
+#define SQ (QB * 32 + 32)  // bytes between two rows of the staged query levels
 #ifndef KMAX
 #define KMAX 8  // the most 16-row steps a tile has (the launcher passes the layout's)
 #endif
@@ -33,10 +34,13 @@ extern "C" __global__ void __launch_bounds__(NW * 32) dense_mma(
     const int ldb = n_blocks * 32;
     // The group's query levels for the tile's rows, staged once in shared memory (rk x QB blocks of 32
     // bytes): every warp reads them for each of its slabs.
+    // Rows SQ bytes apart, 32 more than a row's QB * 32: a fragment's 16 rows fall in different banks
+    // (at QB * 32 = 256 bytes apart they all hit the same ones: Nsight Compute saw the loads 16-way
+    // conflicted).
     extern __shared__ __align__(32) unsigned char s_q[];
     for (int i = threadIdx.x * 16; i < rk * QB * 32; i += NW * 32 * 16) {
         const int row = i / (QB * 32), col = i % (QB * 32);
-        *reinterpret_cast<uint4*>(s_q + i) = *reinterpret_cast<const uint4*>(b_base + (i64)row * ldb + col);
+        *reinterpret_cast<uint4*>(s_q + row * SQ + col) = *reinterpret_cast<const uint4*>(b_base + (i64)row * ldb + col);
     }
     __syncthreads();
     u64 sum = 0ull;
@@ -55,7 +59,7 @@ extern "C" __global__ void __launch_bounds__(NW * 32) dense_mma(
 #pragma unroll
             for (int j = 0; j < QB; ++j) {
                 wmma::fragment<wmma::matrix_b, 32, 8, 16, unsigned char, wmma::row_major> b;
-                wmma::load_matrix_sync(b, s_q + kk * 16 * (QB * 32) + j * 32, QB * 32);
+                wmma::load_matrix_sync(b, s_q + kk * 16 * SQ + j * 32, SQ);
                 wmma::mma_sync(acc[j], a[kk], b, acc[j]);
             }
         }

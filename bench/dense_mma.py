@@ -124,7 +124,7 @@ def run_mma(fn, dense_pad, row_start, qa, n_blocks, rmax, tile, checksum, out=No
     args = (pointer(dense_pad), pointer(row_start), pointer(qa), np.int32(n_blocks), np.int32(rmax),
             np.int32(tile), pointer(checksum), pointer(out) if out is not None else np.uint64(0),
             np.int32(out_tiles))  # fmt: skip
-    shared = rmax * QUERIES_PER_BLOCK // 8 * 32  # the group's query levels: rmax rows x 8 blocks of 32 bytes
+    shared = rmax * (QUERIES_PER_BLOCK // 8 * 32 + 32)  # the group's query levels: rmax rows of SQ bytes
     with cp.cuda.Device(dense_pad.device.index), cupy_stream(dense_pad.device):
         fn((n_tiles, n_blocks // 8), (256,), args, shared_mem=shared)
 
