@@ -40,11 +40,12 @@ import dense_gemm_ops as ops
 from gpu_peaks import gpu_memory
 from gpusparse import Index, SparseCollection, Vocabulary
 from gpusparse.engines.tiled.engine import layout_for_search
-from gpusparse.engines.tiled.fixed_point import fixed_point, integer_weights, kernel_scale
+from gpusparse.engines.tiled.fixed_point import fixed_point, integer_weights
 from gpusparse.layout.statistics import max_scores_host
 from gpusparse.queries import prepare_queries, query_batch
 from gpusparse.synthetic import generate
 from kernels import time_events
+from launch_shape import candidates
 
 QUERIES_PER_BLOCK = 64  # the kernel's QB * 8
 PAD_ROWS = 16  # zero rows after the last dense row: a tile's last k-step may read past its rows
@@ -129,32 +130,6 @@ def run_mma(fn, dense_pad, row_start, qa, n_blocks, rmax, tile, checksum, out=No
         fn((n_tiles, n_blocks // 8), (256,), args, shared_mem=shared)
 
 
-def tiled_kernel(layout, batch, fp, int_w, k: int, defines=()):
-    """One launch of the engine's tiled kernel over all tiles (each block's own selection), as a closure."""
-    from gpusparse.engines.tiled.waves import initial_capacity
-    from gpusparse.kernels import tile_candidates
-
-    b = batch.padded_terms.shape[0]
-    dev = layout.seg.device
-    cap = initial_capacity(k, layout.n_tiles)
-    theta = torch.zeros(b, dtype=torch.int64, device=dev)
-    count = torch.zeros(b, dtype=torch.int32, device=dev)
-    cdoc = torch.empty((b, cap), dtype=torch.int32, device=dev)
-    cval = torch.empty((b, cap), dtype=torch.int64, device=dev)
-    terms32 = batch.padded_terms.to(torch.int32).contiguous()
-    q_scale = kernel_scale(layout, fp)
-
-    def run() -> None:
-        theta.zero_()
-        count.zero_()
-        tile_candidates.tiled_candidates(
-            layout, terms32, batch.padded_weights, q_scale, fp.delta, k=k, acc="u32", int_weights=int_w,
-            q_shift=fp.shift, theta=theta, cand_count=count, cand_doc=cdoc, cand_val=cval, defines=defines,
-        )  # fmt: skip
-
-    return run
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--n", type=int, default=8_841_823)
@@ -199,8 +174,10 @@ def main() -> None:
     mma_ms = statistics.median(time_events(mma_once, reps=args.reps, warmup=2))
     fp = fixed_point(index, batch, "u32", layout.weight_bits)
     int_w = integer_weights(layout, batch, fp, "u32")
-    full_ms = statistics.median(time_events(tiled_kernel(layout, batch, fp, int_w, 10), reps=args.reps, warmup=2))
-    skip = tiled_kernel(layout, batch, fp, int_w, 10, defines=("PROFILE_SKIP_DENSE",))
+    # the engine's kernel, one launch over all tiles with each block's own selection (bench/launch_shape.py)
+    full, _ = candidates(layout, batch, fp, int_w, 10)
+    full_ms = statistics.median(time_events(full, reps=args.reps, warmup=2))
+    skip, _ = candidates(layout, batch, fp, int_w, 10, defines=("PROFILE_SKIP_DENSE",))
     skip_ms = statistics.median(time_events(skip, reps=args.reps, warmup=2))
     counts = torch.diff(row_start)
     rows = {"dense_rows": int(row_start[-1]), "rows_per_tile_mean": float(counts.float().mean()), "rmax": rmax,

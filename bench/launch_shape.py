@@ -41,8 +41,9 @@ from kernels import time_events  # noqa: E402
 SHAPES = [(0, 0), (256, 5), (512, 3), (512, 2), (1024, 2), (1024, 1)]  # (0, 0): the launcher's default
 
 
-def candidates(layout, batch, fp, int_w, k, shape) -> tuple[callable, tuple]:
-    """A launch of the kernel over all tiles into fresh buffers, and those buffers."""
+def candidates(layout, batch, fp, int_w, k, shape=(0, 0), defines=()) -> tuple[callable, tuple]:
+    """A launch of the kernel over all tiles into fresh buffers, and those buffers; ``shape``:
+    ``(threads, min_blocks)`` (0: the launcher's), ``defines``: extra ``-D`` names of the build."""
     b = batch.padded_terms.shape[0]
     cap = initial_capacity(k, layout.n_tiles)
     dev = layout.seg.device
@@ -60,7 +61,7 @@ def candidates(layout, batch, fp, int_w, k, shape) -> tuple[callable, tuple]:
         tile_candidates.tiled_candidates(
             layout, terms32, batch.padded_weights, q_scale, fp.delta, k=k, acc="u32", int_weights=int_w,
             q_shift=fp.shift, theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
-            threads=threads or None, min_blocks=min_blocks or None,
+            threads=threads or None, min_blocks=min_blocks or None, defines=defines,
         )  # fmt: skip
 
     return run, (count, cand_doc, cand_val)
