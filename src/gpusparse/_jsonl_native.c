@@ -276,6 +276,33 @@ static inline int64_t find(const Pass *ps, const uint8_t *s, Py_ssize_t n) {
     return -1;
 }
 
+/* An object member's key and its colon, from *p on the key's opening quote: the key's text is
+ * [*ks, *ke), *escaped as string() says; *p ends on the value (blanks skipped). */
+static inline int member_key(const uint8_t **p, const uint8_t *end, const uint8_t **ks, const uint8_t **ke,
+                             int *escaped) {
+    const uint8_t *q = *p;
+    if (q >= end || *q != '"') return UNSURE;
+    *ks = ++q;
+    if (string(&q, end, ke, escaped)) return UNSURE;
+    q = skip_ws(q, end);
+    if (q >= end || *q != ':') return UNSURE;
+    *p = skip_ws(q + 1, end);
+    return OK;
+}
+
+/* After an object member's value: MORE past a ',' and the blanks after it (*p on the next key), OK on
+ * the object's closing '}' (*p on it), UNSURE otherwise. */
+enum { MORE = 2 };
+static inline int member_end(const uint8_t **p, const uint8_t *end) {
+    const uint8_t *q = skip_ws(*p, end);
+    if (q < end && *q == ',') {
+        *p = skip_ws(q + 1, end);
+        return MORE;
+    }
+    *p = q;
+    return q < end && *q == '}' ? OK : UNSURE;
+}
+
 /* The vector object from just after its '{'; *p ends after its '}'. */
 static int vector(Pass *ps, const uint8_t **p, const uint8_t *end) {
     const uint8_t *q = skip_ws(*p, end);
@@ -286,14 +313,9 @@ static int vector(Pass *ps, const uint8_t **p, const uint8_t *end) {
         return OK;
     }
     for (;;) {
-        if (q >= end || *q != '"') return UNSURE;
-        const uint8_t *ks = q + 1, *ke;
+        const uint8_t *ks, *ke;
         int escaped;
-        q = ks;
-        if (string(&q, end, &ke, &escaped)) return UNSURE;
-        q = skip_ws(q, end);
-        if (q >= end || *q != ':') return UNSURE;
-        q = skip_ws(q + 1, end);
+        if (member_key(&q, end, &ks, &ke, &escaped)) return UNSURE;
         if (q >= end || !(*q == '-' || (*q >= '0' && *q <= '9'))) return UNSURE;
         int is_int;
         double v;
@@ -327,13 +349,10 @@ static int vector(Pass *ps, const uint8_t **p, const uint8_t *end) {
             ps->postings++;
             length++;
         }
-        q = skip_ws(q, end);
-        if (q < end && *q == ',') {
-            q = skip_ws(q + 1, end);
-            continue;
-        }
-        if (q < end && *q == '}') break;
-        return UNSURE;
+        const int after = member_end(&q, end);
+        if (after == MORE) continue;
+        if (after) return UNSURE;
+        break;
     }
     *p = q + 1;
     ps->lengths[ps->records] = length;
@@ -356,14 +375,9 @@ static int line(Pass *ps, const uint8_t *q, const uint8_t *end, Py_ssize_t linen
     const uint8_t *id_s = NULL, *id_e = NULL, *alt_s = NULL, *alt_e = NULL;
     if (ps->records >= ps->room_records) return UNSURE;
     for (;;) {
-        if (q >= end || *q != '"') return UNSURE;
-        const uint8_t *ks = q + 1, *ke;
+        const uint8_t *ks, *ke;
         int escaped;
-        q = ks;
-        if (string(&q, end, &ke, &escaped) || escaped) return UNSURE;
-        q = skip_ws(q, end);
-        if (q >= end || *q != ':') return UNSURE;
-        q = skip_ws(q + 1, end);
+        if (member_key(&q, end, &ks, &ke, &escaped) || escaped) return UNSURE;
         if (q >= end) return UNSURE;
         Py_ssize_t n = ke - ks;
         int which = 0; /* 1: id, 2: _id, 3: vector */
@@ -405,13 +419,10 @@ static int line(Pass *ps, const uint8_t *q, const uint8_t *end, Py_ssize_t linen
         } else if (scalar(&q, end)) {
             return UNSURE;
         }
-        q = skip_ws(q, end);
-        if (q < end && *q == ',') {
-            q = skip_ws(q + 1, end);
-            continue;
-        }
-        if (q < end && *q == '}') break;
-        return UNSURE;
+        const int after = member_end(&q, end);
+        if (after == MORE) continue;
+        if (after) return UNSURE;
+        break;
     }
     q = skip_ws(q + 1, end);
     if (q != end || !seen_vector) return UNSURE;
