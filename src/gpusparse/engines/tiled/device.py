@@ -14,15 +14,14 @@ import numpy as np
 import torch
 
 from ...config import engine_config
-from ...exact import pad_results
 from ...kernels import finish, rescore, tile_candidates
 from ...kernels.compact import compact_candidates
 from ...layout.postings import PostingLists
 from ...layout.tiled import TiledIndex
 from ...queries import QueryBatch
-from ...topk import decode_keys, top_keys
+from ...topk import top_keys
 from . import waves
-from .fixed_point import FixedPoint, kernel_scale, match_floor, uncertain_rows
+from .fixed_point import FixedPoint, kernel_scale, match_floor
 from .graphs import graphed
 from .waves import candidate_lows
 
@@ -49,7 +48,7 @@ def device_search(
     :func:`~.waves.initial_capacity`, ``2k +`` :data:`DEVICE_WIDTH_SLACK`); each wave's candidates are
     compacted by one kernel, turned into keys by another, and the top-k taken. A row whose
     candidates outgrew a capacity, or whose top-k may miss documents below one fixed-point
-    unit (:func:`uncertain_rows`), is flagged in ``redo`` (bool ``[B]``): its results are not
+    unit (:func:`~.fixed_point.uncertain_rows`), is flagged in ``redo`` (bool ``[B]``): its results are not
     to be used, and :func:`~.engine.tiled_search` searches it again the general way.
 
     Batches of at most :attr:`~gpusparse.config.EngineConfig.graph_max_batch` queries replay a
@@ -117,11 +116,8 @@ def _device_steps(
         tile_bits=layout.tile_bits, floor=floor, forward=layout.forward, tiled=tiled,
     )  # fmt: skip
     top = top_keys(keys, k, count) if width else None
-    if finish.available():  # the small operations below, some 25-30, in one launch
-        scores, ids = finish.finish_rows(top, k, fp.delta, fp.scale, lb, floor, redo)
-        return scores, ids, redo
-    scores, ids = pad_results(decode_keys(top) if top is not None else None, k, b, dev)
-    redo |= uncertain_rows(index, None, fp, scores, k, lb, floor)
+    # padded results and the rows to search again (uncertain_rows's rule), in one launch
+    scores, ids = finish.finish_rows(top, k, fp.delta, fp.scale, lb, floor, redo)
     return scores, ids, redo
 
 
