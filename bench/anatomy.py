@@ -7,7 +7,8 @@ Prints (and writes ``<out>/anatomy.json``):
 * per-block work of the batch on the default layout: sparse postings, dense rows and their
   real postings per (query, tile), so a kernel time can be read per unit of work;
 * per search: wall time, the device time of each operation (torch.profiler) and the gap
-  between them (host work and syncs).
+  between them (host work and syncs);
+* GPU memory over every allocator (bench/gpu_peaks.py) at the end.
 
 Under ``ncu`` give ``--ncu``: the script then only warms up and runs one search, whose third
 wave (``--launch-skip 2 --launch-count 1 -k regex:tiled_candidates``) is the big one.
@@ -33,8 +34,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
+from gpu_peaks import gpu_memory
 from gpusparse import Index, SparseCollection, Vocabulary
 from gpusparse.config import override_config
 from gpusparse.engines.tiled.engine import layout_for_search, tiled_search
@@ -142,6 +145,7 @@ def main() -> None:
         scope = variant(path.name, code=path.read_text()) if path is not None else contextlib.nullcontext()
         with scope:
             measure(args, index, queries, batch, sync, out, label)
+    out["gpu_memory"] = gpu_memory() if args.device == "cuda" else None  # over every allocator, at the end
     (args.out / "anatomy.json").write_text(json.dumps(out, indent=2))
 
 
