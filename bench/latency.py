@@ -83,7 +83,10 @@ def small_batch(index: Index, queries: SparseCollection, b: int, k: int, reps: i
     if graphs:
         graph = next(reversed(graphs.values()))
         if graph:
-            replay = _median_ms(graph.graph.replay if hasattr(graph, "graph") else graph[0].replay, reps)
+            if hasattr(graph, "slots"):  # the graph copies its inputs in and its results out
+                replay = _median_ms(graph.slots[0].graph.replay, reps)
+            else:  # older trees
+                replay = _median_ms(graph.graph.replay if hasattr(graph, "graph") else graph[0].replay, reps)
     return {"batch": b, "k": k, "exact": exact, "h2h_ms": h2h, "engine_ms": engine, "replay_ms": replay}
 
 

@@ -126,3 +126,51 @@ def test_larger_batches_replay_a_graph_from_their_second_batch_on(rng):
             assert outcomes == [False, False, False] and not any(index.derived.graphs.values())
             np.testing.assert_array_equal(res.ids.numpy(), ref_i)
             np.testing.assert_array_equal(res.scores.numpy(), ref_s)
+
+
+def _queries_of_width(rng, n: int, m: int = 4, n_terms: int = 300):
+    """``n`` queries of exactly ``m`` distinct terms each (one graph shape for any ``n``)."""
+    import scipy.sparse as sp
+
+    from gpusparse import SparseCollection
+
+    cols = np.concatenate([rng.choice(n_terms, size=m, replace=False) for _ in range(n)])
+    vals = rng.uniform(0.01, 3.0, size=n * m).astype(np.float32)
+    mat = sp.csr_matrix((vals, cols, np.arange(0, n * m + 1, m)), shape=(n, n_terms))
+    return SparseCollection.from_scipy(mat)
+
+
+@pytest.mark.gpu
+def test_results_delivered_to_the_host_survive_later_batches_of_the_same_shape(rng):
+    """Three batches of one shape launched with their results delivered to the host before any
+    is taken (two slots: the third copies the oldest's results out of its way first), then one
+    of the same shape with device results: every batch equals the float64 reference, also when
+    taken into poisoned page-locked buffers."""
+    require_cuda_kernels()
+    from gpusparse.engines import choose
+    from gpusparse.engines.base import SearchPlan
+    from gpusparse.layout.statistics import max_scores_host
+    from gpusparse.queries import prepare_queries
+    from gpusparse.search import complete_later
+
+    docs = random_collection(rng, 20_000, 300, 30)
+    index = Index.build(docs, device="cuda")
+    idx = index.resident_on(index.device)
+    engine = choose("tiled", idx.device)
+    k = 20
+    batches = [_queries_of_width(rng, 3) for _ in range(4)]
+    ready = [prepare_queries(q, idx.vocab, idx.quantization, max_scores_host(idx)) for q in batches]
+    to_host = SearchPlan(doc_chunk=idx.n_docs, to_host=True)
+    launched = [engine.search_batch(idx, q, k, to_host) for q in ready[:3]]
+    on_device = engine.search_batch(idx, ready[3], k, SearchPlan(doc_chunk=idx.n_docs))
+    assert all(r.host is not None and r.scores is None for r in launched) and on_device.host is None
+    entries = [e for e in idx.derived.graphs.values() if e]
+    assert len(entries) == 1 and len(entries[0].slots) == 2  # one shape, both slots used
+    into = (torch.full((3, k), -7.0).pin_memory(), torch.full((3, k), -7, dtype=torch.int64).pin_memory())
+    got = [complete_later(launched[0], into)(), complete_later(launched[1])(), complete_later(launched[2])()]
+    got.append(tuple(t.cpu() for t in on_device.resolved()))
+    assert got[0][0].data_ptr() == into[0].data_ptr()  # written where asked
+    for queries, (scores, ids) in zip(batches, got, strict=True):
+        ref_s, ref_i = reference_topk(dense_scores(docs, queries), k)
+        np.testing.assert_array_equal(ids.numpy(), ref_i)
+        np.testing.assert_array_equal(scores.numpy(), ref_s)

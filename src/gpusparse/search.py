@@ -145,7 +145,7 @@ def search_batches(
     ``n_docs`` documents and ``budget`` bytes), each searched by ``search_batch(part, plan)``
     and brought to the host pipelined (:func:`run_batches`); ``engine`` names it in the results."""
     bq, dc = plan_chunks(len(queries), n_docs, budget, batch_size)
-    plan = SearchPlan(doc_chunk=dc, memory_budget=budget)
+    plan = SearchPlan(doc_chunk=dc, memory_budget=budget, to_host=True)
 
     def launch(a: int, b: int, into: Sequence[torch.Tensor]) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
         part = queries if (a, b) == (0, len(queries)) else queries[a:b]
@@ -204,12 +204,21 @@ def complete_later(
     """A :class:`BatchResult` on the host, in two steps: the copies start now, and the returned
     function waits for them (one sync), then searches flagged rows again. In between the host
     can prepare and launch the next batch while the device still works on this one. ``into``:
-    the page-locked host ``(scores, ids)`` to fill (see :func:`output_buffers`)."""
-    (scores, ids, redo), done = start_to_host(result.scores, result.ids, result.redo, into=into)
+    the page-locked host ``(scores, ids)`` to fill (see :func:`output_buffers`). Results the
+    engine delivers to the host itself (:attr:`BatchResult.host`) are taken as they are."""
+    host = result.host
+    if host is None:
+        copies, done = start_to_host(result.scores, result.ids, result.redo, into=into)
 
-    def finish() -> tuple[torch.Tensor, torch.Tensor]:
+    def taken() -> tuple:
+        if host is not None:
+            return host.take(into)
         if done is not None:
             done.synchronize()
+        return copies
+
+    def finish() -> tuple[torch.Tensor, torch.Tensor]:
+        scores, ids, redo = taken()
         if redo is not None and bool(redo.any()):
             rows = redo.nonzero().flatten().numpy()
             if result.redo_search is None:

@@ -7,7 +7,7 @@ The registry and the one place that chooses an engine are in :mod:`gpusparse.eng
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, NamedTuple, Protocol
 
@@ -32,27 +32,44 @@ class SearchPlan:
     ``[B, doc_chunk]`` buffer), ``memory_budget`` bytes of temporaries, and ``cutoff``: for a
     batch whose results are merged with other searches' (shards), the tiled engine's hook
     that turns its candidates' lower bounds into a bound the merged k-th score reaches (see
-    :func:`gpusparse.engines.tiled.engine.tiled_search`); other engines ignore it."""
+    :func:`gpusparse.engines.tiled.engine.tiled_search`); other engines ignore it.
+    ``to_host``: the caller takes the results to the host (:func:`gpusparse.search.complete_later`),
+    so an engine may deliver them there itself (:attr:`BatchResult.host`)."""
 
     doc_chunk: int
     memory_budget: int = DEFAULT_MEMORY_BUDGET
     cutoff: Callable[[torch.Tensor], torch.Tensor] | None = None
+    to_host: bool = False
+
+
+class HostDelivery(Protocol):
+    """Results on their way to the host (:attr:`BatchResult.host`)."""
+
+    def take(self, into: Sequence[torch.Tensor | None] = ()) -> tuple[torch.Tensor, ...]:
+        """``(scores, ids, redo)`` as host tensors (one wait), ``scores``/``ids`` written into
+        ``into`` (host tensors of their shapes) where given."""
+        ...
 
 
 class BatchResult(NamedTuple):
     """One batch's top-k on the device, possibly before any host sync: ``scores``/``ids``
     ``[B, k]``; rows flagged in ``redo`` (bool ``[B]`` on the device; ``None``: no row) hold no
     valid results, and ``redo_search(rows)`` (host row numbers) returns theirs, ``(scores,
-    ids)`` on the device."""
+    ids)`` on the device. For a plan with ``to_host`` an engine may instead deliver the batch
+    straight to the host: then ``host`` gives ``(scores, ids, redo)`` there and the three device
+    fields are ``None``."""
 
-    scores: torch.Tensor
-    ids: torch.Tensor
+    scores: torch.Tensor | None
+    ids: torch.Tensor | None
     redo: torch.Tensor | None = None
     redo_search: Callable[[np.ndarray], tuple[torch.Tensor, torch.Tensor]] | None = None
+    host: HostDelivery | None = None
 
     def resolved(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(scores, ids)`` on the device with the flagged rows searched again (one host sync
-        when rows may be flagged)."""
+        when rows may be flagged). Not for results delivered to the host (``host``)."""
+        if self.host is not None:
+            raise RuntimeError("this batch's results were delivered to the host: take them with .host.take()")
         if self.redo is None:
             return self.scores, self.ids
         rows = self.redo.nonzero().flatten().cpu().numpy()

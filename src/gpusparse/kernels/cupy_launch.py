@@ -31,6 +31,7 @@ import torch
 __all__ = [
     "available",
     "check_tensors",
+    "copy_async",
     "cupy_stream",
     "device_index",
     "get_kernel",
@@ -185,3 +186,18 @@ def load_kernel(
     code, defines = variant_of(file)
     options = (*options, *(f"-D{d}" for d in defines))
     return get_kernel(code, name, options=options, device=device, max_dynamic_shared=max_dynamic_shared)
+
+
+def copy_async(dst: torch.Tensor, src: torch.Tensor, stream: torch.cuda.Stream) -> None:
+    """``src``'s bytes into ``dst`` (same size, contiguous; device or page-locked host memory)
+    by one ``cudaMemcpyAsync`` on ``stream``. Inside a CUDA graph's capture this is a copy node
+    at fixed addresses, with no PyTorch bookkeeping around it (a pinned tensor's ``copy_``
+    records an event for its host allocator)."""
+    import cupy as cp
+
+    nbytes = dst.numel() * dst.element_size()
+    if nbytes != src.numel() * src.element_size() or not (dst.is_contiguous() and src.is_contiguous()):
+        raise ValueError("copy_async needs two contiguous tensors of the same size in bytes")
+    if nbytes:
+        cp.cuda.runtime.memcpyAsync(dst.data_ptr(), src.data_ptr(), nbytes, cp.cuda.runtime.memcpyDefault,
+                                    stream.cuda_stream)  # fmt: skip

@@ -22,7 +22,7 @@ from ...queries import QueryBatch
 from ...topk import top_keys
 from . import waves
 from .fixed_point import FixedPoint, kernel_scale, match_floor
-from .graphs import graphed
+from .graphs import HostResults, graphed
 from .waves import candidate_lows
 
 # Candidate slots per query kept for the final selection on the synchronisation-free path:
@@ -132,10 +132,12 @@ def graphed_steps(
     acc: str,
     int_weights: bool,
     n_sm: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    to_host: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | HostResults | None:
     """:func:`_device_steps` by the CUDA graph of this shape (:mod:`.graphs`), from the padded
     batch and the fixed-point parameters on the host (:func:`~.fixed_point.fixed_point_host`);
-    ``None`` where it could not be captured (the caller runs the steps themselves)."""
+    ``None`` where it could not be captured (the caller runs the steps themselves).
+    ``to_host``: ``(scores, ids, redo)`` delivered to the host by the graph."""
 
     def steps(inp):
         fp = FixedPoint(inp["scale"], inp["delta"], inp.get("mult"), inp.get("shift"))
@@ -146,4 +148,5 @@ def graphed_steps(
     def nbytes() -> int:
         return waves.search_bytes(layout.n_tiles, terms.shape[0], k, n_sm)
 
-    return graphed(index.derived.graphs, key, steps, terms, weights, params, layout.seg.device, nbytes)  # type: ignore[return-value]
+    return graphed(index.derived.graphs, key, steps, terms, weights, params, layout.seg.device, nbytes,  # type: ignore[return-value]
+                   to_host=to_host)  # fmt: skip

@@ -57,14 +57,14 @@ class TiledEngine:
     def search_batch(self, index: PostingLists, queries: SparseCollection, k: int, plan: SearchPlan) -> BatchResult:
         """Exact top-``k`` of the batch, before the GPU path's host sync (see :func:`tiled_search`;
         a batch that replays a CUDA graph: :func:`graphed_batch_search`)."""
-        graphed = graphed_batch_search(index, queries, k, cutoff=plan.cutoff)
+        graphed = graphed_batch_search(index, queries, k, cutoff=plan.cutoff, to_host=plan.to_host)
         if graphed is not None:
             return graphed
         return tiled_search(index, query_batch(queries, index.device), k, cutoff=plan.cutoff)
 
 
 def graphed_batch_search(
-    index: PostingLists, queries: SparseCollection, k: int, *, cutoff: Callable | None = None
+    index: PostingLists, queries: SparseCollection, k: int, *, cutoff: Callable | None = None, to_host: bool = False
 ) -> BatchResult | None:
     """:func:`tiled_search` of a batch on a GPU by the CUDA graph of its shape
     (:func:`~.device.graphed_steps`), from the host arrays: the batch is laid out and its
@@ -77,7 +77,8 @@ def graphed_batch_search(
     same shape on. ``None`` where this path does not apply (another
     device, a batch too large or seen once, weights outside the fixed-point range, no graph):
     the caller searches the general way. Flagged rows are searched again as
-    :func:`tiled_search` does."""
+    :func:`tiled_search` does. ``to_host``: the results delivered to the host by the graph
+    (:attr:`~gpusparse.engines.base.BatchResult.host`), not as device tensors."""
     dev = index.device
     b = len(queries)
     config = engine_config()
@@ -98,7 +99,8 @@ def graphed_batch_search(
         return None
     int_w = integer_weights_host(layout, weights, params["scale"], acc)
     n_sm = torch.cuda.get_device_properties(dev).multi_processor_count
-    out = graphed_steps(index, layout, terms, weights, params, k, acc=acc, int_weights=int_w, n_sm=n_sm)
+    out = graphed_steps(index, layout, terms, weights, params, k, acc=acc, int_weights=int_w, n_sm=n_sm,
+                        to_host=to_host)  # fmt: skip
     if out is None:
         return None
 
@@ -106,7 +108,9 @@ def graphed_batch_search(
         batch = batch_rows(query_batch(queries, dev), rows, dev)
         return tiled_search(index, batch, k, general=True).resolved()
 
-    return BatchResult(*out, again)
+    if isinstance(out, tuple):
+        return BatchResult(*out, again)
+    return BatchResult(None, None, None, again, host=out)
 
 
 def _seen_before(index: PostingLists, shape: tuple) -> bool:

@@ -1,22 +1,31 @@
-"""A small batch's search as a CUDA graph, captured once per shape and fed through one copy.
+"""A small batch's search as a CUDA graph, captured once per shape; its inputs and results
+cross between host and device inside the graph.
 
-A small batch's search is mostly the host launching its device operations (the kernel over
-all tiles takes ~0.2 ms at 8.8M documents; launching the ~30 operations around it took
-longer). A graph replays them in one launch. Its inputs (padded terms and weights, the
-fixed-point parameters, the match floor) are laid out on the host in a page-locked buffer
-and moved in one copy into the graph's input buffer.
+A small batch's search is mostly the host's work (the kernel over all tiles takes ~0.1-0.2 ms
+at 8.8M documents; each PyTorch call around it costs 5-15 µs of host time on an H200's host).
+A graph replays every device operation in one launch, and copies in it spare the host its own
+calls: the graph's first node copies a page-locked staging buffer (the padded terms and weights,
+the fixed-point parameters, the match floor) to the device, and its last nodes copy the results
+into page-locked host buffers. Per batch the host writes the staging buffer, replays and records
+an event; the caller takes the results once the event has completed (:class:`HostResults`).
+
+Each shape keeps up to two captures ("slots") in one memory pool, used in turn: a batch is
+launched while the one before is still running, or its results not yet taken (Index.search
+pipelines two batches). A slot is written again only once its replay has completed and its
+results are taken (or, with both slots busy, copied out of the way first).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from ...config import engine_config
+from ...kernels.cupy_launch import copy_async
 from ...streams import capture_stream
 
 Steps = Callable[[Mapping[str, torch.Tensor]], tuple[torch.Tensor, ...]]
@@ -31,6 +40,7 @@ INPUTS: tuple[tuple[str, type, str], ...] = (
     ("lb", np.float64, "b"),
 )
 _PADDING = {"terms": -1, "weights": 0}  # what a row's unused slots hold (term -1, weight 0)
+SLOTS = 2  # captures per shape: a batch in flight while the next is launched
 
 
 def query_width(t: int) -> int:
@@ -60,38 +70,97 @@ def _numpy_view(buf: np.ndarray, spec: tuple) -> np.ndarray:
     return buf[start : start + nbytes].view(dtype).reshape(shape)
 
 
+class HostResults:
+    """One replay's results, copied by the graph into its slot's page-locked buffers: host
+    tensors once the replay has completed (:meth:`take`)."""
+
+    def __init__(self, slot: _Slot) -> None:
+        self._slot: _Slot | None = slot
+        self._taken: list[torch.Tensor] = []
+
+    def take(self, into: Sequence[torch.Tensor | None] = ()) -> tuple[torch.Tensor, ...]:
+        """The results (the steps' outputs, in order) as host tensors of their own, after one
+        wait for the replay; the first ones written into ``into`` (host tensors of the same
+        shapes) where given. Frees the slot."""
+        slot = self._slot
+        if slot is not None:
+            slot.done.synchronize()
+            self._taken = [
+                into[i].copy_(h) if i < len(into) and into[i] is not None else h.clone()
+                for i, h in enumerate(slot.host_out)
+            ]
+            slot.pending, self._slot = None, None
+            return tuple(self._taken)
+        out = list(self._taken)  # taken before (copied out of the slot's way)
+        for i, target in enumerate(into):
+            if target is not None:
+                out[i] = target.copy_(out[i])
+        return tuple(out)
+
+
 @dataclass
-class GraphEntry:
-    """A captured search of one shape: the graph, its input buffer and outputs on the
-    device, and two page-locked staging buffers used in turn (a staging buffer is written
-    again only once its previous copy to the device has completed)."""
+class _Slot:
+    """One capture of a shape: its graph, its page-locked staging buffer (and the buffer's
+    fields as numpy views), the graph's outputs on the device and their page-locked copies."""
 
     graph: torch.cuda.CUDAGraph
-    inputs: dict  # name -> field spec of dev_in
+    staging: torch.Tensor  # uint8, page-locked
+    views: dict[str, np.ndarray]
+    out_views: list[torch.Tensor]  # rewritten by each replay
+    host_out: list[torch.Tensor]  # page-locked, written by the graph's last nodes
+    done: torch.cuda.Event = field(default_factory=torch.cuda.Event)
+    replayed: bool = False
+    pending: HostResults | None = None  # results in host_out not yet taken
+    last: int = 0  # when it was last replayed (the entry's count)
+
+    def idle(self) -> bool:
+        """Free to be written: its results taken and its last replay completed."""
+        return self.pending is None and (not self.replayed or self.done.query())
+
+    def make_free(self) -> None:
+        """Wait for it: its results copied out of the way (kept by their :class:`HostResults`)."""
+        if self.pending is not None:
+            self.pending.take()
+        elif self.replayed:
+            self.done.synchronize()
+
+
+@dataclass
+class GraphEntry:
+    """A shape's captures (up to :data:`SLOTS`, one memory pool) and the device input buffer
+    that each slot's graph fills from its staging buffer."""
+
+    inputs: dict  # name -> field spec of dev_in (and of each staging buffer)
     dev_in: torch.Tensor  # uint8
-    out_views: list  # the graph's outputs, in the order of the steps' outputs
-    staging: list[torch.Tensor]
-    views: list  # each staging buffer's fields as numpy views
+    pool: tuple
+    slots: list[_Slot] = field(default_factory=list)
     nbytes: int = 0  # device bytes it holds (estimated): the cache's bound
-    copied: list = field(default_factory=lambda: [None, None])  # the event after each staging's copy
-    turn: int = 0
+    count: int = 0
 
-    def load(self, terms: np.ndarray, weights: np.ndarray, params: Mapping[str, np.ndarray]) -> None:
-        """Write this batch's inputs into the next staging buffer and queue its copy to the device."""
-        i = self.turn
-        self.turn ^= 1
-        if self.copied[i] is not None:
-            self.copied[i].synchronize()  # its previous copy has read it (normally long done)
-        _fill(self.views[i], terms, weights, params)
-        self.dev_in.copy_(self.staging[i], non_blocking=True)
-        event = self.copied[i] or torch.cuda.Event()
-        event.record()
-        self.copied[i] = event
+    def slot(self) -> _Slot | None:
+        """A slot to write: an idle one (least recently used first), else ``None`` while another
+        may be captured, else the least recently used made free."""
+        by_age = sorted(self.slots, key=lambda s: s.last)
+        for s in by_age:
+            if s.idle():
+                return s
+        if len(self.slots) < SLOTS:
+            return None
+        by_age[0].make_free()
+        return by_age[0]
 
-    def run(self) -> tuple[torch.Tensor, ...]:
-        """Replay, then a copy of each output (the graph's own are rewritten by the next replay)."""
-        self.graph.replay()
-        return tuple(x.clone() for x in self.out_views)
+    def run(self, slot: _Slot, to_host: bool) -> tuple[torch.Tensor, ...] | HostResults:
+        """Replay ``slot`` (its staging buffer written); its results on the host, or a copy of
+        each output on the device (the graph's own are rewritten by its next replay)."""
+        slot.graph.replay()
+        stream = torch.cuda.current_stream(self.dev_in.device)
+        slot.done.record(stream)
+        self.count += 1
+        slot.replayed, slot.last = True, self.count
+        if to_host:
+            slot.pending = HostResults(slot)
+            return slot.pending
+        return tuple(x.clone() for x in slot.out_views)
 
 
 def _fill(views: Mapping[str, np.ndarray], terms: np.ndarray, weights: np.ndarray, params: Mapping) -> None:
@@ -117,11 +186,14 @@ def graphed(
     params: Mapping[str, np.ndarray],
     device: torch.device,
     nbytes: Callable[[], int] = lambda: 0,
-) -> tuple[torch.Tensor, ...] | None:
+    *,
+    to_host: bool = False,
+) -> tuple[torch.Tensor, ...] | HostResults | None:
     """``steps(inputs)``'s outputs for this batch by the CUDA graph of its shape, captured on
     first use and kept in ``cache`` under ``key`` + the shape (least recently used dropped
     past :attr:`~gpusparse.config.EngineConfig.graph_cache`); ``None`` where it could not be
-    captured (remembered: the caller runs the steps themselves).
+    captured (remembered: the caller runs the steps themselves). ``to_host``: the outputs as
+    :class:`HostResults` (copied to the host by the graph), else a copy of each on the device.
 
     ``terms`` (int64) and ``weights`` (float32) ``[B, t]`` are the padded batch on the host,
     ``params`` the per-query arrays ``[B]`` named as in :data:`INPUTS` (those given). ``steps``
@@ -138,51 +210,66 @@ def graphed(
     entry = cache.get(full_key)
     if entry is False:
         return None
+    config = engine_config()
     if entry is None:
-        config = engine_config()
         held = nbytes()
         if held > config.graph_cache_bytes:
             return None
-        entry = _capture(steps, terms, weights, params, names, b, width, device)
-        if entry is not None:
-            entry.nbytes = held + int(entry.dev_in.numel())
-        cache[full_key] = entry if entry is not None else False
+        shapes = {"bw": (b, width), "b": (b,)}
+        inputs, size = _fields([(n, d, shapes[s]) for n, d, s in INPUTS if n in names])
+        entry = GraphEntry(inputs, torch.empty(size, dtype=torch.uint8, device=device), torch.cuda.graph_pool_handle())
+        entry.nbytes = held + size
+        cache[full_key] = entry
         while len(cache) > config.graph_cache or _bytes(cache) > config.graph_cache_bytes:
             cache.popitem(last=False)
-        if entry is None:
+    else:
+        cache.move_to_end(full_key)
+    slot = entry.slot()
+    if slot is None:  # capture one more
+        slot = _capture(entry, steps, terms, weights, params)
+        if slot is None:
+            cache[full_key] = False  # remembered: capture unsupported for this shape
             return None
-        return entry.run()  # the capture loaded this batch's inputs
-    cache.move_to_end(full_key)
-    entry.load(terms, weights, params)
-    return entry.run()
+        entry.slots.append(slot)
+        if len(entry.slots) > 1:  # a second slot's own outputs and staging (the pool is shared)
+            entry.nbytes += sum(h.numel() * h.element_size() for h in slot.host_out)
+    else:
+        _fill(slot.views, terms, weights, params)
+    return entry.run(slot, to_host)
 
 
 def _bytes(cache: Mapping) -> int:
     return sum(e.nbytes for e in cache.values() if e)
 
 
-def _capture(steps: Steps, terms, weights, params, names, b: int, width: int, dev: torch.device) -> GraphEntry | None:
-    shapes = {"bw": (b, width), "b": (b,)}
-    inputs, size = _fields([(n, d, shapes[s]) for n, d, s in INPUTS if n in names])
-    dev_in = torch.empty(size, dtype=torch.uint8, device=dev)
-    staging = [torch.empty(size, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
-    views = {n: _torch_view(dev_in, spec) for n, spec in inputs.items()}
+def _capture(entry: GraphEntry, steps: Steps, terms, weights, params) -> _Slot | None:
+    """A new slot of ``entry``, its staging buffer holding this batch (the caller replays it:
+    a capture runs nothing); ``None`` where capture is unsupported here."""
+    dev = entry.dev_in.device
+    size = entry.dev_in.numel()
+    staging = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+    views = {n: _numpy_view(staging.numpy(), spec) for n, spec in entry.inputs.items()}
+    _fill(views, terms, weights, params)
+    inputs = {n: _torch_view(entry.dev_in, spec) for n, spec in entry.inputs.items()}
     current = torch.cuda.current_stream(dev)
+    side = capture_stream(dev)
     try:
-        staged = [{n: _numpy_view(buf.numpy(), spec) for n, spec in inputs.items()} for buf in staging]
-        entry = GraphEntry(torch.cuda.CUDAGraph(), inputs, dev_in, [], staging, staged)
-        entry.load(terms, weights, params)  # the warm-up and the capture search real inputs
-        side = capture_stream(dev)
         side.wait_stream(current)
-        with torch.cuda.stream(side):  # warm up: kernels compiled, allocations made
-            steps(views)
+        with torch.cuda.stream(side):  # warm up: kernels compiled, allocations made, output shapes known
+            copy_async(entry.dev_in, staging, side)
+            outs = steps(inputs)
+        host_out = [torch.empty(o.shape, dtype=o.dtype, pin_memory=True) for o in outs]
         current.wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
         # thread_local: another thread's CUDA calls meanwhile (an encoder's tokenising thread
         # allocating pinned memory) are no part of this capture and must not void it
-        with torch.cuda.graph(entry.graph, stream=side, capture_error_mode="thread_local"):
-            entry.out_views = list(steps(views))
+        with torch.cuda.graph(graph, pool=entry.pool, stream=side, capture_error_mode="thread_local"):
+            copy_async(entry.dev_in, staging, side)
+            out_views = list(steps(inputs))
+            for h, o in zip(host_out, out_views, strict=True):
+                copy_async(h, o.contiguous(), side)
     except RuntimeError:  # capture unsupported here: the caller runs the steps directly
         torch.cuda.set_stream(current)  # a failed capture leaves its stream current
         torch.cuda.synchronize(dev)
         return None
-    return entry
+    return _Slot(graph, staging, views, out_views, host_out)
