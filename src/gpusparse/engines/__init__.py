@@ -75,7 +75,7 @@ def choose(name: str, device: torch.device) -> Engine:
     if name == "auto":
         engine = _best_usable(device)
         if device.type == "cuda":
-            reason = fallback_reason(device)
+            reason = fallback_reason(device, engine)
             if reason is not None:
                 _warn_once(reason)
         return engine
@@ -86,15 +86,16 @@ def choose(name: str, device: torch.device) -> Engine:
     return engine
 
 
-def fallback_reason(device: str | torch.device) -> str | None:
+def fallback_reason(device: str | torch.device, chosen: Engine | None = None) -> str | None:
     """Why ``kernel="auto"`` does not run the fastest engine on ``device``, with the command
     that installs what it lacks (one sentence); ``None`` when it does, and off a CUDA device
-    (where the engine it picks is the best there is)."""
+    (where the engine it picks is the best there is). ``chosen``: the engine ``"auto"`` picks
+    there, if the caller has it."""
     device = torch.device(device)
     if device.type != "cuda":
         return None
     fastest = max(map(get, REGISTRY), key=lambda e: e.auto_rank)
-    chosen = _best_usable(device)
+    chosen = chosen or _best_usable(device)
     if chosen is fastest:
         return None
     why = fastest.unavailable(device, auto=True) or "it is not usable here"

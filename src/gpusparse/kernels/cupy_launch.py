@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 __all__ = [
+    "StreamEvent",
     "available",
     "check_tensors",
     "copy_async",
@@ -39,6 +40,7 @@ __all__ = [
     "launch",
     "load_kernel",
     "pointer",
+    "raw_stream",
     "source",
     "variant",
     "variant_of",
@@ -188,16 +190,50 @@ def load_kernel(
     return get_kernel(code, name, options=options, device=device, max_dynamic_shared=max_dynamic_shared)
 
 
-def copy_async(dst: torch.Tensor, src: torch.Tensor, stream: torch.cuda.Stream) -> None:
+def copy_async(dst: torch.Tensor, src: torch.Tensor, stream: int) -> None:
     """``src``'s bytes into ``dst`` (same size, contiguous; device or page-locked host memory)
-    by one ``cudaMemcpyAsync`` on ``stream``. Inside a CUDA graph's capture this is a copy node
-    at fixed addresses, with no PyTorch bookkeeping around it (a pinned tensor's ``copy_``
-    records an event for its host allocator)."""
+    by one ``cudaMemcpyAsync`` on the raw CUDA ``stream``. Inside a CUDA graph's capture this is a
+    copy node at fixed addresses, with no PyTorch bookkeeping around it (a pinned tensor's
+    ``copy_`` records an event for its host allocator)."""
     import cupy as cp
 
     nbytes = dst.numel() * dst.element_size()
     if nbytes != src.numel() * src.element_size() or not (dst.is_contiguous() and src.is_contiguous()):
         raise ValueError("copy_async needs two contiguous tensors of the same size in bytes")
     if nbytes:
-        cp.cuda.runtime.memcpyAsync(dst.data_ptr(), src.data_ptr(), nbytes, cp.cuda.runtime.memcpyDefault,
-                                    stream.cuda_stream)  # fmt: skip
+        cp.cuda.runtime.memcpyAsync(dst.data_ptr(), src.data_ptr(), nbytes, cp.cuda.runtime.memcpyDefault, stream)
+
+
+def raw_stream(device_index: int) -> int:
+    """PyTorch's current CUDA stream on that device, as the raw handle (a C call: on a slow host
+    ``torch.cuda.current_stream`` costs ~7 µs of Python)."""
+    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if get is not None:
+        return int(get(device_index))
+    return int(torch.cuda.current_stream(device_index).cuda_stream)
+
+
+class StreamEvent:
+    """A CUDA event recorded on a raw stream handle, queried and waited for by the runtime's own
+    calls (CuPy's): ~1 µs each, against ~10 µs for ``torch.cuda.Event.record``'s Python."""
+
+    def __init__(self, device_index: int) -> None:
+        import cupy as cp
+
+        with cp.cuda.Device(device_index):
+            self._event = cp.cuda.Event(disable_timing=True)
+        self._recorded = False
+
+    def record(self, stream: int) -> None:
+        import cupy as cp
+
+        cp.cuda.runtime.eventRecord(self._event.ptr, stream)
+        self._recorded = True
+
+    def query(self) -> bool:
+        """Whether the work before its last record has completed (``True`` if never recorded)."""
+        return not self._recorded or self._event.done
+
+    def synchronize(self) -> None:
+        if self._recorded:
+            self._event.synchronize()

@@ -15,6 +15,7 @@ general way (:mod:`.waves`, which syncs per wave).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
@@ -98,7 +99,7 @@ def graphed_batch_search(
     except ValueError:  # tiled_search takes float64 products
         return None
     int_w = integer_weights_host(layout, weights, params["scale"], acc)
-    n_sm = torch.cuda.get_device_properties(dev).multi_processor_count
+    n_sm = _sm_count(cupy_launch.device_index(dev))
     out = graphed_steps(index, layout, terms, weights, params, k, acc=acc, int_weights=int_w, n_sm=n_sm,
                         to_host=to_host)  # fmt: skip
     if out is None:
@@ -111,6 +112,12 @@ def graphed_batch_search(
     if isinstance(out, tuple):
         return BatchResult(*out, again)
     return BatchResult(None, None, None, again, host=out)
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    """The device's multiprocessors (asked once: ~7 µs a call on a slow host)."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _seen_before(index: PostingLists, shape: tuple) -> bool:
@@ -197,7 +204,7 @@ def tiled_search(
     dev = index.device
     int_w = integer_weights(layout, batch, fp, acc)
     on_gpu = dev.type == "cuda" and cupy_launch.available() and not emulated
-    n_sm = torch.cuda.get_device_properties(dev).multi_processor_count if on_gpu else 1
+    n_sm = _sm_count(cupy_launch.device_index(dev)) if on_gpu else 1
     if on_gpu and not general:
         scores, ids, redo_rows = device_search(index, layout, batch, fp, k, acc=acc, int_weights=int_w, n_sm=n_sm,
                                                cutoff=cutoff)  # fmt: skip

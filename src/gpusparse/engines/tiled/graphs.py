@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ...config import engine_config
-from ...kernels.cupy_launch import copy_async
+from ...kernels.cupy_launch import StreamEvent, copy_async, raw_stream
 from ...streams import capture_stream
 
 Steps = Callable[[Mapping[str, torch.Tensor]], tuple[torch.Tensor, ...]]
@@ -108,20 +108,19 @@ class _Slot:
     views: dict[str, np.ndarray]
     out_views: list[torch.Tensor]  # rewritten by each replay
     host_out: list[torch.Tensor]  # page-locked, written by the graph's last nodes
-    done: torch.cuda.Event = field(default_factory=torch.cuda.Event)
-    replayed: bool = False
+    done: StreamEvent  # recorded after each replay
     pending: HostResults | None = None  # results in host_out not yet taken
     last: int = 0  # when it was last replayed (the entry's count)
 
     def idle(self) -> bool:
         """Free to be written: its results taken and its last replay completed."""
-        return self.pending is None and (not self.replayed or self.done.query())
+        return self.pending is None and self.done.query()
 
     def make_free(self) -> None:
         """Wait for it: its results copied out of the way (kept by their :class:`HostResults`)."""
         if self.pending is not None:
             self.pending.take()
-        elif self.replayed:
+        else:
             self.done.synchronize()
 
 
@@ -132,6 +131,7 @@ class GraphEntry:
 
     inputs: dict  # name -> field spec of dev_in (and of each staging buffer)
     dev_in: torch.Tensor  # uint8
+    device_index: int
     pool: tuple
     slots: list[_Slot] = field(default_factory=list)
     nbytes: int = 0  # device bytes it holds (estimated): the cache's bound
@@ -153,10 +153,9 @@ class GraphEntry:
         """Replay ``slot`` (its staging buffer written); its results on the host, or a copy of
         each output on the device (the graph's own are rewritten by its next replay)."""
         slot.graph.replay()
-        stream = torch.cuda.current_stream(self.dev_in.device)
-        slot.done.record(stream)
+        slot.done.record(raw_stream(self.device_index))
         self.count += 1
-        slot.replayed, slot.last = True, self.count
+        slot.last = self.count
         if to_host:
             slot.pending = HostResults(slot)
             return slot.pending
@@ -217,7 +216,8 @@ def graphed(
             return None
         shapes = {"bw": (b, width), "b": (b,)}
         inputs, size = _fields([(n, d, shapes[s]) for n, d, s in INPUTS if n in names])
-        entry = GraphEntry(inputs, torch.empty(size, dtype=torch.uint8, device=device), torch.cuda.graph_pool_handle())
+        dev_in = torch.empty(size, dtype=torch.uint8, device=device)
+        entry = GraphEntry(inputs, dev_in, dev_in.device.index, torch.cuda.graph_pool_handle())
         entry.nbytes = held + size
         cache[full_key] = entry
         while len(cache) > config.graph_cache or _bytes(cache) > config.graph_cache_bytes:
@@ -256,7 +256,7 @@ def _capture(entry: GraphEntry, steps: Steps, terms, weights, params) -> _Slot |
     try:
         side.wait_stream(current)
         with torch.cuda.stream(side):  # warm up: kernels compiled, allocations made, output shapes known
-            copy_async(entry.dev_in, staging, side)
+            copy_async(entry.dev_in, staging, side.cuda_stream)
             outs = steps(inputs)
         host_out = [torch.empty(o.shape, dtype=o.dtype, pin_memory=True) for o in outs]
         current.wait_stream(side)
@@ -264,12 +264,12 @@ def _capture(entry: GraphEntry, steps: Steps, terms, weights, params) -> _Slot |
         # thread_local: another thread's CUDA calls meanwhile (an encoder's tokenising thread
         # allocating pinned memory) are no part of this capture and must not void it
         with torch.cuda.graph(graph, pool=entry.pool, stream=side, capture_error_mode="thread_local"):
-            copy_async(entry.dev_in, staging, side)
+            copy_async(entry.dev_in, staging, side.cuda_stream)
             out_views = list(steps(inputs))
             for h, o in zip(host_out, out_views, strict=True):
-                copy_async(h, o.contiguous(), side)
+                copy_async(h, o.contiguous(), side.cuda_stream)
     except RuntimeError:  # capture unsupported here: the caller runs the steps directly
         torch.cuda.set_stream(current)  # a failed capture leaves its stream current
         torch.cuda.synchronize(dev)
         return None
-    return _Slot(graph, staging, views, out_views, host_out)
+    return _Slot(graph, staging, views, out_views, host_out, StreamEvent(entry.device_index))
