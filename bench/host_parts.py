@@ -77,6 +77,27 @@ def parts(index: Index, queries: SparseCollection, k: int) -> dict:
         "engine_search_batch_and_take": _us(lambda: complete_later(eng.search_batch(idx, q, k, plan))(), sync=True),
         "Index.search": _us(lambda: index.search(queries, k), sync=True),
     }
+    out.update(graph_parts(idx, q, k, terms, weights, params))
+    return out
+
+
+def graph_parts(idx, q, k: int, terms, weights, params) -> dict:
+    """The graphed path's own steps: a slot, filling its staging buffer, the replay, the event."""
+    from gpusparse.engines.tiled import graphs
+
+    graphed_batch_search(idx, q, k, to_host=True).host.take()
+    entry = next(e for e in reversed(idx.derived.graphs.values()) if e)
+    slot = entry.slots[0]
+    dev_index = entry.device_index
+    out = {
+        "graph.slot": _us(entry.slot),
+        "graph.fill": _us(lambda: graphs._fill(slot.views, terms, weights)),
+        "graph.replay": _us(slot.graph.replay),
+        "graph.raw_stream": _us(lambda: graphs.raw_stream(dev_index)),
+        "graph.event_record": _us(lambda: slot.done.record(graphs.raw_stream(dev_index))),
+        "graph.event_query": _us(slot.done.query),
+    }
+    slot.pending = None
     return out
 
 

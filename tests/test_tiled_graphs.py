@@ -22,27 +22,26 @@ def test_query_width_is_a_power_of_two_of_at_least_8():
 
 
 def test_staged_inputs_are_aligned_and_padded_like_a_batch():
-    """Every field starts 8-byte aligned; rows' unused slots hold term -1 and weight 0; the
-    per-query parameters land where the graph's views read them (a poisoned buffer first)."""
+    """Every field starts 8-byte aligned; rows' unused slots hold term -1 and weight 0, written
+    over a poisoned buffer; a batch as wide as the view fills it whole."""
     b, width = 3, 8
-    shapes = {"bw": (b, width), "b": (b,)}
-    fields, size = _fields([(n, d, shapes[s]) for n, d, s in INPUTS])
+    fields, size = _fields([(n, d, (b, width)) for n, d, _ in INPUTS])
     assert all(start % 8 == 0 for start, *_ in fields.values())
     assert size >= sum(nbytes for _, nbytes, _, _ in fields.values())
     buf = np.full(size, 0xAB, dtype=np.uint8)
+    views = {n: _numpy_view(buf, spec) for n, spec in fields.items()}
     terms = np.array([[3, 7, -1], [1, -1, -1], [0, 2, 5]], dtype=np.int64)
     weights = np.array([[0.5, 1.5, 0.0], [2.0, 0.0, 0.0], [1.0, 1.0, 3.0]], dtype=np.float32)
-    rng = np.random.default_rng(0)
-    params = {n: rng.random(b).astype(d) if d != np.int32 else np.arange(b, dtype=d) for n, d, s in INPUTS if s == "b"}
-    _fill({n: _numpy_view(buf, spec) for n, spec in fields.items()}, terms, weights, params)
-    t = _numpy_view(buf, fields["terms"])
+    _fill(views, terms, weights)
+    t, w = views["terms"], views["weights"]
     np.testing.assert_array_equal(t[:, :3], terms)
     assert (t[:, 3:] == -1).all()
-    w = _numpy_view(buf, fields["weights"])
     np.testing.assert_array_equal(w[:, :3], weights)
     assert (w[:, 3:] == 0).all()
-    for name, value in params.items():
-        np.testing.assert_array_equal(_numpy_view(buf, fields[name]), value)
+    wide_t, wide_w = np.arange(b * width).reshape(b, width), np.ones((b, width), dtype=np.float32)
+    _fill(views, wide_t, wide_w)
+    np.testing.assert_array_equal(t, wide_t)
+    np.testing.assert_array_equal(w, wide_w)
 
 
 @contextlib.contextmanager

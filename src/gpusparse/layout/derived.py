@@ -39,6 +39,8 @@ class DerivedState:
             (:func:`gpusparse.layout.forward.forward_index`).
         layouts: tiled layouts by key (:func:`gpusparse.layout.tiled.tiled_layout`).
         max_scores_host: the lists' largest weights, float64 on the host.
+        max_scores_device: those weights (float32) on the device the graphs run on, where the
+            lists are not (:func:`gpusparse.layout.statistics.max_scores_on`).
         max_score: the largest of them.
         min_weight: the smallest document weight (+inf for an empty index).
         graphs: the tiled engine's captured CUDA graphs, least recently used first.
@@ -53,6 +55,7 @@ class DerivedState:
     forward: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     layouts: dict[tuple, Any] = field(default_factory=dict)
     max_scores_host: np.ndarray | None = None
+    max_scores_device: torch.Tensor | None = None
     max_score: float | None = None
     min_weight: float | None = None
     graphs: OrderedDict = field(default_factory=OrderedDict)
@@ -80,6 +83,7 @@ class DerivedState:
         forward = self.forward if keep_forward else None
         self.layouts.clear()
         self.graphs.clear()
+        self.max_scores_device = None
         self.copy = None
         self.views.clear()
         self.forward = forward

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 
+from .derived import same_device
 from .postings import PostingLists
 
 
@@ -14,6 +16,17 @@ def max_scores_host(index: PostingLists) -> np.ndarray:
         d.max_scores_host = index.max_scores.cpu().numpy().astype(np.float64)
         d.max_score = float(d.max_scores_host.max()) if d.max_scores_host.size else 0.0
     return d.max_scores_host
+
+
+def max_scores_on(index: PostingLists, device: torch.device) -> torch.Tensor:
+    """The lists' largest weights (float32) on ``device``: the index's own tensor there, or a
+    copy kept with the index."""
+    if same_device(index.max_scores.device, device):
+        return index.max_scores
+    d = index.derived
+    if d.max_scores_device is None or not same_device(d.max_scores_device.device, device):
+        d.max_scores_device = index.max_scores.to(device)
+    return d.max_scores_device
 
 
 def max_score(index: PostingLists) -> float:

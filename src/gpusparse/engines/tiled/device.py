@@ -21,7 +21,7 @@ from ...layout.tiled import TiledIndex
 from ...queries import QueryBatch
 from ...topk import top_keys
 from . import waves
-from .fixed_point import FixedPoint, kernel_scale, match_floor
+from .fixed_point import FixedPoint, fixed_point_device, kernel_scale, match_floor
 from .graphs import HostResults, graphed
 from .waves import candidate_lows
 
@@ -61,12 +61,10 @@ def device_search(
     terms, weights = batch.padded_terms, batch.padded_weights
     if terms.shape[0] <= engine_config().graph_max_batch:
         cutoff = None
-        if fp.host is not None:
-            host_terms, host_weights, _ = batch.host_arrays()
-            out = graphed_steps(index, layout, host_terms, host_weights, fp.host, k, acc=acc, int_weights=int_weights,
-                                n_sm=n_sm)  # fmt: skip
-            if out is not None:
-                return out
+        host_terms, host_weights, _ = batch.host_arrays()
+        out = graphed_steps(index, layout, host_terms, host_weights, k, acc=acc, int_weights=int_weights, n_sm=n_sm)
+        if out is not None:
+            return out  # type: ignore[return-value]
     return _device_steps(index, layout, terms.contiguous(), weights.contiguous(), fp, lb, k, acc, int_weights, n_sm,
                          cutoff)  # fmt: skip
 
@@ -83,8 +81,10 @@ def _device_steps(
     int_weights: bool,
     n_sm: int,
     cutoff: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    redo: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`device_search`'s device work, from tensors only (so that it can be captured)."""
+    """:func:`device_search`'s device work, from tensors only (so that it can be captured);
+    ``redo``: rows flagged already (bool ``[B]``, updated in place)."""
     dev = layout.seg.device
     b = terms.shape[0]
     terms32 = terms.to(torch.int32)
@@ -95,7 +95,7 @@ def _device_steps(
     count = torch.zeros(b, dtype=torch.int32, device=dev)
     cand_doc = torch.empty((b, cap), dtype=torch.int32, device=dev)
     cand_val = torch.empty((b, cap), dtype=torch.int64, device=dev)
-    redo = torch.zeros(b, dtype=torch.bool, device=dev)
+    redo = torch.zeros(b, dtype=torch.bool, device=dev) if redo is None else redo
     for first, n in plan:
         tile_candidates.tiled_candidates(
             layout, terms32, weights, q_scale, fp.delta, k=k, tiles=(first, n), select=first == 0,
@@ -126,7 +126,6 @@ def graphed_steps(
     layout: TiledIndex,
     terms: np.ndarray,
     weights: np.ndarray,
-    params: dict[str, np.ndarray],
     k: int,
     *,
     acc: str,
@@ -135,18 +134,21 @@ def graphed_steps(
     to_host: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | HostResults | None:
     """:func:`_device_steps` by the CUDA graph of this shape (:mod:`.graphs`), from the padded
-    batch and the fixed-point parameters on the host (:func:`~.fixed_point.fixed_point_host`);
+    batch on the host; the fixed-point parameters are computed in the graph
+    (:func:`~.fixed_point.fixed_point_device`; rows it cannot serve are flagged in ``redo``,
+    as are, with ``int_weights``, rows whose weights are not integers at their scale).
     ``None`` where it could not be captured (the caller runs the steps themselves).
     ``to_host``: ``(scores, ids, redo)`` delivered to the host by the graph."""
+    step = layout.step if int_weights else None
 
     def steps(inp):
-        fp = FixedPoint(inp["scale"], inp["delta"], inp.get("mult"), inp.get("shift"))
-        return _device_steps(index, layout, inp["terms"], inp["weights"], fp, inp["lb"], k, acc, int_weights, n_sm)
+        fp, lb, redo = fixed_point_device(index, inp["terms"], inp["weights"], acc, layout.weight_bits, step)
+        return _device_steps(index, layout, inp["terms"], inp["weights"], fp, lb, k, acc, int_weights, n_sm, redo=redo)
 
     key = (id(layout), k, acc, int_weights)
 
     def nbytes() -> int:
         return waves.search_bytes(layout.n_tiles, terms.shape[0], k, n_sm)
 
-    return graphed(index.derived.graphs, key, steps, terms, weights, params, layout.seg.device, nbytes,  # type: ignore[return-value]
+    return graphed(index.derived.graphs, key, steps, terms, weights, layout.seg.device, nbytes,  # type: ignore[return-value]
                    to_host=to_host)  # fmt: skip

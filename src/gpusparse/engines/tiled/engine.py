@@ -32,7 +32,7 @@ from ..base import DEFAULT_MEMORY_BUDGET, POSTING_BYTES, BatchResult, SearchPlan
 from ..reference import reference_search
 from .device import device_search, graphed_steps
 from .emulation import torch_tiled_candidates
-from .fixed_point import choose_acc, fixed_point, fixed_point_host, integer_weights, integer_weights_host, out_of_range
+from .fixed_point import choose_acc, fixed_point, integer_weights, out_of_range
 from .graphs import query_width
 from .layout_fallback import layout_reference_search
 from .ranking import rank_candidates
@@ -68,15 +68,16 @@ def graphed_batch_search(
     index: PostingLists, queries: SparseCollection, k: int, *, cutoff: Callable | None = None, to_host: bool = False
 ) -> BatchResult | None:
     """:func:`tiled_search` of a batch on a GPU by the CUDA graph of its shape
-    (:func:`~.device.graphed_steps`), from the host arrays: the batch is laid out and its
-    fixed-point parameters computed on the host and moved in one copy; one launch replays
-    every device operation of the search. For batches of at most
+    (:func:`~.device.graphed_steps`), from the host arrays: the batch is laid out on the host
+    and moved by the graph's first copy; its fixed-point parameters are computed in the graph,
+    whose one launch replays every device operation of the search. For batches of at most
     :attr:`~gpusparse.config.EngineConfig.graph_max_batch` queries (``cutoff`` then unused, as
     in :func:`~.device.device_search`), and for larger ones up to
     :attr:`~gpusparse.config.EngineConfig.graph_repeat_batch` without a ``cutoff`` or a
     :attr:`~gpusparse.config.EngineConfig.device_memory_limit` from the second batch of the
     same shape on. ``None`` where this path does not apply (another
-    device, a batch too large or seen once, weights outside the fixed-point range, no graph):
+    device, a batch too large or seen once, no graph; rows outside the fixed-point range are
+    flagged in the graph):
     the caller searches the general way. Flagged rows are searched again as
     :func:`tiled_search` does. ``to_host``: the results delivered to the host by the graph
     (:attr:`~gpusparse.engines.base.BatchResult.host`), not as device tensors."""
@@ -89,19 +90,16 @@ def graphed_batch_search(
     repeat = b <= config.graph_repeat_batch and cutoff is None and config.device_memory_limit is None
     if b > config.graph_max_batch and not repeat:
         return None
-    terms, weights, lengths = padded_host(queries, query_width)  # the graph's width: no padding later
+    terms, weights, _ = padded_host(queries, query_width)  # the graph's width: no padding later
     if b > config.graph_max_batch and not _seen_before(index, (b, terms.shape[1], k)):
         return None
     acc = choose_acc(None)
     layout = layout_for_search(index, acc=acc)
-    try:
-        params = fixed_point_host(index, terms, weights, lengths, acc, layout.weight_bits)
-    except ValueError:  # tiled_search takes float64 products
-        return None
-    int_w = integer_weights_host(layout, weights, params["scale"], acc)
+    # the parameters are computed in the graph; integer products where the layout's 8-bit
+    # levels allow them (rows whose weights are not integers at their scale are flagged there)
+    int_w = layout.quantized and acc == "u32"
     n_sm = _sm_count(cupy_launch.device_index(dev))
-    out = graphed_steps(index, layout, terms, weights, params, k, acc=acc, int_weights=int_w, n_sm=n_sm,
-                        to_host=to_host)  # fmt: skip
+    out = graphed_steps(index, layout, terms, weights, k, acc=acc, int_weights=int_w, n_sm=n_sm, to_host=to_host)
     if out is None:
         return None
 

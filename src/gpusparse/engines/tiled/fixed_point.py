@@ -16,9 +16,10 @@ import numpy as np
 import torch
 
 from ...config import engine_config
+from ...kernels.query_params import query_params
 from ...kernels.tile_candidates import ACC_MODES, ACC_TOP
 from ...layout.postings import PostingLists
-from ...layout.statistics import max_score, max_scores_host, min_weight
+from ...layout.statistics import max_score, max_scores_host, max_scores_on, min_weight
 from ...layout.tiled import TiledIndex
 from ...queries import QueryBatch
 from ...transfer import to_device
@@ -41,9 +42,6 @@ class FixedPoint:
     shift: torch.Tensor | None = None  # int32 [B]: b + c, product = (q · d) >> shift
     scale_host: np.ndarray | None = None  # float64 [B]: ``scale`` on the host (no copy back)
     floor: torch.Tensor | None = None  # float64 [B]: :func:`match_floor`, moved in the same copy
-    # every parameter on the host, as :func:`fixed_point_host` computed them (a CUDA graph's
-    # inputs are staged from these: see gpusparse.engines.tiled.graphs)
-    host: dict[str, np.ndarray] | None = None
 
 
 def choose_acc(acc: str | None) -> str:
@@ -103,7 +101,7 @@ def fixed_point_on(host: dict[str, np.ndarray], device: torch.device) -> FixedPo
     names = [n for n in ("scale", "delta", "mult", "shift", "lb") if n in host]
     moved = dict(zip(names, to_device([host[n] for n in names], device), strict=True))
     return FixedPoint(moved["scale"], moved["delta"], moved.get("mult"), moved.get("shift"), scale_host=host["scale"],
-                      floor=moved["lb"], host=host)  # fmt: skip
+                      floor=moved["lb"])  # fmt: skip
 
 
 def fixed_point_host(
@@ -212,6 +210,28 @@ def _ints(delta):
 
 def _int32(shift):
     return shift.astype(np.int32) if isinstance(shift, np.ndarray) else shift
+
+
+def fixed_point_device(
+    index: PostingLists,
+    terms: torch.Tensor,
+    weights: torch.Tensor,
+    acc: str,
+    weight_bits: int | None,
+    step: float | None,
+) -> tuple[FixedPoint, torch.Tensor, torch.Tensor]:
+    """:func:`fixed_point_host` on the device, inside a search's CUDA graph: ``(fixed point,
+    match floor, redo)`` from the padded batch there (:func:`gpusparse.kernels.query_params.query_params`,
+    the same arithmetic; its bound and sum may differ in the last bit, either being valid).
+    ``redo`` (bool ``[B]``) flags the rows :func:`fixed_point_host` would refuse, and, with
+    ``step`` (the 8-bit layout's, where the kernel multiplies integers), the rows whose weights
+    are not integers at that scale (:func:`integer_weights`'s check, per row): the general path
+    searches them."""
+    p = query_params(
+        terms, weights, max_scores_on(index, terms.device), top_bits=int(math.log2(ACC_TOP[acc])),
+        min_w=min_weight(index), max_w=max_score(index), weight_bits=weight_bits, step=step, max_delta=FIXED_MAX_DELTA,
+    )  # fmt: skip
+    return FixedPoint(p["scale"], p["delta"], p.get("mult"), p.get("shift")), p["lb"], p["redo"]
 
 
 def kernel_scale(layout: TiledIndex, fp: FixedPoint) -> torch.Tensor:

@@ -4,8 +4,8 @@ cross between host and device inside the graph.
 A small batch's search is mostly the host's work (the kernel over all tiles takes ~0.1-0.2 ms
 at 8.8M documents; each PyTorch call around it costs 5-15 µs of host time on an H200's host).
 A graph replays every device operation in one launch, and copies in it spare the host its own
-calls: the graph's first node copies a page-locked staging buffer (the padded terms and weights,
-the fixed-point parameters, the match floor) to the device, and its last nodes copy the results
+calls: the graph's first node copies a page-locked staging buffer (the padded terms and weights) to
+the device, and its last nodes copy the results
 into page-locked host buffers. Per batch the host writes the staging buffer, replays and records
 an event; the caller takes the results once the event has completed (:class:`HostResults`).
 
@@ -29,17 +29,8 @@ from ...kernels.cupy_launch import StreamEvent, copy_async, raw_stream
 from ...streams import capture_stream
 
 Steps = Callable[[Mapping[str, torch.Tensor]], tuple[torch.Tensor, ...]]
-# (name, numpy dtype, shape) of each input: "bw" is [B, width], "b" is [B]
-INPUTS: tuple[tuple[str, type, str], ...] = (
-    ("terms", np.int64, "bw"),
-    ("weights", np.float32, "bw"),
-    ("scale", np.float64, "b"),
-    ("delta", np.int64, "b"),
-    ("mult", np.float64, "b"),
-    ("shift", np.int32, "b"),
-    ("lb", np.float64, "b"),
-)
-_PADDING = {"terms": -1, "weights": 0}  # what a row's unused slots hold (term -1, weight 0)
+# (name, numpy dtype, what a row's unused slots hold) of each input, [B, width]
+INPUTS: tuple[tuple[str, type, int], ...] = (("terms", np.int64, -1), ("weights", np.float32, 0))
 SLOTS = 2  # captures per shape: a batch in flight while the next is launched
 
 
@@ -162,18 +153,15 @@ class GraphEntry:
         return tuple(x.clone() for x in slot.out_views)
 
 
-def _fill(views: Mapping[str, np.ndarray], terms: np.ndarray, weights: np.ndarray, params: Mapping) -> None:
-    """Each input into its view; the padded batch's rows padded further to the view's width."""
-    for name, view in views.items():
-        if name in _PADDING:
-            src = terms if name == "terms" else weights
-            if src.shape[1] == view.shape[1]:
-                view[...] = src
-            else:
-                view.fill(_PADDING[name])
-                view[:, : src.shape[1]] = src
+def _fill(views: Mapping[str, np.ndarray], terms: np.ndarray, weights: np.ndarray) -> None:
+    """The padded batch into the views, its rows padded further to the views' width."""
+    for (name, _, pad), src in zip(INPUTS, (terms, weights), strict=True):
+        view = views[name]
+        if src.shape[1] == view.shape[1]:
+            view[...] = src
         else:
-            view[...] = params[name]
+            view.fill(pad)
+            view[:, : src.shape[1]] = src
 
 
 def graphed(
@@ -182,7 +170,6 @@ def graphed(
     steps: Steps,
     terms: np.ndarray,
     weights: np.ndarray,
-    params: Mapping[str, np.ndarray],
     device: torch.device,
     nbytes: Callable[[], int] = lambda: 0,
     *,
@@ -194,18 +181,16 @@ def graphed(
     captured (remembered: the caller runs the steps themselves). ``to_host``: the outputs as
     :class:`HostResults` (copied to the host by the graph), else a copy of each on the device.
 
-    ``terms`` (int64) and ``weights`` (float32) ``[B, t]`` are the padded batch on the host,
-    ``params`` the per-query arrays ``[B]`` named as in :data:`INPUTS` (those given). ``steps``
-    reads its inputs from the tensors it is given, under the same names, with the query
-    width padded (:func:`query_width`). ``nbytes()``: the device bytes the steps allocate (their
+    ``terms`` (int64) and ``weights`` (float32) ``[B, t]`` are the padded batch on the host.
+    ``steps`` reads them from the tensors it is given, under those names, with the query width
+    padded (:func:`query_width`). ``nbytes()``: the device bytes the steps allocate (their
     buffers stay with the graph; asked only before a capture); the cache holds at most
     :attr:`~gpusparse.config.EngineConfig.graph_cache_bytes` of them, and a graph larger than
     that is not captured.
     """
     b, t = terms.shape
     width = query_width(t)
-    names = tuple(n for n, _, _ in INPUTS if n in params or n in _PADDING)
-    full_key = (*key, b, width, names)
+    full_key = (*key, b, width)
     entry = cache.get(full_key)
     if entry is False:
         return None
@@ -214,8 +199,7 @@ def graphed(
         held = nbytes()
         if held > config.graph_cache_bytes:
             return None
-        shapes = {"bw": (b, width), "b": (b,)}
-        inputs, size = _fields([(n, d, shapes[s]) for n, d, s in INPUTS if n in names])
+        inputs, size = _fields([(n, d, (b, width)) for n, d, _ in INPUTS])
         dev_in = torch.empty(size, dtype=torch.uint8, device=device)
         entry = GraphEntry(inputs, dev_in, dev_in.device.index, torch.cuda.graph_pool_handle())
         entry.nbytes = held + size
@@ -226,7 +210,7 @@ def graphed(
         cache.move_to_end(full_key)
     slot = entry.slot()
     if slot is None:  # capture one more
-        slot = _capture(entry, steps, terms, weights, params)
+        slot = _capture(entry, steps, terms, weights)
         if slot is None:
             cache[full_key] = False  # remembered: capture unsupported for this shape
             return None
@@ -234,7 +218,7 @@ def graphed(
         if len(entry.slots) > 1:  # a second slot's own outputs and staging (the pool is shared)
             entry.nbytes += sum(h.numel() * h.element_size() for h in slot.host_out)
     else:
-        _fill(slot.views, terms, weights, params)
+        _fill(slot.views, terms, weights)
     return entry.run(slot, to_host)
 
 
@@ -242,14 +226,14 @@ def _bytes(cache: Mapping) -> int:
     return sum(e.nbytes for e in cache.values() if e)
 
 
-def _capture(entry: GraphEntry, steps: Steps, terms, weights, params) -> _Slot | None:
+def _capture(entry: GraphEntry, steps: Steps, terms, weights) -> _Slot | None:
     """A new slot of ``entry``, its staging buffer holding this batch (the caller replays it:
     a capture runs nothing); ``None`` where capture is unsupported here."""
     dev = entry.dev_in.device
     size = entry.dev_in.numel()
     staging = torch.empty(size, dtype=torch.uint8, pin_memory=True)
     views = {n: _numpy_view(staging.numpy(), spec) for n, spec in entry.inputs.items()}
-    _fill(views, terms, weights, params)
+    _fill(views, terms, weights)
     inputs = {n: _torch_view(entry.dev_in, spec) for n, spec in entry.inputs.items()}
     current = torch.cuda.current_stream(dev)
     side = capture_stream(dev)

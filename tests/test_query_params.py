@@ -1,0 +1,113 @@
+"""The fixed-point parameters computed on the device (kernels/query_params) against the host's
+(engines/tiled/fixed_point.fixed_point_host), and searches whose graph flags rows with them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gpusparse import Index
+from gpusparse.engines.tiled import fixed_point as fpm
+from gpusparse.engines.tiled.engine import layout_for_search
+from gpusparse.engines.tiled.graphs import query_width
+from gpusparse.layout.statistics import max_scores_host
+from gpusparse.queries import padded_host, prepare_queries
+
+from .conftest import require_cuda_kernels
+from .reference import dense_scores, random_collection, reference_topk
+
+pytestmark = pytest.mark.gpu
+
+
+def _setup(rng, quantize, acc, prepared=True):
+    docs = random_collection(rng, 5000, 300, 30)
+    index = Index.build(docs, device="cuda", quantize=quantize)
+    queries = random_collection(rng, 40, 300, 12, empty_fraction=0.1)
+    if prepared:
+        queries = prepare_queries(queries, index.vocab, index.quantization, max_scores_host(index))
+    layout = layout_for_search(index, acc=acc)
+    terms, weights, lengths = padded_host(queries, query_width)
+    return index, layout, terms, weights, lengths
+
+
+def _device(index, layout, terms, weights, acc, step):
+    t, w = torch.from_numpy(terms).cuda(), torch.from_numpy(weights).cuda()
+    fp, lb, redo = fpm.fixed_point_device(index, t, w, acc, layout.weight_bits, step)
+    out = {"scale": fp.scale, "delta": fp.delta, "lb": lb, "redo": redo}
+    if fp.mult is not None:
+        out |= {"mult": fp.mult, "shift": fp.shift}
+    return {name: x.cpu().numpy() for name, x in out.items()}
+
+
+def _host_rows(index, layout, terms, weights, lengths, acc):
+    """The host's parameters of each row alone, or ``None`` where the host refuses the row."""
+    rows = []
+    for r in range(terms.shape[0]):
+        try:
+            rows.append(fpm.fixed_point_host(index, terms[r : r + 1], weights[r : r + 1], lengths[r : r + 1], acc,
+                                             layout.weight_bits))  # fmt: skip
+        except ValueError:
+            rows.append(None)
+    return rows
+
+
+@pytest.mark.parametrize(("quantize", "acc"), [(None, "u32"), (None, "carry"), (8, "u32")])
+def test_device_parameters_are_the_hosts(rng, quantize, acc):
+    """Every parameter of every row as the host computes it (the bound's and the sum's
+    summation order may move ``delta`` by one unit at most; here they are equal on most rows)."""
+    require_cuda_kernels()
+    index, layout, terms, weights, lengths = _setup(rng, quantize, acc)
+    step = layout.step if layout.quantized and acc == "u32" else None
+    dev = _device(index, layout, terms, weights, acc, step)
+    host = fpm.fixed_point_host(index, terms, weights, lengths, acc, layout.weight_bits)
+    assert not dev["redo"].any()
+    assert set(dev) - {"redo"} == set(host)
+    for name in ("scale", "lb", "mult", "shift"):
+        if name in host:
+            np.testing.assert_array_equal(dev[name], host[name], err_msg=name)
+    assert np.abs(dev["delta"] - host["delta"]).max() <= 1
+    assert (dev["delta"] == host["delta"]).mean() >= 0.9
+    if step is not None:  # the host's own check agrees: integer products
+        assert fpm.integer_weights_host(layout, weights, host["scale"], acc)
+
+
+def test_rows_the_host_refuses_are_flagged(rng, monkeypatch):
+    """With the largest margin lowered so that some rows exceed it, the device flags exactly the
+    rows the host refuses, and leaves the others' parameters as the host's."""
+    require_cuda_kernels()
+    index, layout, terms, weights, lengths = _setup(rng, None, "u32")
+    host_all = fpm.fixed_point_host(index, terms, weights, lengths, "u32", layout.weight_bits)
+    monkeypatch.setattr(fpm, "FIXED_MAX_DELTA", int(np.median(host_all["delta"])))
+    refused = np.array([row is None for row in _host_rows(index, layout, terms, weights, lengths, "u32")])
+    assert refused.any() and not refused.all()
+    dev = _device(index, layout, terms, weights, "u32", None)
+    np.testing.assert_array_equal(dev["redo"], refused)
+    np.testing.assert_array_equal(dev["scale"][~refused], host_all["scale"][~refused])
+
+
+def test_rows_with_weights_that_are_not_integers_are_flagged(rng):
+    """On the 8-bit layout with integer products, queries that were not quantized (weights not
+    integers at their scale) are flagged, row by row as the host's check says."""
+    require_cuda_kernels()
+    index, layout, terms, weights, lengths = _setup(rng, 8, "u32", prepared=False)
+    dev = _device(index, layout, terms, weights, "u32", layout.step)
+    host = fpm.fixed_point_host(index, terms, weights, lengths, "u32", layout.weight_bits)
+    integral = [fpm.integer_weights_host(layout, weights[r : r + 1], host["scale"][r : r + 1], "u32")
+                for r in range(len(terms))]  # fmt: skip
+    np.testing.assert_array_equal(dev["redo"], ~np.array(integral))
+    assert dev["redo"].any()
+
+
+def test_a_graphed_search_with_flagged_rows_is_exact(rng, monkeypatch):
+    """Rows the graph's parameters flag are searched the general way: every row of a small batch
+    equals the float64 reference."""
+    require_cuda_kernels()
+    docs = random_collection(rng, 20_000, 300, 30)
+    index = Index.build(docs, device="cuda")
+    queries = random_collection(rng, 6, 300, 10)
+    monkeypatch.setattr(fpm, "FIXED_MAX_DELTA", 40)  # most rows refused in the graph
+    res = index.search(queries, 20)
+    ref_s, ref_i = reference_topk(dense_scores(docs, queries), 20)
+    np.testing.assert_array_equal(res.ids.numpy(), ref_i)
+    np.testing.assert_array_equal(res.scores.numpy(), ref_s)
