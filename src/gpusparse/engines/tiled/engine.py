@@ -32,7 +32,7 @@ from ..base import DEFAULT_MEMORY_BUDGET, POSTING_BYTES, BatchResult, SearchPlan
 from ..reference import reference_search
 from .device import device_search, graphed_steps
 from .emulation import torch_tiled_candidates
-from .fixed_point import choose_acc, fixed_point, integer_weights, out_of_range
+from .fixed_point import choose_acc, fixed_point, integer_weights, integer_weights_padded, out_of_range
 from .graphs import query_width
 from .layout_fallback import layout_reference_search
 from .ranking import rank_candidates
@@ -95,9 +95,8 @@ def graphed_batch_search(
         return None
     acc = choose_acc(None)
     layout = layout_for_search(index, acc=acc)
-    # the parameters are computed in the graph; integer products where the layout's 8-bit
-    # levels allow them (rows whose weights are not integers at their scale are flagged there)
-    int_w = layout.quantized and acc == "u32"
+    # the parameters are computed in the graph; only whether products are integers is decided here
+    int_w = integer_weights_padded(index, layout, terms, weights, acc)
     n_sm = _sm_count(cupy_launch.device_index(dev))
     out = graphed_steps(index, layout, terms, weights, k, acc=acc, int_weights=int_w, n_sm=n_sm, to_host=to_host)
     if out is None:
