@@ -22,7 +22,10 @@ typedef unsigned long long u64;
 #define MINB 1  // __launch_bounds__ min blocks an SM (register cap 65536 / (256 MINB))
 #endif
 #ifndef PF
-#define PF 2  // A loads in flight ahead of a warp's MMAs
+#define PF 2  // positions of a warp's A stream in flight ahead of its MMAs
+#endif
+#ifndef GM
+#define GM 1  // 16-document groups a warp multiplies at once: each B fragment loaded once for GM MMAs
 #endif
 
 __device__ __forceinline__ void mma_u8(int (&c)[4], const uint4& a, const uint2& b) {
@@ -56,10 +59,10 @@ __device__ __forceinline__ void finish_group(int (&acc)[NB][4], u64& sum, int* _
 }
 
 // One CUDA block per (tile, group of QG queries); the blocks of one tile are adjacent in the grid
-// (blockIdx.x = tile * n_groups + group), so the groups of a tile run together and read its rows from L2.
-// Each of the 8 warps takes the tile's 16-document groups in turn: per group, NB accumulators of 4 s32
-// registers; per k-step one uint4 load of A (issued PF steps ahead), then NB MMAs, each with its B fragment
-// from shared memory (staged once a CUDA block). The sums leave as a checksum (one
+// (blockIdx.x = tile * n_qgroups + group), so the groups of a tile run together and read its rows from L2.
+// Each of the 8 warps takes the tile's 16-document groups in turn, GM at once: per group, NB accumulators of
+// 4 s32 registers; per k-step one uint4 load of A a group (issued PF steps ahead), then NB x GM MMAs, each B
+// fragment from shared memory (staged once a CUDA block) used for GM of them. The sums leave as a checksum (one
 // 64-bit atomic a warp, of the sum of its sums mod 2**64) and, for the first `out_tiles` tiles, whole in
 // `out` ([out_tiles, n_queries, TILE] int32, n_queries = n_blocks * 8).
 extern "C" __global__ void __launch_bounds__(NW * 32, MINB) dense_frag(
@@ -69,27 +72,30 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) dense_frag(
     const int n_blocks, const int TILE,
     u64* __restrict__ checksum, int* __restrict__ out, const int out_tiles)
 {
-    const int n_groups = n_blocks / NB;
-    const int t = blockIdx.x / n_groups, qg = blockIdx.x % n_groups;
+    const int n_qgroups = n_blocks / NB;
+    const int t = blockIdx.x / n_qgroups, qg = blockIdx.x % n_qgroups;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const i64 s0 = step_start[t];
     const int steps = (int)(step_start[t + 1] - s0);
     const int doc_groups = TILE / 16;
     const uint4* a_tile = a_frag + s0 * doc_groups * 32 + lane;  // the tile's first block, this lane's bytes
-    // This warp's A loads form one stream, (group g = warp + NW i, step s) for s < steps, for i: the
-    // loads of a group are contiguous (steps x 512 bytes). PF loads of the stream are in flight ahead of
-    // the MMAs, across the boundary between groups too (a group has only ~4 steps: a prefetch that stopped
-    // at it would wait for L2 once a group).
-    const int my_groups = (doc_groups - warp + NW - 1) / NW;
-    const int total = my_groups * steps, sd = steps > 0 ? steps : 1;
-    uint4 buf[PF];  // issued before the B fragments' staging: both latencies overlap
+    // This warp's A loads form one stream: (unit u = warp + NW i, step s) for s < steps, for i, a unit being
+    // GM adjacent 16-document groups (GM loads a position; a group's loads are contiguous, steps x 512
+    // bytes). PF positions of the stream are in flight ahead of the MMAs, across the boundary between units
+    // too (a group has only ~4 steps: a prefetch that stopped at it would wait for L2 once a group).
+    const int units = doc_groups / GM;
+    const int my_units = (units - warp + NW - 1) / NW;
+    const int total = my_units * steps, sd = steps > 0 ? steps : 1;
+    uint4 buf[PF][GM];  // issued before the B fragments' staging: both latencies overlap
 #pragma unroll
-    for (int p = 0; p < PF; ++p) {
-        buf[p] = make_uint4(0u, 0u, 0u, 0u);
-        if (p < total) buf[p] = a_tile[((i64)(warp + (p / sd) * NW) * steps + p % sd) * 32];
-    }
+    for (int p = 0; p < PF; ++p)
+#pragma unroll
+        for (int m = 0; m < GM; ++m) {
+            buf[p][m] = uint4{0u, 0u, 0u, 0u};
+            if (p < total) buf[p][m] = a_tile[((i64)((warp + (p / sd) * NW) * GM + m) * steps + p % sd) * 32];
+        }
     // The group's B fragments for the tile's steps: steps x NB x 256 bytes, read by every warp for each
-    // of its document groups (a warp's uint2 loads of one fragment are 256 contiguous bytes: no conflict).
+    // of its units (a warp's uint2 loads of one fragment are 256 contiguous bytes: no conflict).
     extern __shared__ __align__(16) uint2 s_b[];
     for (int i = threadIdx.x; i < steps * NB * 32; i += NW * 32) {
         const int s = i / (NB * 32), rest = i % (NB * 32);
@@ -97,28 +103,45 @@ extern "C" __global__ void __launch_bounds__(NW * 32, MINB) dense_frag(
     }
     __syncthreads();
     u64 sum = 0ull;
-    int acc[NB][4];
+    int acc[GM][NB][4];
 #pragma unroll
-    for (int j = 0; j < NB; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0;
-    int g = warp, s = 0;  // the group and step of stream position `idx`
-    int lg = warp + (PF / sd) * NW, ls = PF % sd;  // those of idx + PF
+    for (int m = 0; m < GM; ++m)
+#pragma unroll
+        for (int j = 0; j < NB; ++j) acc[m][j][0] = acc[m][j][1] = acc[m][j][2] = acc[m][j][3] = 0;
+    int u = warp, s = 0;  // the unit and step of stream position `idx`
+    int lu = warp + (PF / sd) * NW, ls = PF % sd;  // those of idx + PF
     for (int idx = 0; idx < total; ++idx) {
-        const uint4 a = buf[0];
+        uint4 a[GM];
 #pragma unroll
-        for (int p = 0; p + 1 < PF; ++p) buf[p] = buf[p + 1];
-        if (idx + PF < total) buf[PF - 1] = a_tile[((i64)lg * steps + ls) * 32];
-        if (++ls == steps) { ls = 0; lg += NW; }
+        for (int m = 0; m < GM; ++m) a[m] = buf[0][m];
+#pragma unroll
+        for (int p = 0; p + 1 < PF; ++p)
+#pragma unroll
+            for (int m = 0; m < GM; ++m) buf[p][m] = buf[p + 1][m];
+        if (idx + PF < total)
+#pragma unroll
+            for (int m = 0; m < GM; ++m) buf[PF - 1][m] = a_tile[((i64)(lu * GM + m) * steps + ls) * 32];
+        if (++ls == steps) { ls = 0; lu += NW; }
         const uint2* b = s_b + s * NB * 32 + lane;
 #pragma unroll
-        for (int j = 0; j < NB; ++j) mma_u8(acc[j], a, b[j * 32]);
-        if (++s == steps) {  // the group's sums are complete
-            finish_group(acc, sum, out, t, out_tiles, n_blocks, TILE, qg, g, lane);
+        for (int j = 0; j < NB; ++j) {
+            const uint2 bj = b[j * 32];
+#pragma unroll
+            for (int m = 0; m < GM; ++m) mma_u8(acc[m][j], a[m], bj);
+        }
+        if (++s == steps) {  // the unit's sums are complete
+#pragma unroll
+            for (int m = 0; m < GM; ++m)
+                finish_group(acc[m], sum, out, t, out_tiles, n_blocks, TILE, qg, u * GM + m, lane);
             s = 0;
-            g += NW;
+            u += NW;
         }
     }
     if (steps == 0)  // a tile without dense rows: its sums are 0 (stored for the check)
-        for (; g < doc_groups; g += NW) finish_group(acc, sum, out, t, out_tiles, n_blocks, TILE, qg, g, lane);
+        for (; u < units; u += NW)
+#pragma unroll
+            for (int m = 0; m < GM; ++m)
+                finish_group(acc[m], sum, out, t, out_tiles, n_blocks, TILE, qg, u * GM + m, lane);
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_down_sync(0xffffffffu, sum, o);
     if (lane == 0) atomicAdd(checksum, sum);
 }

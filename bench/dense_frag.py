@@ -22,9 +22,11 @@ checksum over all tiles against ``dense_mma.reference_checksum``, for each ``QG`
 
 Usage (GPU machine; ~1-2 minutes; ~22 GB at 8.8M documents):
 
-    python bench/dense_frag.py --out $OUT --commit SHA [--n 8841823] [--batch 256] [--qg 64 32 128]
+    python bench/dense_frag.py --out $OUT --commit SHA [--n 8841823] [--batch 256] [--qg 64 32 128] [--gm 1 2]
 
-Writes ``<out>/<date>-<card>-dense-frag.json`` and prints a table last (the first ``--qg`` is the headline).
+Writes ``<out>/<date>-<card>-dense-frag.json`` and prints a table last (the first ``--qg`` at the first ``--gm`` is
+the headline: QG 64, GM 1 is the design as briefed; GM 2 has each warp multiply two 16-document groups at once,
+so that each B fragment read from shared memory serves two MMAs).
 """
 
 from __future__ import annotations
@@ -143,20 +145,22 @@ def expected_sums(layout, qa: torch.Tensor, n_blocks_ref: int, tile: int, n_rows
     return out
 
 
-def min_blocks(qg: int) -> int:
-    """The build's ``__launch_bounds__`` blocks an SM for ``qg``: the most whose register cap (65536 /
-    (256 · blocks)) holds the accumulators without spilling (nvcc 13, sm_90: 62, 80, 128 registers at QG 32,
-    64, 128)."""
-    return 4 if qg <= 32 else 3 if qg <= 64 else 2 if qg <= 128 else 1
+def min_blocks(qg: int, gm: int = 1) -> int:
+    """The build's ``__launch_bounds__`` blocks an SM: the most whose register cap (65536 / (256 · blocks)) holds
+    the ``gm · qg / 2`` accumulators without spilling (nvcc 13, sm_90: 62, 80, 128 registers at QG 32, 64, 128
+    with GM 1; 80, 123 at QG 32, 64 with GM 2)."""
+    acc = qg * gm
+    return 4 if acc <= 32 else 3 if acc <= 64 else 2 if acc <= 128 else 1
 
 
-def frag_kernel(device_index: int, qg: int = 64, pf: int = 2):  # -> cupy.RawKernel
-    """``dense_frag.cu`` compiled for the device with ``QG = qg`` queries a block and ``PF = pf`` A loads in
-    flight a warp (inline PTX, no headers)."""
+def frag_kernel(device_index: int, qg: int = 64, pf: int = 2, gm: int = 1):  # -> cupy.RawKernel
+    """``dense_frag.cu`` compiled for the device: ``QG = qg`` queries a block, ``PF = pf`` positions of a
+    warp's A stream in flight, ``GM = gm`` document groups a warp multiplies at once (inline PTX, no
+    headers)."""
     import cupy as cp
 
     code = (Path(__file__).resolve().parent / "dense_frag.cu").read_text()
-    options = ("--std=c++17", f"-DQG={qg}", f"-DPF={pf}", f"-DMINB={min_blocks(qg)}")
+    options = ("--std=c++17", f"-DQG={qg}", f"-DPF={pf}", f"-DGM={gm}", f"-DMINB={min_blocks(qg, gm)}")
     with cp.cuda.Device(device_index):
         return cp.RawModule(code=code, options=options).get_function("dense_frag")
 
@@ -181,12 +185,15 @@ def run_frag(fn, a, steps0, b, n_blocks, qg, tile, checksum, out=None, out_tiles
         fn((n_tiles * (n_blocks * 8 // qg),), (WARPS * 32,), args, shared_mem=shared)
 
 
-def check_frag(layout, a, steps0, batch, n_queries, qg, pf, qa, n_blocks_ref, check_tiles) -> tuple[dict, callable]:
-    """The fragment kernel at ``qg``: exactness (the first ``check_tiles`` tiles whole, every tile through
-    the checksum) and a timed launch."""
+def check_frag(layout, a, steps0, batch, n_queries, build, qa, n_blocks_ref, check_tiles) -> tuple[dict, callable]:
+    """The fragment kernel built with ``build = (qg, pf, gm)``: exactness (the first ``check_tiles`` tiles whole,
+    every tile through the checksum) and a timed launch."""
     tile = 1 << layout.tile_bits
+    qg, pf, gm = build
+    if (tile // DOC_GROUP) % gm:
+        raise SystemExit(f"dense_frag: GM {gm} does not divide the tile's {tile // DOC_GROUP} document groups")
     b, n_blocks = fragment_queries(layout, batch, n_queries, qg)
-    fn = frag_kernel(a.device.index or 0, qg, pf)
+    fn = frag_kernel(a.device.index or 0, qg, pf, gm)
     checksum = torch.zeros(1, dtype=torch.int64, device=a.device)
     n_check = min(check_tiles, layout.n_tiles)
     out = torch.full((n_check, n_blocks * 8, tile), -7, dtype=torch.int32, device=a.device)
@@ -206,9 +213,9 @@ def check_frag(layout, a, steps0, batch, n_queries, qg, pf, qa, n_blocks_ref, ch
         run_frag(fn, a, steps0, b, n_blocks, qg, tile, checksum, max_steps=max_steps)
 
     macs = int(steps0[-1]) * K_STEP * tile * n_blocks * 8
-    res = {"qg": qg, "pf": pf, "min_blocks": min_blocks(qg), "n_queries_padded": n_blocks * 8, "b_bytes": b.numel(),
-           "mma_macs": macs, "mma_instructions": macs // (16 * 8 * K_STEP), "exact_sums_checked_tiles": sums,
-           "exact_checksum_all_tiles": total}  # fmt: skip
+    res = {"qg": qg, "pf": pf, "gm": gm, "min_blocks": min_blocks(qg, gm), "n_queries_padded": n_blocks * 8,
+           "b_bytes": b.numel(), "mma_macs": macs, "mma_instructions": macs // (16 * 8 * K_STEP),
+           "exact_sums_checked_tiles": sums, "exact_checksum_all_tiles": total}  # fmt: skip
     return res, once
 
 
@@ -217,7 +224,8 @@ def main() -> None:
     p.add_argument("--n", type=int, default=8_841_823)
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--qg", type=int, nargs="+", default=[64, 32, 128], help="queries a CUDA block (first: headline)")
-    p.add_argument("--pf", type=int, default=2, help="A loads in flight a warp")
+    p.add_argument("--gm", type=int, nargs="+", default=[1, 2], help="document groups a warp multiplies at once")
+    p.add_argument("--pf", type=int, default=2, help="positions of a warp's A stream in flight")
     p.add_argument("--check-tiles", type=int, default=2)
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--out", type=Path, required=True)
@@ -243,12 +251,14 @@ def main() -> None:
     a, steps0, _ = fragment_dense(layout)
     torch.cuda.synchronize()
     frag_s = time.perf_counter() - t1
-    # the fragment kernel at each QG (exactness, then timing)
+    # the fragment kernel at each (QG, GM) (exactness, then timing)
     frag = []
-    for qg in args.qg:
-        res, once = check_frag(layout, a, steps0, batch, len(queries), qg, args.pf, qa, n_blocks_ref, args.check_tiles)
-        res["frag_dense_ms"] = statistics.median(time_events(once, reps=args.reps, warmup=2))
-        frag.append(res)
+    for gm in args.gm:
+        for qg in args.qg:
+            build = (qg, args.pf, gm)
+            res, once = check_frag(layout, a, steps0, batch, len(queries), build, qa, n_blocks_ref, args.check_tiles)
+            res["frag_dense_ms"] = statistics.median(time_events(once, reps=args.reps, warmup=2))
+            frag.append(res)
     # the old WMMA kernel (dense_mma.py), same layout and queries
     row_start = ops.tile_dense_rows(layout)[0].contiguous()
     dense_pad = torch.cat([layout.dense, torch.zeros((PAD_ROWS, tile), dtype=torch.uint8, device=dev)])
@@ -291,7 +301,8 @@ def main() -> None:
     print(f"{'what':44} {'ms':>8}")
     for r in frag:
         exact = r["exact_sums_checked_tiles"] and r["exact_checksum_all_tiles"]
-        print(f"{'fragment-order MMA dense part, QG ' + str(r['qg']):44} {r['frag_dense_ms']:8.3f}   exact: {exact}")
+        what = f"fragment-order MMA dense part, QG {r['qg']} GM {r['gm']}"
+        print(f"{what:44} {r['frag_dense_ms']:8.3f}   exact: {exact}")
     print(f"{'WMMA dense part (dense_mma.cu)':44} {mma_ms:8.3f}   exact: {mma_exact}")
     print(f"{'tiled kernel, top-10, one launch':44} {full_ms:8.3f}")
     print(f"{'tiled kernel without its dense phase':44} {skip_ms:8.3f}")

@@ -162,11 +162,11 @@ def test_bad_query_group_is_refused(rng):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize(("qg", "pf"), [(64, 2), (32, 1), (128, 3)])
-def test_kernel_sums_equal_the_reference_on_gpu(rng, qg, pf):
+@pytest.mark.parametrize(("qg", "pf", "gm"), [(64, 2, 1), (32, 1, 1), (128, 3, 1), (64, 2, 2), (32, 3, 4)])
+def test_kernel_sums_equal_the_reference_on_gpu(rng, qg, pf, gm):
     require_cuda_kernels()
     f = _fixture(rng, qg, "cuda", n_queries=70)  # several groups of queries, padded
-    fn = f.bench.frag_kernel(torch.cuda.current_device(), qg, pf)
+    fn = f.bench.frag_kernel(torch.cuda.current_device(), qg, pf, gm)
     checksum = torch.zeros(1, dtype=torch.int64, device="cuda")
     out = torch.full((f.layout.n_tiles, f.n_blocks * 8, f.tile), -7, dtype=torch.int32, device="cuda")
     f.bench.run_frag(fn, f.a, f.steps0, f.b, f.n_blocks, qg, f.tile, checksum, out, f.layout.n_tiles)
