@@ -173,3 +173,23 @@ def test_results_delivered_to_the_host_survive_later_batches_of_the_same_shape(r
         ref_s, ref_i = reference_topk(dense_scores(docs, queries), k)
         np.testing.assert_array_equal(ids.numpy(), ref_i)
         np.testing.assert_array_equal(scores.numpy(), ref_s)
+
+
+@pytest.mark.gpu
+def test_large_results_leave_the_graph_on_the_device(rng, monkeypatch):
+    """Results above HOST_COPY_MAX_BYTES are not copied in the graph: a search that asks for them
+    on the host gets device results (copied after the replay), pipelined and exact."""
+    require_cuda_kernels()
+    from gpusparse.engines.tiled import graphs
+
+    monkeypatch.setattr(graphs, "HOST_COPY_MAX_BYTES", 0)
+    docs = random_collection(rng, 20_000, 300, 30)
+    index = Index.build(docs, device="cuda")
+    queries = _queries_of_width(rng, 6)
+    with graph_outcomes() as calls:
+        res = index.search(queries, 30, batch_size=2)
+    assert calls == [True, True, True]
+    assert all(not s.host_out for e in index.derived.graphs.values() if e for s in e.slots)
+    ref_s, ref_i = reference_topk(dense_scores(docs, queries), 30)
+    np.testing.assert_array_equal(res.ids.numpy(), ref_i)
+    np.testing.assert_array_equal(res.scores.numpy(), ref_s)

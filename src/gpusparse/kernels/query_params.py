@@ -3,10 +3,10 @@
 A small batch's search replays one CUDA graph; computing its parameters on the host first
 (:func:`gpusparse.engines.tiled.fixed_point.fixed_point_host`: a few numpy reductions over the
 padded batch and ~50 operations on ``[B]`` arrays) took ~25 µs of an H200 host's time at batch 1
-and ~300 µs at batch 256, before the launch. In the graph, one thread per query does the same
-float64 arithmetic in the same order. Its reductions (the score bound, the weights' sum) add in
-slot order, where numpy's may pair them differently: a parameter can then differ from the host's
-in its last bit, and either is a valid bound (the margins carry their own slack). Rows the host
+and ~300 µs at batch 256, before the launch. In the graph, one warp per query reduces its row and
+does the same float64 arithmetic in the same order. Its sums (the score bound, the weights' sum)
+add across the warp's lanes, where numpy pairs the slots otherwise: a parameter can then differ
+from the host's in its last bit, and either is a valid bound (the margins carry their own slack). Rows the host
 would refuse (out of the fixed-point range) or whose scaled weights are not integers where the
 kernel multiplies integers are flagged for the general path instead.
 """
@@ -21,7 +21,7 @@ from .cupy_launch import check_tensors, device_index, launch, load_kernel, point
 __all__ = ["SOURCE", "query_params"]
 
 SOURCE = "query_params.cu"  # in kernels/cuda/
-THREADS = 128
+WARPS = 4  # rows a block of the kernel (one warp each)
 
 
 def query_params(
@@ -72,5 +72,5 @@ def query_params(
             pointer(out["mult"]) if "mult" in out else null, pointer(out["shift"]) if "shift" in out else null,
             pointer(out["lb"]), pointer(out["redo"]))  # fmt: skip
     kernel = load_kernel(SOURCE, "query_params", device=device_index(dev))
-    launch(kernel, (-(-b // THREADS),), (THREADS,), args, device=dev)
+    launch(kernel, (-(-b // WARPS),), (WARPS * 32,), args, device=dev)
     return out

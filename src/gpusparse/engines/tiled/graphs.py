@@ -5,7 +5,7 @@ A small batch's search is mostly the host's work (the kernel over all tiles take
 at 8.8M documents; each PyTorch call around it costs 5-15 µs of host time on an H200's host).
 A graph replays every device operation in one launch, and copies in it spare the host its own
 calls: the graph's first node copies a page-locked staging buffer (the padded terms and weights) to
-the device, and its last nodes copy the results
+the device, and its last nodes copy the results (up to :data:`HOST_COPY_MAX_BYTES`)
 into page-locked host buffers. Per batch the host writes the staging buffer, replays and records
 an event; the caller takes the results once the event has completed (:class:`HostResults`).
 
@@ -32,6 +32,10 @@ Steps = Callable[[Mapping[str, torch.Tensor]], tuple[torch.Tensor, ...]]
 # (name, numpy dtype, what a row's unused slots hold) of each input, [B, width]
 INPUTS: tuple[tuple[str, type, int], ...] = (("terms", np.int64, -1), ("weights", np.float32, 0))
 SLOTS = 2  # captures per shape: a batch in flight while the next is launched
+# Results up to this size are copied to the host inside the graph. Larger ones (batch 256 at
+# top-1000: 3 MB) go the general way, on a side stream after the replay: in the graph their copy
+# would hold up the next batch's kernels (pipelined batch 256 was ~4 % slower, measured on an H200).
+HOST_COPY_MAX_BYTES = 1 << 20
 
 
 def query_width(t: int) -> int:
@@ -98,7 +102,7 @@ class _Slot:
     staging: torch.Tensor  # uint8, page-locked
     views: dict[str, np.ndarray]
     out_views: list[torch.Tensor]  # rewritten by each replay
-    host_out: list[torch.Tensor]  # page-locked, written by the graph's last nodes
+    host_out: list[torch.Tensor]  # page-locked, written by the graph's last nodes (none: results too large)
     done: StreamEvent  # recorded after each replay
     pending: HostResults | None = None  # results in host_out not yet taken
     last: int = 0  # when it was last replayed (the entry's count)
@@ -147,7 +151,7 @@ class GraphEntry:
         slot.done.record(raw_stream(self.device_index))
         self.count += 1
         slot.last = self.count
-        if to_host:
+        if to_host and slot.host_out:
             slot.pending = HostResults(slot)
             return slot.pending
         return tuple(x.clone() for x in slot.out_views)
@@ -179,7 +183,8 @@ def graphed(
     first use and kept in ``cache`` under ``key`` + the shape (least recently used dropped
     past :attr:`~gpusparse.config.EngineConfig.graph_cache`); ``None`` where it could not be
     captured (remembered: the caller runs the steps themselves). ``to_host``: the outputs as
-    :class:`HostResults` (copied to the host by the graph), else a copy of each on the device.
+    :class:`HostResults` (copied to the host by the graph) where they are at most
+    :data:`HOST_COPY_MAX_BYTES`; otherwise, a copy of each on the device.
 
     ``terms`` (int64) and ``weights`` (float32) ``[B, t]`` are the padded batch on the host.
     ``steps`` reads them from the tensors it is given, under those names, with the query width
@@ -242,7 +247,8 @@ def _capture(entry: GraphEntry, steps: Steps, terms, weights) -> _Slot | None:
         with torch.cuda.stream(side):  # warm up: kernels compiled, allocations made, output shapes known
             copy_async(entry.dev_in, staging, side.cuda_stream)
             outs = steps(inputs)
-        host_out = [torch.empty(o.shape, dtype=o.dtype, pin_memory=True) for o in outs]
+        small = sum(o.numel() * o.element_size() for o in outs) <= HOST_COPY_MAX_BYTES
+        host_out = [torch.empty(o.shape, dtype=o.dtype, pin_memory=True) for o in outs] if small else []
         current.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # thread_local: another thread's CUDA calls meanwhile (an encoder's tokenising thread
@@ -250,7 +256,7 @@ def _capture(entry: GraphEntry, steps: Steps, terms, weights) -> _Slot | None:
         with torch.cuda.graph(graph, pool=entry.pool, stream=side, capture_error_mode="thread_local"):
             copy_async(entry.dev_in, staging, side.cuda_stream)
             out_views = list(steps(inputs))
-            for h, o in zip(host_out, out_views, strict=True):
+            for h, o in zip(host_out, out_views if host_out else [], strict=True):
                 copy_async(h, o.contiguous(), side.cuda_stream)
     except RuntimeError:  # capture unsupported here: the caller runs the steps directly
         torch.cuda.set_stream(current)  # a failed capture leaves its stream current
