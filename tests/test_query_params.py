@@ -111,3 +111,30 @@ def test_a_graphed_search_with_flagged_rows_is_exact(rng, monkeypatch):
     ref_s, ref_i = reference_topk(dense_scores(docs, queries), 20)
     np.testing.assert_array_equal(res.ids.numpy(), ref_i)
     np.testing.assert_array_equal(res.scores.numpy(), ref_s)
+
+
+def test_prepared_queries_take_integer_products_on_the_8_bit_layout_unflagged(rng):
+    """The graph assumes integer products on the 8-bit layout (prepared weights are levels times
+    a power of two, and so are the documents'): for prepared queries of few to many terms no row
+    is flagged, and the results are exact."""
+    require_cuda_kernels()
+    from gpusparse.engines.tiled.engine import graphed_batch_search
+
+    docs = random_collection(rng, 20_000, 300, 30)
+    index = Index.build(docs, device="cuda", quantize=8)
+    idx = index.resident_on(index.device)
+    for mean_terms in (2, 12, 60, 250):
+        queries = random_collection(rng, 5, 300, mean_terms)
+        ready = prepare_queries(queries, idx.vocab, idx.quantization, max_scores_host(idx))
+        res = graphed_batch_search(idx, ready, 10)
+        assert res is not None and not bool(res.redo.any())
+        scores = dense_scores(_levels_times_steps(index, docs), ready)
+        ref_s, ref_i = reference_topk(scores, 10)
+        np.testing.assert_array_equal(res.ids.cpu().numpy(), ref_i)
+        np.testing.assert_array_equal(res.scores.cpu().numpy(), ref_s)
+
+
+def _levels_times_steps(index, docs):
+    from gpusparse.quantize import quantize_collection
+
+    return quantize_collection(docs, index.quantization.bits, index.quantization.step)[0]

@@ -32,7 +32,7 @@ from ..base import DEFAULT_MEMORY_BUDGET, POSTING_BYTES, BatchResult, SearchPlan
 from ..reference import reference_search
 from .device import device_search, graphed_steps
 from .emulation import torch_tiled_candidates
-from .fixed_point import choose_acc, fixed_point, integer_weights, integer_weights_padded, out_of_range
+from .fixed_point import choose_acc, fixed_point, integer_weights, out_of_range
 from .graphs import query_width
 from .layout_fallback import layout_reference_search
 from .ranking import rank_candidates
@@ -95,8 +95,11 @@ def graphed_batch_search(
         return None
     acc = choose_acc(None)
     layout = layout_for_search(index, acc=acc)
-    # the parameters are computed in the graph; only whether products are integers is decided here
-    int_w = integer_weights_padded(index, layout, terms, weights, acc)
+    # The parameters are computed in the graph. Integer products on the 8-bit layout: prepared
+    # queries' weights are levels times a power of two, as are the documents', and the scale
+    # (2**31 over the score bound) leaves their product an integer for any query of up to 2**14
+    # terms; a row where it does not (a query not prepared) is flagged in the graph.
+    int_w = layout.quantized and acc == "u32"
     n_sm = _sm_count(cupy_launch.device_index(dev))
     out = graphed_steps(index, layout, terms, weights, k, acc=acc, int_weights=int_w, n_sm=n_sm, to_host=to_host)
     if out is None:

@@ -180,7 +180,9 @@ def _parameters(
     its smallest and largest weight and their sum; ``top_bits``: log2 of the accumulator's limit;
     ``min_w``/``max_w``: the index's smallest and largest weight. Returns the parameters by name
     (arrays, or one query's floats and ints)."""
-    scale = _scale(xp, ub, top_bits)
+    mant, expo = xp.frexp(ub)  # ub = mant · 2**expo, mant in [0.5, 1)
+    e = top_bits - expo + (mant == 0.5)
+    scale = xp.where(ub > 0, xp.ldexp(1.0, xp.clip(e, -1000, 1000)), 1.0)
     canon = (ub * scale) * 2 * (n + 1) * 2.0**-53
     floor = qmin * min_w
     if weight_bits is None:
@@ -200,28 +202,6 @@ def _parameters(
     if xp.any((shift < 0) | (shift > 62) | (delta > FIXED_MAX_DELTA)):
         raise ValueError("weights outside the fixed-point range")
     return {"scale": scale, "delta": _ints(delta), "mult": xp.ldexp(scale, c), "shift": _int32(shift), "lb": floor}
-
-
-def _scale(xp, ub, top_bits: int):
-    """The largest power of two with ``ub · scale ≤ 2**top_bits`` (exact, from ``ub``'s binary
-    exponent; 1 where ``ub`` is 0): numpy's over arrays or :data:`_SCALAR`'s over floats."""
-    mant, expo = xp.frexp(ub)  # ub = mant · 2**expo, mant in [0.5, 1)
-    e = top_bits - expo + (mant == 0.5)
-    return xp.where(ub > 0, xp.ldexp(1.0, xp.clip(e, -1000, 1000)), 1.0)
-
-
-def integer_weights_padded(index: PostingLists, layout: TiledIndex, terms: np.ndarray, weights: np.ndarray,
-                           acc: str) -> bool:  # fmt: skip
-    """:func:`integer_weights_host` for a padded batch whose parameters are computed on the device
-    (:func:`fixed_point_device`): its scales from the score bound alone, on the host. A device
-    scale that differs (the bound's last bit) flags its row where the weights are then not integers."""
-    if not layout.quantized or acc != "u32":
-        return False
-    if terms.shape[1]:
-        ub = np.einsum("ij,ij->i", weights.astype(np.float64), max_scores_host(index)[terms])
-    else:
-        ub = np.zeros(terms.shape[0])
-    return integer_weights_host(layout, weights, _scale(np, ub, int(math.log2(ACC_TOP[acc]))), acc)
 
 
 def _ints(delta):
