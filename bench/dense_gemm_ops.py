@@ -131,8 +131,11 @@ def query_levels(weights: torch.Tensor, bits: int = 8) -> tuple[torch.Tensor, to
     Raises if a weight is not such a level (queries not quantized)."""
     w = weights.to(torch.float64)
     top = w.max(1).values.clamp_min(torch.finfo(torch.float64).tiny)
-    step = torch.exp2(torch.ceil(torch.log2(top / ((1 << bits) - 1))))
-    step = torch.where(top / step > (1 << bits) - 1, step * 2, step)  # guard log2's rounding
+    # the smallest power of two >= top / (2**bits - 1), from the binary exponent (exact; log2 on a GPU
+    # could round across an integer and double the step)
+    mant, expo = torch.frexp(top / ((1 << bits) - 1))
+    step = torch.ldexp(torch.ones_like(top), expo - (mant == 0.5).to(expo.dtype))
+    step = torch.where(top / step > (1 << bits) - 1, step * 2, step)  # guard the quotient's rounding
     lev = w / step[:, None]
     if not torch.equal(lev, torch.round(lev)) or bool((lev >= 1 << bits).any()):
         raise ValueError("query weights are not levels of a power-of-two step (quantize the queries)")

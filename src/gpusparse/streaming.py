@@ -119,6 +119,7 @@ class StreamedIndex:
         best_s = torch.zeros((n_q, 0), dtype=torch.float32, device=self.device)
         best_i = torch.zeros((n_q, 0), dtype=torch.int64, device=self.device)
         arriving = self._fetch(0)
+        device_plan = replace(plan, to_host=False)  # each piece's results are merged here
         for j, (base, _) in enumerate(self.pieces):
             piece = arriving
             if self._copy_stream is not None:
@@ -128,7 +129,7 @@ class StreamedIndex:
                     t.record_stream(compute)
             # Piece j + 1 starts copying now, on the side stream, while piece j is searched.
             arriving = self._fetch(j + 1) if j + 1 < len(self.pieces) else None
-            s, i = self.engine.search_batch(piece, queries, k, plan).resolved()
+            s, i = self.engine.search_batch(piece, queries, k, device_plan).resolved()
             i = torch.where(i >= 0, i + base, i)
             best_s, best_i = merge_results(torch.cat([best_s, s], 1), torch.cat([best_i, i], 1), k)
             del piece
