@@ -46,16 +46,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import dense_gemm_ops as ops
-from dense_mma import PAD_ROWS, kernel, query_operand, reference_checksum, reference_sums, run_mma
+from dense_mma import (
+    PAD_ROWS,
+    kernel,
+    quantized_setup,
+    query_operand,
+    reference_checksum,
+    reference_sums,
+    run_mma,
+    tiled_kernel_ms,
+)
 from gpu_peaks import gpu_memory
-from gpusparse import Index, SparseCollection, Vocabulary
-from gpusparse.engines.tiled.engine import layout_for_search
-from gpusparse.engines.tiled.fixed_point import fixed_point, integer_weights
-from gpusparse.layout.statistics import max_scores_host
-from gpusparse.queries import prepare_queries, query_batch
-from gpusparse.synthetic import generate
 from kernels import time_events
-from launch_shape import candidates
 
 K_STEP = 32  # rows an MMA multiplies (m16n8k32)
 DOC_GROUP = 16  # documents of an A fragment
@@ -232,16 +234,7 @@ def main() -> None:
     p.add_argument("--commit", default="unknown")
     args = p.parse_args()
     t0 = time.perf_counter()
-    vocab = Vocabulary.bert()
-    (di, dt_, dw), (qi, qt, qw) = generate(args.n, args.batch, seed=0, device="cuda")
-    index = Index.from_csr(di, dt_, dw, vocab, device="cuda", quantize=8)
-    del di, dt_, dw
-    queries = SparseCollection(qi.cpu().numpy(), qt.cpu().numpy(), qw.cpu().numpy(), vocab=vocab)
-    queries = prepare_queries(queries, index.vocab, index.quantization, max_scores_host(index))
-    batch = query_batch(queries, index.device)
-    layout = layout_for_search(index)
-    if not layout.quantized:
-        raise SystemExit("dense_frag: the 8-bit layout is expected")
+    index, queries, batch, layout = quantized_setup(args.n, args.batch, "dense_frag")
     build_s = time.perf_counter() - t0
     tile = 1 << layout.tile_bits
     dev = index.device
@@ -273,13 +266,8 @@ def main() -> None:
         run_mma(fn, dense_pad, row_start, qa, n_blocks_ref, rmax, tile, checksum)
 
     mma_ms = statistics.median(time_events(mma_once, reps=args.reps, warmup=2))
-    # the engine's kernel, one launch over all tiles, with and without its dense phase (bench/launch_shape.py)
-    fp = fixed_point(index, batch, "u32", layout.weight_bits)
-    int_w = integer_weights(layout, batch, fp, "u32")
-    full, _ = candidates(layout, batch, fp, int_w, 10)
-    full_ms = statistics.median(time_events(full, reps=args.reps, warmup=2))
-    skip, _ = candidates(layout, batch, fp, int_w, 10, defines=("PROFILE_SKIP_DENSE",))
-    skip_ms = statistics.median(time_events(skip, reps=args.reps, warmup=2))
+    # the engine's kernel, one launch over all tiles, with and without its dense phase
+    full_ms, skip_ms = tiled_kernel_ms(index, layout, batch, args.reps)
     counts = torch.diff(row_start)
     steps = torch.diff(steps0)
     n_steps = int(steps0[-1])

@@ -130,6 +130,33 @@ def run_mma(fn, dense_pad, row_start, qa, n_blocks, rmax, tile, checksum, out=No
         fn((n_tiles, n_blocks // 8), (256,), args, shared_mem=shared)
 
 
+def quantized_setup(n: int, n_queries: int, name: str):
+    """``(index, queries, batch, layout)``: ``n`` calibrated synthetic documents in an 8-bit index on the
+    GPU, ``n_queries`` prepared queries, their batch on the device and the index's 8-bit tiled layout."""
+    vocab = Vocabulary.bert()
+    (di, dt_, dw), (qi, qt, qw) = generate(n, n_queries, seed=0, device="cuda")
+    index = Index.from_csr(di, dt_, dw, vocab, device="cuda", quantize=8)
+    del di, dt_, dw
+    queries = SparseCollection(qi.cpu().numpy(), qt.cpu().numpy(), qw.cpu().numpy(), vocab=vocab)
+    queries = prepare_queries(queries, index.vocab, index.quantization, max_scores_host(index))
+    layout = layout_for_search(index)
+    if not layout.quantized:
+        raise SystemExit(f"{name}: the 8-bit layout is expected")
+    return index, queries, query_batch(queries, index.device), layout
+
+
+def tiled_kernel_ms(index, layout, batch, reps: int) -> tuple[float, float]:
+    """The engine's kernel at top-10, one launch over all tiles with each block's own selection
+    (bench/launch_shape.py), then built without its dense phase (``PROFILE_SKIP_DENSE``, results wrong):
+    median ms of each; their difference is the dense phase."""
+    fp = fixed_point(index, batch, "u32", layout.weight_bits)
+    int_w = integer_weights(layout, batch, fp, "u32")
+    full, _ = candidates(layout, batch, fp, int_w, 10)
+    full_ms = statistics.median(time_events(full, reps=reps, warmup=2))
+    skip, _ = candidates(layout, batch, fp, int_w, 10, defines=("PROFILE_SKIP_DENSE",))
+    return full_ms, statistics.median(time_events(skip, reps=reps, warmup=2))
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--n", type=int, default=8_841_823)
@@ -139,16 +166,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--commit", default="unknown")
     args = p.parse_args()
-    vocab = Vocabulary.bert()
-    (di, dt_, dw), (qi, qt, qw) = generate(args.n, args.batch, seed=0, device="cuda")
-    index = Index.from_csr(di, dt_, dw, vocab, device="cuda", quantize=8)
-    del di, dt_, dw
-    queries = SparseCollection(qi.cpu().numpy(), qt.cpu().numpy(), qw.cpu().numpy(), vocab=vocab)
-    queries = prepare_queries(queries, index.vocab, index.quantization, max_scores_host(index))
-    batch = query_batch(queries, index.device)
-    layout = layout_for_search(index)
-    if not layout.quantized:
-        raise SystemExit("dense_mma: the 8-bit layout is expected")
+    index, queries, batch, layout = quantized_setup(args.n, args.batch, "dense_mma")
     tile = 1 << layout.tile_bits
     row_start, _ = ops.tile_dense_rows(layout)
     row_start = row_start.contiguous()
@@ -172,13 +190,7 @@ def main() -> None:
         run_mma(fn, dense_pad, row_start, qa, n_blocks, rmax, tile, checksum)
 
     mma_ms = statistics.median(time_events(mma_once, reps=args.reps, warmup=2))
-    fp = fixed_point(index, batch, "u32", layout.weight_bits)
-    int_w = integer_weights(layout, batch, fp, "u32")
-    # the engine's kernel, one launch over all tiles with each block's own selection (bench/launch_shape.py)
-    full, _ = candidates(layout, batch, fp, int_w, 10)
-    full_ms = statistics.median(time_events(full, reps=args.reps, warmup=2))
-    skip, _ = candidates(layout, batch, fp, int_w, 10, defines=("PROFILE_SKIP_DENSE",))
-    skip_ms = statistics.median(time_events(skip, reps=args.reps, warmup=2))
+    full_ms, skip_ms = tiled_kernel_ms(index, layout, batch, args.reps)
     counts = torch.diff(row_start)
     rows = {"dense_rows": int(row_start[-1]), "rows_per_tile_mean": float(counts.float().mean()), "rmax": rmax,
             "dense_bytes": layout.dense.numel(), "qa_bytes": qa.numel()}  # fmt: skip

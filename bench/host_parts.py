@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpusparse import Index, SparseCollection, Vocabulary
 from gpusparse.config import engine_config
@@ -31,22 +30,11 @@ from gpusparse.layout.statistics import max_scores_host
 from gpusparse.queries import padded_host, prepare_queries
 from gpusparse.search import check_search_args, complete_later, plan_chunks
 from gpusparse.synthetic import generate
+from host_primitives import host_us
 
 
 def _us(fn, reps: int = 500, sync: bool = False) -> float:
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter_ns()
-        fn()
-        if sync:
-            torch.cuda.synchronize()
-        times.append(time.perf_counter_ns() - t0)
-        if not sync:
-            torch.cuda.synchronize()
-    return statistics.median(times) / 1e3
+    return host_us(fn, reps, sync)
 
 
 def parts(index: Index, queries: SparseCollection, k: int) -> dict:

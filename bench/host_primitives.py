@@ -16,16 +16,21 @@ import numpy as np
 import torch
 
 
-def _us(fn, reps: int = 2000) -> float:
-    for _ in range(50):
+def host_us(fn, reps: int = 2000, sync: bool = False) -> float:
+    """Median host µs of ``fn()`` over ``reps`` calls after a warm-up, the device synchronised after
+    each call (outside the timing; inside it with ``sync``: host to host)."""
+    for _ in range(20):
         fn()
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
         t0 = time.perf_counter_ns()
         fn()
+        if sync:
+            torch.cuda.synchronize()
         times.append(time.perf_counter_ns() - t0)
-    torch.cuda.synchronize()
+        if not sync:
+            torch.cuda.synchronize()
     return statistics.median(times) / 1e3
 
 
@@ -51,27 +56,27 @@ def main() -> None:
             y = y + 1
     arr = np.zeros(64, dtype=np.float32)
     res = {
-        "empty_pinned_64": _us(lambda: torch.empty(64, pin_memory=True), 500),
-        "empty_cuda_64": _us(lambda: torch.empty(64, device=dev)),
-        "clone_cuda_64": _us(lambda: small.clone()),
-        "copy_h2d_pinned_nonblocking": _us(lambda: small.copy_(pinned, non_blocking=True)),
-        "copy_d2h_pinned_nonblocking": _us(lambda: pinned.copy_(small, non_blocking=True)),
-        "event_record": _us(lambda: ev.record()),
-        "event_new_record": _us(lambda: torch.cuda.Event().record()),
-        "stream_wait_stream": _us(lambda: side.wait_stream(torch.cuda.current_stream())),
-        "stream_context": _us(lambda: torch.cuda.stream(side).__enter__() and None),
-        "record_stream": _us(lambda: small.record_stream(side)),
-        "graph_replay_21_kernels": _us(lambda: g.replay()),
-        "synchronize_idle": _us(lambda: torch.cuda.synchronize()),
-        "event_sync_done": _us(lambda: ev.synchronize()),
-        "add_kernel": _us(lambda: small.add_(1)),
-        "current_stream": _us(lambda: torch.cuda.current_stream()),
-        "get_device_properties": _us(lambda: torch.cuda.get_device_properties(dev)),
-        "numpy_assign_64": _us(lambda: pinned.numpy().__setitem__(Ellipsis, arr)),
-        "tensor_numpy": _us(lambda: pinned.numpy()),
-        "from_numpy": _us(lambda: torch.from_numpy(arr)),
-        "cpu_tensor_clone_64": _us(lambda: pinned.clone()),
-        "python_noop_call": _us(lambda: None),
+        "empty_pinned_64": host_us(lambda: torch.empty(64, pin_memory=True), 500),
+        "empty_cuda_64": host_us(lambda: torch.empty(64, device=dev)),
+        "clone_cuda_64": host_us(lambda: small.clone()),
+        "copy_h2d_pinned_nonblocking": host_us(lambda: small.copy_(pinned, non_blocking=True)),
+        "copy_d2h_pinned_nonblocking": host_us(lambda: pinned.copy_(small, non_blocking=True)),
+        "event_record": host_us(lambda: ev.record()),
+        "event_new_record": host_us(lambda: torch.cuda.Event().record()),
+        "stream_wait_stream": host_us(lambda: side.wait_stream(torch.cuda.current_stream())),
+        "stream_context": host_us(lambda: torch.cuda.stream(side).__enter__() and None),
+        "record_stream": host_us(lambda: small.record_stream(side)),
+        "graph_replay_21_kernels": host_us(lambda: g.replay()),
+        "synchronize_idle": host_us(lambda: torch.cuda.synchronize()),
+        "event_sync_done": host_us(lambda: ev.synchronize()),
+        "add_kernel": host_us(lambda: small.add_(1)),
+        "current_stream": host_us(lambda: torch.cuda.current_stream()),
+        "get_device_properties": host_us(lambda: torch.cuda.get_device_properties(dev)),
+        "numpy_assign_64": host_us(lambda: pinned.numpy().__setitem__(Ellipsis, arr)),
+        "tensor_numpy": host_us(lambda: pinned.numpy()),
+        "from_numpy": host_us(lambda: torch.from_numpy(arr)),
+        "cpu_tensor_clone_64": host_us(lambda: pinned.clone()),
+        "python_noop_call": host_us(lambda: None),
     }
     torch.cuda.set_stream(torch.cuda.default_stream())
     try:
@@ -80,8 +85,8 @@ def main() -> None:
         a = cp.zeros(64, dtype=cp.float32)
         k = cp.ElementwiseKernel("float32 x", "float32 y", "y = x + 1", "inc")
         k(a, a)
-        res["cupy_elementwise_launch"] = _us(lambda: k(a, a))
-        res["cupy_current_stream"] = _us(lambda: cp.cuda.get_current_stream())
+        res["cupy_elementwise_launch"] = host_us(lambda: k(a, a))
+        res["cupy_current_stream"] = host_us(lambda: cp.cuda.get_current_stream())
     except ImportError:
         pass
     res["card"] = torch.cuda.get_device_name(0)
