@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -11,13 +13,16 @@ from gpusparse import Index
 from gpusparse.engines.tiled import fixed_point as fpm
 from gpusparse.engines.tiled.engine import layout_for_search
 from gpusparse.engines.tiled.graphs import query_width
-from gpusparse.layout.statistics import max_scores_host
+from gpusparse.kernels.query_params import query_params
+from gpusparse.kernels.tile_candidates import ACC_TOP
+from gpusparse.layout.statistics import max_score, max_scores_host, min_weight
 from gpusparse.queries import padded_host, prepare_queries
 
 from .conftest import require_cuda_kernels
 from .reference import dense_scores, random_collection, reference_topk
 
 pytestmark = pytest.mark.gpu
+TOP_BITS_U32 = int(math.log2(ACC_TOP["u32"]))
 
 
 def _setup(rng, quantize, acc, prepared=True):
@@ -74,11 +79,16 @@ def test_device_parameters_are_the_hosts(rng, quantize, acc):
 
 def test_rows_the_host_refuses_are_flagged(rng, monkeypatch):
     """With the largest margin lowered so that some rows exceed it, the device flags exactly the
-    rows the host refuses, and leaves the others' parameters as the host's."""
+    rows the host refuses, and leaves the others' parameters as the host's. The limit sits in a gap
+    of at least 3 between the rows' margins: the device's may differ from the host's by one."""
     require_cuda_kernels()
     index, layout, terms, weights, lengths = _setup(rng, None, "u32")
     host_all = fpm.fixed_point_host(index, terms, weights, lengths, "u32", layout.weight_bits)
-    monkeypatch.setattr(fpm, "FIXED_MAX_DELTA", int(np.median(host_all["delta"])))
+    deltas = np.unique(host_all["delta"])
+    gaps = [i for i in range(len(deltas) - 1) if deltas[i + 1] - deltas[i] >= 3]
+    assert gaps, "margins with a gap to put the limit in"
+    limit = int(deltas[gaps[len(gaps) // 2]]) + 1
+    monkeypatch.setattr(fpm, "FIXED_MAX_DELTA", limit)
     refused = np.array([row is None for row in _host_rows(index, layout, terms, weights, lengths, "u32")])
     assert refused.any() and not refused.all()
     dev = _device(index, layout, terms, weights, "u32", None)
@@ -88,29 +98,51 @@ def test_rows_the_host_refuses_are_flagged(rng, monkeypatch):
 
 def test_rows_with_weights_that_are_not_integers_are_flagged(rng):
     """On the 8-bit layout with integer products, queries that were not quantized (weights not
-    integers at their scale) are flagged, row by row as the host's check says."""
+    integers at their scale) are flagged, row by row as the host's check says over the terms that
+    have postings; a row whose only such weights are on terms without postings is not."""
     require_cuda_kernels()
     index, layout, terms, weights, lengths = _setup(rng, 8, "u32", prepared=False)
-    dev = _device(index, layout, terms, weights, "u32", layout.step)
+    ms = max_scores_host(index)
+    # a row on a term no document has: its weight is never multiplied
+    extra = np.full((1, terms.shape[1]), -1, dtype=terms.dtype)
+    extra_w = np.zeros((1, terms.shape[1]), dtype=np.float32)
+    extra[0, 0], extra_w[0, 0] = len(ms), 0.3  # the vocabulary's last slot past the lists: no postings
+    ms_dev = torch.cat([index.max_scores, torch.zeros(1, device=index.max_scores.device)])
+    t = np.concatenate([terms, extra])
+    w = np.concatenate([weights, extra_w])
+    p = query_params(
+        torch.from_numpy(t).cuda(), torch.from_numpy(w).cuda(), ms_dev, top_bits=TOP_BITS_U32, min_w=min_weight(index),
+        max_w=max_score(index), weight_bits=layout.weight_bits, step=layout.step, max_delta=fpm.FIXED_MAX_DELTA,
+    )  # fmt: skip
+    redo = p["redo"].cpu().numpy()
     host = fpm.fixed_point_host(index, terms, weights, lengths, "u32", layout.weight_bits)
     integral = [fpm.integer_weights_host(layout, weights[r : r + 1], host["scale"][r : r + 1], "u32")
                 for r in range(len(terms))]  # fmt: skip
-    np.testing.assert_array_equal(dev["redo"], ~np.array(integral))
-    assert dev["redo"].any()
+    np.testing.assert_array_equal(redo[:-1], ~np.array(integral))
+    assert redo[:-1].any() and not redo[-1]
 
 
 def test_a_graphed_search_with_flagged_rows_is_exact(rng, monkeypatch):
-    """Rows the graph's parameters flag are searched the general way: every row of a small batch
-    equals the float64 reference."""
+    """Rows the graph's parameters flag are searched the general way: the graph ran and flagged
+    rows, and every row of the small batch equals the float64 reference."""
     require_cuda_kernels()
+    from gpusparse.engines.tiled.engine import graphed_batch_search
+
     docs = random_collection(rng, 20_000, 300, 30)
     index = Index.build(docs, device="cuda")
     queries = random_collection(rng, 6, 300, 10)
     monkeypatch.setattr(fpm, "FIXED_MAX_DELTA", 40)  # most rows refused in the graph
+    idx = index.resident_on(index.device)
+    ready = prepare_queries(queries, idx.vocab, idx.quantization, max_scores_host(idx))
+    direct = graphed_batch_search(idx, ready, 20)
+    assert direct is not None and bool(direct.redo.any())
     res = index.search(queries, 20)
     ref_s, ref_i = reference_topk(dense_scores(docs, queries), 20)
     np.testing.assert_array_equal(res.ids.numpy(), ref_i)
     np.testing.assert_array_equal(res.scores.numpy(), ref_s)
+    s, i = direct.resolved()
+    np.testing.assert_array_equal(i.cpu().numpy(), ref_i)
+    np.testing.assert_array_equal(s.cpu().numpy(), ref_s)
 
 
 def test_prepared_queries_take_integer_products_on_the_8_bit_layout_unflagged(rng):

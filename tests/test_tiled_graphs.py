@@ -67,7 +67,7 @@ def graph_outcomes():
 @pytest.mark.parametrize("quantize", [None, 8])
 def test_small_batches_through_the_graph_are_exact_pipelined_and_repeated(rng, quantize):
     """Batches of a few queries take the small-batch path (counted), pipelined two at a time
-    by Index.search over one staging ring, fresh queries of the same shapes each round:
+    by Index.search over the graphs' two slots, fresh queries of the same shapes each round:
     every row equals the float64 reference and the general path's results."""
     require_cuda_kernels()
     docs = random_collection(rng, 20_000, 300, 30)
@@ -190,6 +190,60 @@ def test_large_results_leave_the_graph_on_the_device(rng, monkeypatch):
         res = index.search(queries, 30, batch_size=2)
     assert calls == [True, True, True]
     assert all(not s.host_out for e in index.derived.graphs.values() if e for s in e.slots)
+    ref_s, ref_i = reference_topk(dense_scores(docs, queries), 30)
+    np.testing.assert_array_equal(res.ids.numpy(), ref_i)
+    np.testing.assert_array_equal(res.scores.numpy(), ref_s)
+
+
+def test_a_slot_waits_for_its_last_replay_before_its_buffers_go():
+    """A slot's page-locked buffers are read and written by its graph's own copies, which PyTorch
+    does not track: dropping the slot (evicted, reset) first waits for its last replay, and the
+    buffers are still held while it waits."""
+    import weakref
+
+    from gpusparse.engines.tiled.graphs import _Slot
+
+    seen = []
+    staging = torch.zeros(16, dtype=torch.uint8)
+    alive = weakref.ref(staging)
+
+    class Event:
+        def synchronize(self):
+            seen.append(alive() is not None)
+
+        def query(self):
+            return True
+
+    slot = _Slot(None, staging, {}, [], [], Event())  # type: ignore[arg-type]
+    del staging
+    assert alive() is not None
+    del slot
+    assert seen == [True] and alive() is None
+
+
+@pytest.mark.gpu
+def test_a_failed_second_capture_leaves_the_first_slot_serving(rng, monkeypatch):
+    """When a shape's second capture fails (out of memory, say), its first slot goes on serving
+    alone (copying the pending results out of its way): pipelined batches stay graphed and exact."""
+    require_cuda_kernels()
+    from gpusparse.engines.tiled import graphs
+
+    real = graphs._capture
+    calls = []
+
+    def once(entry, *a, **kw):
+        calls.append(len(entry.slots))
+        return real(entry, *a, **kw) if not entry.slots else None
+
+    monkeypatch.setattr(graphs, "_capture", once)
+    docs = random_collection(rng, 20_000, 300, 30)
+    index = Index.build(docs, device="cuda")
+    queries = _queries_of_width(rng, 6)
+    with graph_outcomes() as outcomes:
+        res = index.search(queries, 30, batch_size=2)
+    assert outcomes == [True, True, True] and 1 in calls
+    entries = [e for e in index.derived.graphs.values() if e]
+    assert len(entries) == 1 and len(entries[0].slots) == 1
     ref_s, ref_i = reference_topk(dense_scores(docs, queries), 30)
     np.testing.assert_array_equal(res.ids.numpy(), ref_i)
     np.testing.assert_array_equal(res.scores.numpy(), ref_s)

@@ -47,7 +47,8 @@ class EngineConfig:
             size; a shape seen once is searched without capture, which costs about two
             searches; not under a ``device_memory_limit``, as their buffers stay allocated).
             0: only ``graph_max_batch``.
-        graph_cache: captured graphs kept per index (least recently used dropped first).
+        graph_cache: batch shapes whose captured graphs an index keeps (up to two captures a
+            shape; least recently used dropped first).
         graph_cache_bytes: device bytes the captured graphs of an index may hold (their
             candidate buffers, estimated by :func:`gpusparse.engines.tiled.waves.search_bytes`;
             least recently used dropped first). They stay allocated between searches.

@@ -100,7 +100,8 @@ class Engine(Protocol):
 
     def search_batch(self, index: PostingLists, queries: SparseCollection, k: int, plan: SearchPlan) -> BatchResult:
         """Exact top-``k`` of one query batch, padded (see :func:`gpusparse.exact.pad_results`),
-        on the index's device."""
+        on the index's device; or, for a ``plan`` with ``to_host``, possibly delivered to the host
+        (:attr:`BatchResult.host`)."""
         ...
 
 

@@ -47,7 +47,7 @@ def query_params(
     8-bit step where the kernel multiplies integers, else ``None``) and the largest margin
     allowed. ``redo`` flags the rows whose parameters the host would refuse (``max_delta``
     exceeded, a shift outside 0..62) or whose weights times ``scale · step`` are not all
-    integers."""
+    integers (over the terms that have postings: the others are never multiplied)."""
     dev = terms.device
     b, width = terms.shape
     check_tensors({"terms": (terms, torch.int64), "weights": (weights, torch.float32),

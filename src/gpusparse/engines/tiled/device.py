@@ -138,7 +138,8 @@ def graphed_steps(
     (:func:`~.fixed_point.fixed_point_device`; rows it cannot serve are flagged in ``redo``,
     as are, with ``int_weights``, rows whose weights are not integers at their scale).
     ``None`` where it could not be captured (the caller runs the steps themselves).
-    ``to_host``: ``(scores, ids, redo)`` delivered to the host by the graph."""
+    ``to_host``: ``(scores, ids, redo)`` delivered to the host by the graph where they are small
+    enough (:func:`~.graphs.graphed`), else on the device as without it."""
     step = layout.step if int_weights else None
 
     def steps(inp):

@@ -80,7 +80,8 @@ def graphed_batch_search(
     flagged in the graph):
     the caller searches the general way. Flagged rows are searched again as
     :func:`tiled_search` does. ``to_host``: the results delivered to the host by the graph
-    (:attr:`~gpusparse.engines.base.BatchResult.host`), not as device tensors."""
+    (:attr:`~gpusparse.engines.base.BatchResult.host`) where they are small enough
+    (:func:`~.graphs.graphed`), not as device tensors."""
     dev = index.device
     b = len(queries)
     config = engine_config()

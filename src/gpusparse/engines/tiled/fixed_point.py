@@ -25,9 +25,10 @@ from ...queries import QueryBatch
 from ...transfer import to_device
 
 FIXED_MAX_DELTA = 1 << 16
-# Batches of at most this many queries take their fixed-point parameters from Python floats,
-# row by row: on a CPU dev box ~2 µs a row, against ~20-30 µs for numpy's ~50 calls on [B]
-# arrays (bench/host_prep.py; equal near 8 rows with fixed-point weights, 12 without).
+# Batches of at most this many queries take their host fixed-point parameters from Python floats,
+# row by row (the general path's; a CUDA graph computes its own on the device): on a CPU dev box
+# ~2 µs a row, against ~20-30 µs for numpy's ~50 calls on [B] arrays (bench/host_prep.py; equal
+# near 8 rows with fixed-point weights, 12 without).
 SCALAR_ROWS = 8
 
 

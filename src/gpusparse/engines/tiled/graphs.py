@@ -12,11 +12,14 @@ an event; the caller takes the results once the event has completed (:class:`Hos
 Each shape keeps up to two captures ("slots") in one memory pool, used in turn: a batch is
 launched while the one before is still running, or its results not yet taken (Index.search
 pipelines two batches). A slot is written again only once its replay has completed and its
-results are taken (or, with both slots busy, copied out of the way first).
+results are taken (or, with both slots busy, copied out of the way first). The two captures
+share their input buffer and intermediates: their replays must be ordered, i.e. on one stream
+(as every search of an index is; a search is not to run from two threads at once).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -107,6 +110,13 @@ class _Slot:
     pending: HostResults | None = None  # results in host_out not yet taken
     last: int = 0  # when it was last replayed (the entry's count)
 
+    def __del__(self) -> None:
+        # The graph's copies read `staging` and write `host_out` behind PyTorch's back (raw
+        # cudaMemcpyAsync): page-locked memory returned to its cache while a replay still runs
+        # could be handed to another buffer and written by both. Wait for the last replay first.
+        with contextlib.suppress(Exception):  # at interpreter shutdown: nothing left to protect
+            self.done.synchronize()
+
     def idle(self) -> bool:
         """Free to be written: its results taken and its last replay completed."""
         return self.pending is None and self.done.query()
@@ -184,7 +194,8 @@ def graphed(
     past :attr:`~gpusparse.config.EngineConfig.graph_cache`); ``None`` where it could not be
     captured (remembered: the caller runs the steps themselves). ``to_host``: the outputs as
     :class:`HostResults` (copied to the host by the graph) where they are at most
-    :data:`HOST_COPY_MAX_BYTES`; otherwise, a copy of each on the device.
+    :data:`HOST_COPY_MAX_BYTES` and results use page-locked memory
+    (:attr:`~gpusparse.config.EngineConfig.pinned_results`); otherwise, a copy of each on the device.
 
     ``terms`` (int64) and ``weights`` (float32) ``[B, t]`` are the padded batch on the host.
     ``steps`` reads them from the tensors it is given, under those names, with the query width
@@ -216,15 +227,22 @@ def graphed(
     slot = entry.slot()
     if slot is None:  # capture one more
         slot = _capture(entry, steps, terms, weights)
-        if slot is None:
+        if slot is None and not entry.slots:
             cache[full_key] = False  # remembered: capture unsupported for this shape
             return None
-        entry.slots.append(slot)
-        if len(entry.slots) > 1:  # a second slot's own outputs and staging (the pool is shared)
-            entry.nbytes += sum(h.numel() * h.element_size() for h in slot.host_out)
+        if slot is None:  # a second capture failed (memory, say): the first slot serves alone
+            slot = min(entry.slots, key=lambda x: x.last)
+            slot.make_free()
+            _fill(slot.views, terms, weights)
+        else:
+            entry.slots.append(slot)
+            if len(entry.slots) > 1:  # the second slot's own outputs (the pool and the inputs are shared)
+                entry.nbytes += sum(o.numel() * o.element_size() for o in slot.out_views)
+                while len(cache) > 1 and _bytes(cache) > config.graph_cache_bytes:
+                    cache.popitem(last=False)
     else:
         _fill(slot.views, terms, weights)
-    return entry.run(slot, to_host)
+    return entry.run(slot, to_host and config.pinned_results)
 
 
 def _bytes(cache: Mapping) -> int:

@@ -13,7 +13,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) query_params(
     const i64* __restrict__ terms, const float* __restrict__ weights, const int b, const int width,
     const float* __restrict__ max_scores, const int top_bits, const double min_w, const double max_w,
     const int weight_bits,  // -1: none (float64 or 8-bit products)
-    const double step,      // > 0: the kernel multiplies integers, w * scale * step must be one
+    const double step,      // > 0: the kernel multiplies integers, w * scale * step must be one (terms with postings)
     const i64 max_delta,
     double* __restrict__ scale_out, i64* __restrict__ delta_out, double* __restrict__ mult_out,
     int* __restrict__ shift_out, double* __restrict__ lb_out, bool* __restrict__ redo)
@@ -76,9 +76,10 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) query_params(
     if (step > 0.0) {  // integer products: every scaled weight must be an integer
         const double unit = __dmul_rn(scale, step);
         bool frac = false;
-        for (int j = lane; j < width; j += 32) {
+        for (int j = lane; j < width; j += 32) {  // a term without postings is never multiplied
+            const i64 tj = t[j];
             const double v = __dmul_rn((double)w[j], unit);
-            frac |= v != rint(v);
+            frac |= tj >= 0 && max_scores[tj] > 0.0f && v != rint(v);
         }
         bad |= __any_sync(0xffffffffu, frac);
     }

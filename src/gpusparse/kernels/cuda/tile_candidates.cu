@@ -35,7 +35,8 @@ typedef unsigned long long u64;
 #define WT float
 #endif
 // INT_W (mode 1 only): every scaled query weight is an integer (a quantized index and
-// quantized queries), so products are exact 32-bit integer multiplications, no float64.
+// quantized queries), so products are exact 32-bit integer multiplications, no float64. The
+// caller checks it on the host, or (a CUDA graph's parameters) flags the rows where it fails.
 #ifndef INT_W
 #define INT_W 0
 #endif
