@@ -19,7 +19,6 @@ share their input buffer and intermediates: their replays must be ordered, i.e. 
 
 from __future__ import annotations
 
-import contextlib
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -114,8 +113,11 @@ class _Slot:
         # The graph's copies read `staging` and write `host_out` behind PyTorch's back (raw
         # cudaMemcpyAsync): page-locked memory returned to its cache while a replay still runs
         # could be handed to another buffer and written by both. Wait for the last replay first.
-        with contextlib.suppress(Exception):  # at interpreter shutdown: nothing left to protect
+        # not contextlib.suppress: at interpreter shutdown module globals may be gone already
+        try:  # noqa: SIM105
             self.done.synchronize()
+        except Exception:  # at shutdown: nothing left to protect
+            pass
 
     def idle(self) -> bool:
         """Free to be written: its results taken and its last replay completed."""
@@ -139,6 +141,7 @@ class GraphEntry:
     device_index: int
     pool: tuple
     slots: list[_Slot] = field(default_factory=list)
+    room: int = SLOTS  # the captures it may hold (lowered to those it has when one fails)
     nbytes: int = 0  # device bytes it holds (estimated): the cache's bound
     count: int = 0
 
@@ -149,7 +152,7 @@ class GraphEntry:
         for s in by_age:
             if s.idle():
                 return s
-        if len(self.slots) < SLOTS:
+        if len(self.slots) < self.room:
             return None
         by_age[0].make_free()
         return by_age[0]
@@ -225,24 +228,23 @@ def graphed(
     else:
         cache.move_to_end(full_key)
     slot = entry.slot()
-    if slot is None:  # capture one more
-        slot = _capture(entry, steps, terms, weights)
-        if slot is None and not entry.slots:
+    captured = _capture(entry, steps, terms, weights) if slot is None else None  # filled with this batch
+    if captured is not None:
+        entry.slots.append(captured)
+        if len(entry.slots) > 1:  # the second slot's own outputs (the pool and the inputs are shared)
+            entry.nbytes += sum(o.numel() * o.element_size() for o in captured.out_views)
+            while len(cache) > 1 and _bytes(cache) > config.graph_cache_bytes:
+                cache.popitem(last=False)
+        slot = captured
+    elif slot is None:  # the capture failed
+        if not entry.slots:
             cache[full_key] = False  # remembered: capture unsupported for this shape
             return None
-        if slot is None:  # a second capture failed (memory, say): the first slot serves alone
-            slot = min(entry.slots, key=lambda x: x.last)
-            slot.make_free()
-            _fill(slot.views, terms, weights)
-        else:
-            entry.slots.append(slot)
-            if len(entry.slots) > 1:  # the second slot's own outputs (the pool and the inputs are shared)
-                entry.nbytes += sum(o.numel() * o.element_size() for o in slot.out_views)
-                while len(cache) > 1 and _bytes(cache) > config.graph_cache_bytes:
-                    cache.popitem(last=False)
-    else:
-        _fill(slot.views, terms, weights)
-    return entry.run(slot, to_host and config.pinned_results)
+        entry.room = len(entry.slots)  # a second one (memory, say): the first slot serves alone
+        slot = entry.slot()
+    if captured is None:
+        _fill(slot.views, terms, weights)  # type: ignore[union-attr]
+    return entry.run(slot, to_host and config.pinned_results)  # type: ignore[arg-type]
 
 
 def _bytes(cache: Mapping) -> int:
