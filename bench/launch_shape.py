@@ -2,13 +2,16 @@
 
 Usage (GPU machine):
     python bench/launch_shape.py --out $OUT/launch_shape.json --commit SHA [--n 8841823]
+        [--batches 1 8] [--shapes 0x0 512x2] [--dense-steps 0 2]
 
 At batch 1 the kernel runs one block per tile (1,080 at 8.8M documents) on 132 SMs: with 4
 resident blocks an SM that is 2.05 rounds of blocks, i.e. three rounds of block time. This times
 the kernel alone (one launch over all tiles with each block's own selection, as a small batch's
 single wave runs it; CUDA events, median) for several ``(threads, min_blocks)`` builds, on the
 layout the engine searches (float32 fixed point and 8-bit levels), at B = 1 and 8, and checks
-that every build's candidates hold the same k best as the default one's. GPU bytes over every allocator
+that every build's candidates hold the same k best as the first one's. ``--shapes`` picks the
+builds (``THREADSxMIN_BLOCKS``; 0x0: the launcher's choice for the batch), ``--dense-steps`` the dense
+rows a thread loads before it multiplies (0: the launcher's), each with every shape. GPU bytes over every allocator
 are recorded (bench/gpu_peaks.py).
 """
 
@@ -41,9 +44,9 @@ from kernels import time_events  # noqa: E402
 SHAPES = [(0, 0), (256, 5), (512, 3), (512, 2), (1024, 2), (1024, 1)]  # (0, 0): the launcher's default
 
 
-def candidates(layout, batch, fp, int_w, k, shape=(0, 0), defines=()) -> tuple[callable, tuple]:
+def candidates(layout, batch, fp, int_w, k, shape=(0, 0), dense_step=0) -> tuple[callable, tuple]:
     """A launch of the kernel over all tiles into fresh buffers, and those buffers; ``shape``:
-    ``(threads, min_blocks)`` (0: the launcher's), ``defines``: extra ``-D`` names of the build."""
+    ``(threads, min_blocks)`` (0: the launcher's), ``dense_step``: dense rows a step (0: the launcher's)."""
     b = batch.padded_terms.shape[0]
     cap = initial_capacity(k, layout.n_tiles)
     dev = layout.seg.device
@@ -61,7 +64,7 @@ def candidates(layout, batch, fp, int_w, k, shape=(0, 0), defines=()) -> tuple[c
         tile_candidates.tiled_candidates(
             layout, terms32, batch.padded_weights, q_scale, fp.delta, k=k, acc="u32", int_weights=int_w,
             q_shift=fp.shift, theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
-            threads=threads or None, min_blocks=min_blocks or None, defines=defines,
+            threads=threads or None, min_blocks=min_blocks or None, dense_step=dense_step or None,
         )  # fmt: skip
 
     return run, (count, cand_doc, cand_val)
@@ -87,7 +90,10 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=50)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--commit", default="unknown")
+    p.add_argument("--shapes", nargs="+", default=None, help="THREADSxMIN_BLOCKS builds (0x0: the default)")
+    p.add_argument("--dense-steps", type=int, nargs="+", default=[0], help="dense rows a step (0: the default)")
     args = p.parse_args()
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes] if args.shapes else SHAPES
     vocab = Vocabulary.bert()
     (di, dt_, dw), (qi, qt, qw) = generate(args.n, max(args.batches), seed=0, device="cuda")
     queries = SparseCollection(qi.cpu().numpy(), qt.cpu().numpy(), qw.cpu().numpy(), vocab=vocab)
@@ -103,17 +109,18 @@ def main() -> None:
             fp = fixed_point(index, batch, "u32", layout.weight_bits)
             int_w = integer_weights(layout, batch, fp, "u32")
             want = None
-            for shape in SHAPES:
-                run, bufs = candidates(layout, batch, fp, int_w, args.k, shape)
+            for shape, ds in [(s, v) for v in args.dense_steps for s in shapes]:
+                run, bufs = candidates(layout, batch, fp, int_w, args.k, shape, ds)
                 try:
                     ms = statistics.median(time_events(run, reps=args.reps, warmup=3))
                 except Exception as e:  # a shape the kernel cannot launch (registers, shared memory)
-                    out["rows"].append({"weights": label, "batch": b, "shape": shape, "error": str(e)[:200]})
-                    print(label, b, shape, "error", str(e)[:200], flush=True)
+                    out["rows"].append({"weights": label, "batch": b, "shape": shape, "dense_step": ds,
+                                        "error": str(e)[:200]})  # fmt: skip
+                    print(label, b, shape, ds, "error", str(e)[:200], flush=True)
                     continue
                 got = emitted(bufs, args.k)
                 want = want if want is not None else got
-                row = {"weights": label, "batch": b, "shape": list(shape), "kernel_ms": ms,
+                row = {"weights": label, "batch": b, "shape": list(shape), "dense_step": ds, "kernel_ms": ms,
                        "same_top_k_as_default": got == want, "candidates": int(bufs[0].sum())}  # fmt: skip
                 out["rows"].append(row)
                 print(json.dumps(row), flush=True)
@@ -121,11 +128,12 @@ def main() -> None:
         del index, layout
         torch.cuda.empty_cache()
     args.out.write_text(json.dumps(out, indent=2))
-    print(f"{'weights':8} {'B':>3} {'threads':>7} {'blocks':>6} {'kernel ms':>9} same")
+    print(f"{'weights':8} {'B':>3} {'threads':>7} {'blocks':>6} {'step':>4} {'kernel ms':>9} same")
     for r in out["rows"]:
         if "kernel_ms" in r:
             t, m = r["shape"]
-            print(f"{r['weights']:8} {r['batch']:>3} {t or 'dflt':>7} {m or 'dflt':>6} {r['kernel_ms']:9.4f} "
+            print(f"{r['weights']:8} {r['batch']:>3} {t or 'dflt':>7} {m or 'dflt':>6} {r['dense_step'] or 'dflt':>4} "
+                  f"{r['kernel_ms']:9.4f} "
                   f"{r['same_top_k_as_default']}")  # fmt: skip
 
 

@@ -556,22 +556,33 @@ def test_tile_candidates_build_options() -> None:
     """The launch knobs reach the compile options (profiling passes them instead of setting globals)."""
     from gpusparse.kernels.tile_candidates import compile_options, launch_shape
 
-    assert launch_shape(13, "u32") == (256, 4)
-    assert launch_shape(13, "u32", threads=512, min_blocks=2) == (512, 2)
+    assert launch_shape(13, "u32") == (256, 4, 1)
+    assert launch_shape(13, "u32", batch=256) == (256, 4, 1)
+    assert launch_shape(13, "u32", threads=512, min_blocks=2) == (512, 2, 1)
     assert launch_shape(13, "u32", threads=512)[1] == 3  # blocks per SM follow the threads given
+    # one query: twice the threads, half the blocks, two dense rows a step (where a thread has 32 documents)
+    assert launch_shape(13, "u32", batch=1) == (512, 2, 2)
+    assert launch_shape(14, "u32", batch=1) == (1024, 1, 2)
+    assert launch_shape(13, "u32", batch=2) == (256, 4, 1)
+    assert launch_shape(12, "u32", batch=1) == (256, 4, 1)  # 16 documents a thread already
+    assert launch_shape(4, "u32", batch=1) == (16, 4, 1)
+    assert launch_shape(13, "u32", batch=1, threads=256) == (256, 4, 1)  # given knobs win
+    assert launch_shape(13, "u32", batch=1, dense_step=4) == (512, 2, 4)
+    assert launch_shape(13, "u32", batch=1, float64_products=True) == (512, 2, 1)
     opts = compile_options(13, 256, 4, 4, "u32", "unsigned char", True, False, ("PROFILE_SKIP_DENSE",))
     assert opts == (
         "--std=c++17", "-DTILE_BITS=13", "-DTHREADS=256", "-DUNROLL=4", "-DMIN_BLOCKS=4", "-DACC_MODE=1",
         "-DWT=unsigned_char", "-DINT_W=1", "-DFIXED_W=0", "-DFIXED_STORED=0", "-DPACKED=0", "-DSELECT=1",
-        "-DPROFILE_SKIP_DENSE",
+        "-DDENSE_STEP=1", "-DPROFILE_SKIP_DENSE",
     )  # fmt: skip
     fixed = compile_options(14, 512, 4, 3, "u32", "float", False, True)
-    assert fixed[-6:-1] == ("-DWT=float", "-DINT_W=0", "-DFIXED_W=1", "-DFIXED_STORED=0", "-DPACKED=0")
+    assert fixed[-7:-2] == ("-DWT=float", "-DINT_W=0", "-DFIXED_W=1", "-DFIXED_STORED=0", "-DPACKED=0")
     stored = compile_options(14, 512, 4, 3, "u32", "unsigned int", False, True)
-    assert stored[-6:-1] == ("-DWT=unsigned_int", "-DINT_W=0", "-DFIXED_W=1", "-DFIXED_STORED=1", "-DPACKED=0")
+    assert stored[-7:-2] == ("-DWT=unsigned_int", "-DINT_W=0", "-DFIXED_W=1", "-DFIXED_STORED=1", "-DPACKED=0")
     packed = compile_options(13, 256, 4, 4, "u32", "float", False, True, packed=True)
-    assert packed[-6:] == ("-DWT=float", "-DINT_W=0", "-DFIXED_W=1", "-DFIXED_STORED=0", "-DPACKED=1", "-DSELECT=1")
-    assert compile_options(13, 256, 4, 4, "u32", "float", False, True, select=False)[-1] == "-DSELECT=0"
+    assert packed[-7:-1] == ("-DWT=float", "-DINT_W=0", "-DFIXED_W=1", "-DFIXED_STORED=0", "-DPACKED=1", "-DSELECT=1")
+    assert compile_options(13, 256, 4, 4, "u32", "float", False, True, dense_step=2)[-1] == "-DDENSE_STEP=2"
+    assert compile_options(13, 256, 4, 4, "u32", "float", False, True, select=False)[-2] == "-DSELECT=0"
 
 
 def test_check_tensors_refuses_wrong_dtype_device_and_layout() -> None:
@@ -614,11 +625,20 @@ def test_finish_rows_equals_padding_and_the_uncertainty_check(rng, floor_dtype) 
             floor = torch.from_numpy(rng.choice([0.0, 0.3, 2.0, 9.0], b)).to(floor_dtype).cuda()
         redo0 = torch.from_numpy(rng.random(b) < 0.2).cuda()
         redo = redo0.clone()
+        count = torch.from_numpy(rng.integers(0, 40, b).astype(np.int32)).cuda()
         fp = FixedPoint(scale, delta)
         want_s, want_i = pad_results(decode_keys(top) if kk else None, k, b, torch.device("cuda"))
         unsure = uncertain_rows(None, None, fp, want_s, k, lb, floor)
         assert 0 < int(unsure.sum()) < b, "both outcomes of the check are exercised"
-        want_redo = redo0 | unsure
-        got_s, got_i = finish_rows(top if kk else None, k, delta, scale, lb, floor, redo)
-        assert torch.equal(got_s, want_s) and torch.equal(got_i, want_i), (kk, k)
-        assert torch.equal(redo, want_redo), (kk, k)
+        for with_count, packed in ((False, False), (True, False), (True, True)):
+            want_flags = redo0 | unsure | ((count > 20) if with_count else False)
+            got_s, got_i, flags = finish_rows(
+                top if kk else None, k, delta, scale, lb, floor, redo, count=count if with_count else None, width=20,
+                packed=packed,
+            )  # fmt: skip
+            assert torch.equal(got_s, want_s) and torch.equal(got_i, want_i), (kk, k)
+            assert torch.equal(flags, want_flags), (kk, k, with_count)
+            assert torch.equal(redo, redo0), "redo is read, not written"
+            if packed:  # one buffer: ids, scores, flags
+                base = got_i._base
+                assert got_s._base is base and flags._base is base and base.numel() == 12 * b * k + b

@@ -231,6 +231,39 @@ def test_cuda_kernel_at_scale_and_with_candidate_overflow(rng, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_one_query_batches_are_exact(rng, monkeypatch):
+    """A batch of one query runs the kernel's small-batch build (twice the threads, two dense rows
+    a step; :func:`~gpusparse.kernels.tile_candidates.launch_shape`): exact for every accumulator
+    mode, fixed point and 8-bit levels, with odd and even dense rows a block and a query of more
+    than one chunk of terms (MAXT = 256)."""
+    require_cuda_kernels()
+    from gpusparse.kernels import tile_candidates
+
+    builds = []
+    real = tile_candidates._kernel
+    monkeypatch.setattr(tile_candidates, "_kernel", lambda build, *a: builds.append(build) or real(build, *a))
+    docs = random_collection(rng, 30_000, 1500, 50, skew=0.5)
+    queries = SparseCollection.from_scipy(
+        sp.vstack([random_collection(rng, 5, 1500, 12).to_scipy(), random_collection(rng, 1, 1500, 300).to_scipy()])
+    )
+    for quantize in (None, 8):
+        index = Index.build(docs, device="cuda", quantize=quantize)
+        ref = index.search(queries, 100, kernel="reference")
+        for tile_bits, dense_min in ((13, None), (13, 0.02), (14, 0.1)):
+            for acc, fixed in (("carry", False), ("u32", False), ("u32", True)):
+                for r in range(len(queries)):
+                    one = query_batch(queries[r : r + 1], index.device)
+                    s, i = tiled_search(
+                        index, one, 100, tile_bits=tile_bits, dense_min=dense_min, acc=acc, fixed=fixed
+                    ).resolved()  # fmt: skip
+                    same = torch.equal(i.cpu()[0], ref.ids[r]) and torch.equal(s.cpu()[0], ref.scores[r])
+                    assert same, (quantize, tile_bits, dense_min, acc, fixed, r)
+    steps = {(b[0], b[1], b[-1]) for b in builds}  # (tile_bits, threads, dense_step)
+    assert {(13, 512, 2), (14, 1024, 2), (13, 512, 1)} <= steps, steps  # 1: float64 products
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_kernel_with_long_queries_and_long_segments(rng):
     """Queries of more than one chunk of terms (the kernel's MAXT = 256), and blocks of up to
     ~10**5 sparse postings (the chunk map's coarser pieces), against the reference."""
@@ -282,12 +315,26 @@ def test_cuda_compaction_equals_the_pytorch_one(rng, cache: int):
             fp = FixedPoint(torch.ones(b, dtype=torch.float64), torch.from_numpy(delta))
             compact_torch(*cpu, most, fp, k)
             gpu = [torch.from_numpy(x.copy()).cuda() for x in (theta, count.astype(np.int32), docs, vals)]
-            compact_candidates(*gpu, torch.from_numpy(delta).cuda(), k, most, cache=cache)
+            flags0 = rng.random(b) < 0.3
+            flags = torch.from_numpy(flags0).cuda()
+            compact_candidates(*gpu, torch.from_numpy(delta).cuda(), k, most, cache=cache, overflow=flags)
             th, cnt, d, v = (x.cpu() for x in gpu)
             assert torch.equal(th, cpu[0]) and torch.equal(cnt, cpu[1]), (k, spread)
+            assert flags.cpu().numpy().tolist() == flags0.tolist(), "no count exceeds cap: flags unchanged"
             for r in range(b):
                 n = int(cnt[r])
                 assert torch.equal(d[r, :n], cpu[2][r, :n]) and torch.equal(v[r, :n], cpu[3][r, :n]), (k, spread, r)
+    # counts past the capacity (counted, not stored): flagged, and compacted as a full row
+    count = np.array([cap + 1, cap, 5 * cap, 0], dtype=np.int32)
+    vals = rng.integers(1, 2**40, (4, cap), dtype=np.int64)
+    docs = rng.integers(0, 10**6, (4, cap)).astype(np.int32)
+    gpu = [torch.from_numpy(x.copy()).cuda() for x in (np.zeros(4, np.int64), count, docs, vals)]
+    flags = torch.tensor([False, False, False, True], device="cuda")
+    compact_candidates(*gpu, torch.zeros(4, dtype=torch.int64, device="cuda"), 10, cap, overflow=flags)
+    assert flags.tolist() == [True, False, True, True]
+    full = [torch.from_numpy(x.copy()) for x in (np.zeros(4, np.int64), np.minimum(count, cap), docs, vals)]
+    compact_torch(*full, cap, FixedPoint(torch.ones(4, dtype=torch.float64), torch.zeros(4, dtype=torch.int64)), 10)
+    assert torch.equal(gpu[0].cpu(), full[0]) and torch.equal(gpu[1].cpu(), full[1])
 
 
 def tile_sums(layout, q_terms, q_weights, q_scale, q_shift, tl_idx: int, q: int) -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch
 from gpusparse import Index
 from gpusparse.config import override_config
 from gpusparse.engines.tiled import engine as engine_mod
-from gpusparse.engines.tiled.graphs import INPUTS, _fields, _fill, _numpy_view, query_width
+from gpusparse.engines.tiled.graphs import INPUTS, _fields, _fill, _numpy_view, _packed, _view_at, query_width
 
 from .conftest import require_cuda_kernels
 from .reference import dense_scores, random_collection, reference_topk
@@ -165,6 +165,8 @@ def test_results_delivered_to_the_host_survive_later_batches_of_the_same_shape(r
     assert all(r.host is not None and r.scores is None for r in launched) and on_device.host is None
     entries = [e for e in idx.derived.graphs.values() if e]
     assert len(entries) == 1 and len(entries[0].slots) == 2  # one shape, both slots used
+    # the results (scores, ids, flags) in one page-locked buffer each slot: one copy in the graph
+    assert all(len({h.untyped_storage().data_ptr() for h in s.host_out}) == 1 for s in entries[0].slots)
     into = (torch.full((3, k), -7.0).pin_memory(), torch.full((3, k), -7, dtype=torch.int64).pin_memory())
     got = [complete_later(launched[0], into)(), complete_later(launched[1])(), complete_later(launched[2])()]
     got.append(tuple(t.cpu() for t in on_device.resolved()))
@@ -193,6 +195,30 @@ def test_large_results_leave_the_graph_on_the_device(rng, monkeypatch):
     ref_s, ref_i = reference_topk(dense_scores(docs, queries), 30)
     np.testing.assert_array_equal(res.ids.numpy(), ref_i)
     np.testing.assert_array_equal(res.scores.numpy(), ref_s)
+
+
+def test_outputs_of_one_buffer_are_copied_as_one():
+    """Outputs that are contiguous views packed in one buffer (finish_rows's packed results) are
+    found as such, and their host views sit at the same places in a host copy of those bytes;
+    anything else (separate tensors, a strided view, views scattered over a larger buffer) is not."""
+    from gpusparse.kernels.finish import _outputs
+
+    outs = _outputs(3, 5, torch.device("cpu"), packed=True)
+    scores, ids, flags = outs
+    found = _packed(outs)
+    assert found is not None and found[0].numel() == 3 * 5 * 12 + 3 and found[1] == [120, 0, 180]
+    scores.copy_(torch.arange(15, dtype=torch.float32).view(3, 5))
+    ids.copy_(-torch.arange(15).view(3, 5))
+    flags.copy_(torch.tensor([True, False, True]))
+    host = found[0].clone()  # what the graph's one copy does
+    got = [_view_at(host, at, o) for at, o in zip(found[1], outs, strict=True)]
+    assert all(torch.equal(g, o) and g.dtype == o.dtype for g, o in zip(got, outs, strict=True))
+    assert _packed([scores, ids, flags.clone()]) is None
+    assert _packed([scores.t(), ids]) is None
+    assert _packed(list(_outputs(3, 5, torch.device("cpu"), packed=False))) is None
+    big = torch.zeros(1000, dtype=torch.uint8)
+    assert _packed([big[:8].view(torch.int64), big[992:].view(torch.int64)]) is None
+    assert _packed([]) is None
 
 
 def test_a_slot_waits_for_its_last_replay_before_its_buffers_go():

@@ -33,6 +33,7 @@ def compact_candidates(
     most: int,
     *,
     cache: int | None = None,
+    overflow: torch.Tensor | None = None,
 ) -> None:
     """:func:`gpusparse.engines.tiled.waves.compact_torch` in one launch (a block per query), in place.
 
@@ -41,6 +42,9 @@ def compact_candidates(
     largest count (every count is at most ``cap``). ``cache``: candidate values of a row held
     in shared memory during the selection (default: :data:`CACHE_VALUES` for batches of at most
     :data:`CACHE_MAX_BATCH` queries, else none); the result does not depend on it.
+    ``overflow`` (bool ``[B]``, optional): set, in place, on each row whose count exceeds ``cap``
+    (candidates counted but not stored), as read before the compaction rewrites the count
+    (``overflow |= count > cap`` without its two launches).
     """
     dev = theta.device
     check_tensors(
@@ -50,11 +54,16 @@ def compact_candidates(
             "cand_doc": (cand_doc, torch.int32),
             "cand_val": (cand_val, torch.int64),
             "delta": (delta, torch.int64),
+            **({} if overflow is None else {"overflow": (overflow, torch.bool)}),
         },
         dev,
     )
     b, cap = cand_val.shape
+    if overflow is not None and overflow.shape != (b,):
+        raise ValueError("overflow must be bool [B]")
     if b == 0 or most == 0:
+        if overflow is not None:  # nothing to compact (rare): the check alone
+            overflow |= count > cap
         return
     if cache is None:
         cache = CACHE_VALUES if b <= CACHE_MAX_BATCH else 0
@@ -62,4 +71,5 @@ def compact_candidates(
     kernel = load_kernel(SOURCE, "compact_candidates", device=device_index(dev), max_dynamic_shared=CACHE_VALUES * 8)
     args = [pointer(x) for x in (theta, count, cand_doc, cand_val, delta)]
     ints = (np.int32(k), np.int32(cap), np.int32(most), np.int32(cache))
-    launch(kernel, (b,), (THREADS,), (*args, *ints), device=dev, shared_mem=cache * 8)
+    flags = pointer(overflow) if overflow is not None else np.uint64(0)
+    launch(kernel, (b,), (THREADS,), (*args, *ints, flags), device=dev, shared_mem=cache * 8)

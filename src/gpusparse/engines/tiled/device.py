@@ -84,15 +84,16 @@ def _device_steps(
     redo: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`device_search`'s device work, from tensors only (so that it can be captured);
-    ``redo``: rows flagged already (bool ``[B]``, updated in place)."""
+    ``redo``: rows flagged already (bool ``[B]``; written, and included in the flags returned)."""
     dev = layout.seg.device
     b = terms.shape[0]
     terms32 = terms.to(torch.int32)
     q_scale = kernel_scale(layout, fp)
     plan = waves.wave_plan(layout.n_tiles, b, k, n_sm)
     cap = waves.initial_capacity(k, plan[0][1] if plan else 1)
-    theta = torch.zeros(b, dtype=torch.int64, device=dev)
-    count = torch.zeros(b, dtype=torch.int32, device=dev)
+    # theta and the counts zeroed by one operation (a CUDA graph's node each otherwise)
+    state = torch.zeros(2 * b, dtype=torch.int64, device=dev)
+    theta, count = state[:b], state[b:].view(torch.int32)[:b]
     cand_doc = torch.empty((b, cap), dtype=torch.int32, device=dev)
     cand_val = torch.empty((b, cap), dtype=torch.int64, device=dev)
     redo = torch.zeros(b, dtype=torch.bool, device=dev) if redo is None else redo
@@ -102,10 +103,9 @@ def _device_steps(
             acc=acc, int_weights=int_weights, q_shift=fp.shift,
             theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
         )  # fmt: skip
-        redo |= count > cap  # candidates past the capacity were counted, not stored
-        compact_candidates(theta, count, cand_doc, cand_val, fp.delta, k, cap)
+        # rows whose candidates past the capacity were counted, not stored, flagged in redo
+        compact_candidates(theta, count, cand_doc, cand_val, fp.delta, k, cap, overflow=redo)
     width = min(cap, 2 * k + DEVICE_WIDTH_SLACK)
-    redo |= count > width
     floor = cutoff(candidate_lows(cand_val, count, fp.delta, fp.scale, width)) if cutoff is not None else None
     # rescoring reads the forward copy, the lists, or (their not being on the device) the layout
     lists = (index.doc_ids, index.scores, index.offsets, index.lengths) if index.lists_resident else (None,) * 4
@@ -116,9 +116,9 @@ def _device_steps(
         tile_bits=layout.tile_bits, floor=floor, forward=layout.forward, tiled=tiled,
     )  # fmt: skip
     top = top_keys(keys, k, count) if width else None
-    # padded results and the rows to search again (uncertain_rows's rule), in one launch
-    scores, ids = finish.finish_rows(top, k, fp.delta, fp.scale, lb, floor, redo)
-    return scores, ids, redo
+    # padded results and the rows to search again (uncertain_rows's rule; more candidates than
+    # the keys held), in one launch; in one buffer, which a graph copies to the host in one copy
+    return finish.finish_rows(top, k, fp.delta, fp.scale, lb, floor, redo, count=count, width=width, packed=True)
 
 
 def graphed_steps(

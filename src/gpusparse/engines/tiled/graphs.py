@@ -247,6 +247,30 @@ def graphed(
     return entry.run(slot, to_host and config.pinned_results)  # type: ignore[arg-type]
 
 
+def _packed(outs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[int]] | None:
+    """Where the outputs are contiguous views packed in one buffer (as
+    :func:`gpusparse.kernels.finish.finish_rows`'s): that buffer's bytes that hold them (a uint8
+    view) and each output's byte offset in it; else ``None``."""
+    if not outs or not all(o.is_contiguous() for o in outs):
+        return None
+    storage = outs[0].untyped_storage()
+    if any(o.untyped_storage().data_ptr() != storage.data_ptr() for o in outs):
+        return None
+    sizes = [o.numel() * o.element_size() for o in outs]
+    start = min(o.data_ptr() for o in outs)
+    end = max(o.data_ptr() + n for o, n in zip(outs, sizes, strict=True))
+    if end - start > sum(sizes) + 8 * len(outs):  # views scattered over a larger buffer: not packed
+        return None
+    whole = torch.empty(0, dtype=torch.uint8, device=outs[0].device).set_(storage)
+    first = start - storage.data_ptr()
+    return whole[first : first + end - start], [o.data_ptr() - start for o in outs]
+
+
+def _view_at(host: torch.Tensor, offset: int, like: torch.Tensor) -> torch.Tensor:
+    """The view of ``host`` (uint8) at byte ``offset`` with ``like``'s dtype and shape."""
+    return host[offset : offset + like.numel() * like.element_size()].view(like.dtype).view(like.shape)
+
+
 def _bytes(cache: Mapping) -> int:
     return sum(e.nbytes for e in cache.values() if e)
 
@@ -268,7 +292,14 @@ def _capture(entry: GraphEntry, steps: Steps, terms, weights) -> _Slot | None:
             copy_async(entry.dev_in, staging, side.cuda_stream)
             outs = steps(inputs)
         small = sum(o.numel() * o.element_size() for o in outs) <= HOST_COPY_MAX_BYTES
-        host_out = [torch.empty(o.shape, dtype=o.dtype, pin_memory=True) for o in outs] if small else []
+        packed = _packed(outs)
+        if not small:
+            host_base, host_out = None, []
+        elif packed is not None:  # one buffer, one copy (each copy is a node of its own)
+            host_base = torch.empty(packed[0].numel(), dtype=torch.uint8, pin_memory=True)
+            host_out = [_view_at(host_base, at, o) for at, o in zip(packed[1], outs, strict=True)]
+        else:
+            host_base, host_out = None, [torch.empty(o.shape, dtype=o.dtype, pin_memory=True) for o in outs]
         current.wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         # thread_local: another thread's CUDA calls meanwhile (an encoder's tokenising thread
@@ -276,8 +307,14 @@ def _capture(entry: GraphEntry, steps: Steps, terms, weights) -> _Slot | None:
         with torch.cuda.graph(graph, pool=entry.pool, stream=side, capture_error_mode="thread_local"):
             copy_async(entry.dev_in, staging, side.cuda_stream)
             out_views = list(steps(inputs))
-            for h, o in zip(host_out, out_views if host_out else [], strict=True):
-                copy_async(h, o.contiguous(), side.cuda_stream)
+            if host_base is not None:
+                again = _packed(out_views)
+                if again is None or again[1] != packed[1]:  # type: ignore[index]
+                    raise RuntimeError("the captured outputs are laid out unlike the warm-up's")
+                copy_async(host_base, again[0], side.cuda_stream)
+            else:
+                for h, o in zip(host_out, out_views if host_out else [], strict=True):
+                    copy_async(h, o.contiguous(), side.cuda_stream)
     except RuntimeError:  # capture unsupported here: the caller runs the steps directly
         torch.cuda.set_stream(current)  # a failed capture leaves its stream current
         torch.cuda.synchronize(dev)

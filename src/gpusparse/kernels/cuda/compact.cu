@@ -7,10 +7,12 @@ typedef long long i64;
 // kept ones in their order. The rule is gpusparse.engines.tiled.waves.compact_torch's, which is its reference.
 // A row's first `cached` values are kept in shared memory (dynamic, 8 bytes each) by the first
 // pass, so that the radix passes do not wait on global loads: a small batch has one block a
-// query, whose passes are latency-bound.
+// query, whose passes are latency-bound. `overflow` (may be null): set for a row whose count
+// exceeds cap (candidates counted but not stored), before the count is rewritten.
 extern "C" __global__ void __launch_bounds__(NT) compact_candidates(
     u64* __restrict__ theta, int* __restrict__ count, int* __restrict__ cand_doc, u64* __restrict__ cand_val,
-    const i64* __restrict__ q_delta, const int k, const int cap, const int most, const int cached)
+    const i64* __restrict__ q_delta, const int k, const int cap, const int most, const int cached,
+    bool* __restrict__ overflow)
 {
     extern __shared__ u64 cache[];
     __shared__ unsigned int hist[256];
@@ -18,6 +20,7 @@ extern "C" __global__ void __launch_bounds__(NT) compact_candidates(
     __shared__ int s_need, s_warp[NT / 32];
     const int q = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int n = min(count[q], cap);
+    if (tid == 0 && overflow != nullptr && count[q] > cap) overflow[q] = true;
     u64* val = cand_val + (i64)q * cap;
     int* doc = cand_doc + (i64)q * cap;
     u64 th = theta[q];

@@ -7,11 +7,14 @@ typedef long long i64;
 // scores and int64 ids padded to k columns (score 0 -> id -1, as gpusparse.exact.pad_results),
 // and the row is flagged where its top-k may miss matches below one fixed-point unit (the rule
 // of gpusparse.engines.tiled.fixed_point.uncertain_rows, in the same float64 operations: the
-// explicit _rn intrinsics keep the compiler from fusing them).
+// explicit _rn intrinsics keep the compiler from fusing them). The row's flag (`flags`) is
+// `redo`'s, set where that rule fails or where the row has more candidates than its keys'
+// width (`count` may be null: not checked).
 extern "C" __global__ void __launch_bounds__(NT) finish_rows(
     const i64* __restrict__ top, const int kk, const int k, const i64* __restrict__ delta,
     const double* __restrict__ scale, const double* __restrict__ lb, const double* __restrict__ floor_,
-    float* __restrict__ scores, i64* __restrict__ ids, bool* __restrict__ redo)
+    const int* __restrict__ count, const int width, const bool* __restrict__ redo,
+    float* __restrict__ scores, i64* __restrict__ ids, bool* __restrict__ flags)
 {
     const int q = blockIdx.x;
     const i64* row = top + (i64)q * kk;
@@ -41,6 +44,6 @@ extern "C" __global__ void __launch_bounds__(NT) finish_rows(
         kth = __dmul_rn(__dmul_rn(kth, scale[q]), 1.0 - 0x1p-22);
         const double d = (double)delta[q];
         const bool certain = kth > d || __dmul_rn(lb[q], scale[q]) >= __dadd_rn(__dmul_rn(d, 0.5), 1.0);
-        if (!certain) redo[q] = true;
+        flags[q] = redo[q] || !certain || (count != nullptr && count[q] > width);
     }
 }
