@@ -7,12 +7,15 @@ Usage (GPU machine):
 At batch 1 the kernel runs one block per tile (1,080 at 8.8M documents) on 132 SMs: with 4
 resident blocks an SM that is 2.05 rounds of blocks, i.e. three rounds of block time. This times
 the kernel alone (one launch over all tiles with each block's own selection, as a small batch's
-single wave runs it; CUDA events, median) for several ``(threads, min_blocks)`` builds, on the
-layout the engine searches (float32 fixed point and 8-bit levels), at B = 1 and 8, and checks
-that every build's candidates hold the same k best as the first one's. ``--shapes`` picks the
-builds (``THREADSxMIN_BLOCKS``; 0x0: the launcher's choice for the batch), ``--dense-steps`` the dense
-rows a thread loads before it multiplies (0: the launcher's), each with every shape. GPU bytes over every allocator
-are recorded (bench/gpu_peaks.py).
+single wave runs it) for several ``(threads, min_blocks)`` builds, on the layout the engine
+searches (float32 fixed point and 8-bit levels), at the batches given, and checks that every
+build's candidates hold the same k best as the first one's. Ten launches are captured in a CUDA
+graph (the host's launch is not timed: an earlier version timed events around each launch from
+Python, which on a slow host measured the host) and the builds' graphs are replayed in turn
+``--reps`` times (CUDA events, median). ``--shapes`` picks the builds (``THREADSxMIN_BLOCKS``;
+0x0: the launcher's choice for the batch), ``--dense-steps`` the dense rows a thread loads
+before it multiplies (0: the launcher's), each with every shape. GPU bytes over every
+allocator are recorded (bench/gpu_peaks.py).
 """
 
 from __future__ import annotations
@@ -39,7 +42,6 @@ from gpusparse.kernels import tile_candidates  # noqa: E402
 from gpusparse.layout.statistics import max_scores_host  # noqa: E402
 from gpusparse.queries import prepare_queries, query_batch  # noqa: E402
 from gpusparse.synthetic import generate  # noqa: E402
-from kernels import time_events  # noqa: E402
 
 SHAPES = [(0, 0), (256, 5), (512, 3), (512, 2), (1024, 2), (1024, 1)]  # (0, 0): the launcher's default
 
@@ -68,6 +70,33 @@ def candidates(layout, batch, fp, int_w, k, shape=(0, 0), dense_step=0) -> tuple
         )  # fmt: skip
 
     return run, (count, cand_doc, cand_val)
+
+
+PER_GRAPH = 10  # launches captured in one graph: the host's launch time is not timed
+
+
+def captured(fn, n: int) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``n`` calls of ``fn`` (each a launch and its buffers' reset)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        for _ in range(n):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph
+
+
+def replay_ms(graph: torch.cuda.CUDAGraph) -> float:
+    """One replay's device milliseconds (CUDA events around it)."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    graph.replay()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b)
 
 
 def emitted(bufs, k: int) -> list[list[tuple]]:
@@ -108,11 +137,12 @@ def main() -> None:
             batch = query_batch(q, index.device)
             fp = fixed_point(index, batch, "u32", layout.weight_bits)
             int_w = integer_weights(layout, batch, fp, "u32")
-            want = None
+            want, builds = None, []
             for shape, ds in [(s, v) for v in args.dense_steps for s in shapes]:
                 run, bufs = candidates(layout, batch, fp, int_w, args.k, shape, ds)
                 try:
-                    ms = statistics.median(time_events(run, reps=args.reps, warmup=3))
+                    run()  # compiled, and its candidates checked, outside the graph
+                    graph = captured(run, PER_GRAPH)
                 except Exception as e:  # a shape the kernel cannot launch (registers, shared memory)
                     out["rows"].append({"weights": label, "batch": b, "shape": shape, "dense_step": ds,
                                         "error": str(e)[:200]})  # fmt: skip
@@ -120,8 +150,18 @@ def main() -> None:
                     continue
                 got = emitted(bufs, args.k)
                 want = want if want is not None else got
-                row = {"weights": label, "batch": b, "shape": list(shape), "dense_step": ds, "kernel_ms": ms,
+                row = {"weights": label, "batch": b, "shape": list(shape), "dense_step": ds,
                        "same_top_k_as_default": got == want, "candidates": int(bufs[0].sum())}  # fmt: skip
+                builds.append((row, graph))
+            # the builds' graphs replayed in turn, round after round: drift of the device's clocks
+            # or of the host between builds affects all alike
+            times: list[list[float]] = [[] for _ in builds]
+            for _ in range(args.reps):
+                for i, (_, graph) in enumerate(builds):
+                    times[i].append(replay_ms(graph) / PER_GRAPH)
+            for (row, _), t in zip(builds, times, strict=True):
+                row["kernel_ms"] = statistics.median(t)
+                row["kernel_ms_quartiles"] = statistics.quantiles(t, n=4)
                 out["rows"].append(row)
                 print(json.dumps(row), flush=True)
         out[f"gpu_memory_{label}"] = gpu_memory()
