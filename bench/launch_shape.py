@@ -2,7 +2,7 @@
 
 Usage (GPU machine):
     python bench/launch_shape.py --out $OUT/launch_shape.json --commit SHA [--n 8841823]
-        [--batches 1 8] [--shapes 0x0 512x2] [--dense-steps 0 2]
+        [--batches 1 8] [--shapes 0x0 512x2] [--defines "" PROFILE_SKIP_DENSE]
 
 At batch 1 the kernel runs one block per tile (1,080 at 8.8M documents) on 132 SMs: with 4
 resident blocks an SM that is 2.05 rounds of blocks, i.e. three rounds of block time. This times
@@ -13,8 +13,8 @@ build's candidates hold the same k best as the first one's. Ten launches are cap
 graph (the host's launch is not timed: an earlier version timed events around each launch from
 Python, which on a slow host measured the host) and the builds' graphs are replayed in turn
 ``--reps`` times (CUDA events, median). ``--shapes`` picks the builds (``THREADSxMIN_BLOCKS``;
-0x0: the launcher's choice for the batch), ``--dense-steps`` the dense rows a thread loads
-before it multiplies (0: the launcher's), each with every shape. GPU bytes over every
+0x0: the launcher's choice), ``--defines`` adds builds with extra ``-D`` names (comma-separated),
+each with every shape. GPU bytes over every
 allocator are recorded (bench/gpu_peaks.py).
 """
 
@@ -46,9 +46,9 @@ from gpusparse.synthetic import generate  # noqa: E402
 SHAPES = [(0, 0), (256, 5), (512, 3), (512, 2), (1024, 2), (1024, 1)]  # (0, 0): the launcher's default
 
 
-def candidates(layout, batch, fp, int_w, k, shape=(0, 0), dense_step=0) -> tuple[callable, tuple]:
+def candidates(layout, batch, fp, int_w, k, shape=(0, 0), defines=()) -> tuple[callable, tuple]:
     """A launch of the kernel over all tiles into fresh buffers, and those buffers; ``shape``:
-    ``(threads, min_blocks)`` (0: the launcher's), ``dense_step``: dense rows a step (0: the launcher's)."""
+    ``(threads, min_blocks)`` (0: the launcher's), ``defines``: extra ``-D`` names of the build."""
     b = batch.padded_terms.shape[0]
     cap = initial_capacity(k, layout.n_tiles)
     dev = layout.seg.device
@@ -66,7 +66,7 @@ def candidates(layout, batch, fp, int_w, k, shape=(0, 0), dense_step=0) -> tuple
         tile_candidates.tiled_candidates(
             layout, terms32, batch.padded_weights, q_scale, fp.delta, k=k, acc="u32", int_weights=int_w,
             q_shift=fp.shift, theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
-            threads=threads or None, min_blocks=min_blocks or None, dense_step=dense_step or None,
+            threads=threads or None, min_blocks=min_blocks or None, defines=defines,
         )  # fmt: skip
 
     return run, (count, cand_doc, cand_val)
@@ -120,7 +120,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--commit", default="unknown")
     p.add_argument("--shapes", nargs="+", default=None, help="THREADSxMIN_BLOCKS builds (0x0: the default)")
-    p.add_argument("--dense-steps", type=int, nargs="+", default=[0], help="dense rows a step (0: the default)")
+    p.add_argument("--defines", nargs="+", default=[""], help="extra -D names of a build, comma-separated, per build")
     args = p.parse_args()
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes] if args.shapes else SHAPES
     vocab = Vocabulary.bert()
@@ -138,28 +138,28 @@ def main() -> None:
             fp = fixed_point(index, batch, "u32", layout.weight_bits)
             int_w = integer_weights(layout, batch, fp, "u32")
             want, builds = None, []
-            for shape, ds in [(s, v) for v in args.dense_steps for s in shapes]:
+            for shape, ds in [(s, tuple(d for d in v.split(",") if d)) for v in args.defines for s in shapes]:
                 run, bufs = candidates(layout, batch, fp, int_w, args.k, shape, ds)
                 try:
                     run()  # compiled, and its candidates checked, outside the graph
                     graph = captured(run, PER_GRAPH)
                 except Exception as e:  # a shape the kernel cannot launch (registers, shared memory)
-                    out["rows"].append({"weights": label, "batch": b, "shape": shape, "dense_step": ds,
+                    out["rows"].append({"weights": label, "batch": b, "shape": shape, "defines": list(ds),
                                         "error": str(e)[:200]})  # fmt: skip
                     print(label, b, shape, ds, "error", str(e)[:200], flush=True)
                     continue
                 got = emitted(bufs, args.k)
                 want = want if want is not None else got
-                row = {"weights": label, "batch": b, "shape": list(shape), "dense_step": ds,
+                row = {"weights": label, "batch": b, "shape": list(shape), "defines": list(ds),
                        "same_top_k_as_default": got == want, "candidates": int(bufs[0].sum())}  # fmt: skip
-                builds.append((row, graph))
+                builds.append((row, graph, run))  # run's closure holds the buffers the graph writes
             # the builds' graphs replayed in turn, round after round: drift of the device's clocks
             # or of the host between builds affects all alike
             times: list[list[float]] = [[] for _ in builds]
             for _ in range(args.reps):
-                for i, (_, graph) in enumerate(builds):
+                for i, (_, graph, _run) in enumerate(builds):
                     times[i].append(replay_ms(graph) / PER_GRAPH)
-            for (row, _), t in zip(builds, times, strict=True):
+            for (row, _, _run), t in zip(builds, times, strict=True):
                 row["kernel_ms"] = statistics.median(t)
                 row["kernel_ms_quartiles"] = statistics.quantiles(t, n=4)
                 out["rows"].append(row)
@@ -168,12 +168,12 @@ def main() -> None:
         del index, layout
         torch.cuda.empty_cache()
     args.out.write_text(json.dumps(out, indent=2))
-    print(f"{'weights':8} {'B':>3} {'threads':>7} {'blocks':>6} {'step':>4} {'kernel ms':>9} same")
+    print(f"{'weights':8} {'B':>3} {'threads':>7} {'blocks':>6} {'defines':>12} {'kernel ms':>9} same")
     for r in out["rows"]:
         if "kernel_ms" in r:
             t, m = r["shape"]
-            print(f"{r['weights']:8} {r['batch']:>3} {t or 'dflt':>7} {m or 'dflt':>6} {r['dense_step'] or 'dflt':>4} "
-                  f"{r['kernel_ms']:9.4f} "
+            d = ",".join(r["defines"]) or "-"
+            print(f"{r['weights']:8} {r['batch']:>3} {t or 'dflt':>7} {m or 'dflt':>6} {d:>12} {r['kernel_ms']:9.4f} "
                   f"{r['same_top_k_as_default']}")  # fmt: skip
 
 

@@ -556,33 +556,22 @@ def test_tile_candidates_build_options() -> None:
     """The launch knobs reach the compile options (profiling passes them instead of setting globals)."""
     from gpusparse.kernels.tile_candidates import compile_options, launch_shape
 
-    assert launch_shape(13, "u32") == (256, 4, 1)
-    assert launch_shape(13, "u32", batch=256) == (256, 4, 1)
-    assert launch_shape(13, "u32", threads=512, min_blocks=2) == (512, 2, 1)
+    assert launch_shape(13, "u32") == (256, 4)
+    assert launch_shape(13, "u32", threads=512, min_blocks=2) == (512, 2)
     assert launch_shape(13, "u32", threads=512)[1] == 3  # blocks per SM follow the threads given
-    # one query: twice the threads, half the blocks, two dense rows a step (where a thread has 32 documents)
-    assert launch_shape(13, "u32", batch=1) == (512, 2, 2)
-    assert launch_shape(14, "u32", batch=1) == (1024, 1, 2)
-    assert launch_shape(13, "u32", batch=2) == (256, 4, 1)
-    assert launch_shape(12, "u32", batch=1) == (256, 4, 1)  # 16 documents a thread already
-    assert launch_shape(4, "u32", batch=1) == (16, 4, 1)
-    assert launch_shape(13, "u32", batch=1, threads=256) == (256, 4, 1)  # given knobs win
-    assert launch_shape(13, "u32", batch=1, dense_step=4) == (512, 2, 4)
-    assert launch_shape(13, "u32", batch=1, float64_products=True) == (512, 2, 1)
     opts = compile_options(13, 256, 4, 4, "u32", "unsigned char", True, False, ("PROFILE_SKIP_DENSE",))
     assert opts == (
         "--std=c++17", "-DTILE_BITS=13", "-DTHREADS=256", "-DUNROLL=4", "-DMIN_BLOCKS=4", "-DACC_MODE=1",
         "-DWT=unsigned_char", "-DINT_W=1", "-DFIXED_W=0", "-DFIXED_STORED=0", "-DPACKED=0", "-DSELECT=1",
-        "-DDENSE_STEP=1", "-DPROFILE_SKIP_DENSE",
+        "-DPROFILE_SKIP_DENSE",
     )  # fmt: skip
     fixed = compile_options(14, 512, 4, 3, "u32", "float", False, True)
-    assert fixed[-7:-2] == ("-DWT=float", "-DINT_W=0", "-DFIXED_W=1", "-DFIXED_STORED=0", "-DPACKED=0")
+    assert fixed[-6:-1] == ("-DWT=float", "-DINT_W=0", "-DFIXED_W=1", "-DFIXED_STORED=0", "-DPACKED=0")
     stored = compile_options(14, 512, 4, 3, "u32", "unsigned int", False, True)
-    assert stored[-7:-2] == ("-DWT=unsigned_int", "-DINT_W=0", "-DFIXED_W=1", "-DFIXED_STORED=1", "-DPACKED=0")
+    assert stored[-6:-1] == ("-DWT=unsigned_int", "-DINT_W=0", "-DFIXED_W=1", "-DFIXED_STORED=1", "-DPACKED=0")
     packed = compile_options(13, 256, 4, 4, "u32", "float", False, True, packed=True)
-    assert packed[-7:-1] == ("-DWT=float", "-DINT_W=0", "-DFIXED_W=1", "-DFIXED_STORED=0", "-DPACKED=1", "-DSELECT=1")
-    assert compile_options(13, 256, 4, 4, "u32", "float", False, True, dense_step=2)[-1] == "-DDENSE_STEP=2"
-    assert compile_options(13, 256, 4, 4, "u32", "float", False, True, select=False)[-2] == "-DSELECT=0"
+    assert packed[-6:] == ("-DWT=float", "-DINT_W=0", "-DFIXED_W=1", "-DFIXED_STORED=0", "-DPACKED=1", "-DSELECT=1")
+    assert compile_options(13, 256, 4, 4, "u32", "float", False, True, select=False)[-1] == "-DSELECT=0"
 
 
 def test_check_tensors_refuses_wrong_dtype_device_and_layout() -> None:

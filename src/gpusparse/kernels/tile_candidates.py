@@ -41,7 +41,6 @@ __all__ = ["ACC_MODES", "ACC_TOP", "SOURCE", "available", "launch_shape", "share
 
 SOURCE = "tile_candidates.cu"  # in kernels/cuda/
 UNROLL = 4  # sparse postings per thread and step (the default of tiled_candidates' unroll)
-SMALL_BATCH = 1  # batches up to this size get launch_shape's small-batch build
 # Accumulator modes (see the CUDA source) and the largest fixed-point value each holds: a query's
 # scale keeps its score bound at or below ``top`` (rounding adds at most n/2 units).
 ACC_MODES = {"carry": 0, "u32": 1}
@@ -51,41 +50,24 @@ _WEIGHT_TYPES = {torch.float32: "float", torch.uint8: "unsigned char", torch.int
 
 
 def launch_shape(
-    tile_bits: int,
-    acc: str = "u32",
-    *,
-    batch: int | None = None,
-    threads: int | None = None,
-    min_blocks: int | None = None,
-    dense_step: int | None = None,
-    float64_products: bool = False,
-) -> tuple[int, int, int]:
-    """``(threads, min_blocks, dense_step)`` for tiles of ``2**tile_bits`` documents and a batch
-    of ``batch`` queries: threads per block, resident blocks per SM the registers must allow, and
-    dense rows a thread loads before it multiplies. ``threads``, ``min_blocks`` and ``dense_step``,
-    where given, replace the choice below (profiling sweeps them). ``float64_products``: the
-    build sums float64 products (mode "u32" without integer weights), whose registers leave no
-    room for a second dense row at the small batch's shape (it spilled): one row a step.
+    tile_bits: int, acc: str = "u32", *, threads: int | None = None, min_blocks: int | None = None
+) -> tuple[int, int]:
+    """``(threads, min_blocks)`` for tiles of ``2**tile_bits`` documents; ``threads`` and
+    ``min_blocks`` (threads per block, resident blocks per SM the registers must allow), where
+    given, replace the choice below (profiling sweeps them).
 
     Measured at 8.8M x 256 on an H200 (bench/results/2026-11-26-H200-profile-tiled-8.8M-v12-shape.json):
     at 8K documents a tile, 256 threads (32 documents each in the dense phase) with room in
     the registers for 4 blocks per SM beat 512 threads with 3 (search 14.5 against 15.4 ms
     at k = 1000), and 2 blocks were slowest. Larger tiles keep 32 documents a thread (at
     most 1,024 threads); the blocks per SM are what shared memory and the SM's 2,048
-    threads allow. A batch of :data:`SMALL_BATCH` query (one block a tile: the kernel waits on
-    each block's chain of loads, not on bandwidth) takes twice the threads, half the blocks
-    per SM and two dense rows a step, where a thread has 32 documents by default
-    (bench/results/2026-11-27-H200-launch-shape-*.json).
+    threads allow. At batch 1 (one block a tile) it is also within 3 % of the best build
+    measured (kernel alone, in CUDA graphs: bench/results/2026-11-27-H200-launch-shape-graphs.json).
     """
     tile = 1 << tile_bits
-    default = min(tile, max(256, tile >> 5), 1024)
+    threads = threads or min(tile, max(256, tile >> 5), 1024)
     fit = (227 << 10) // (shared_bytes(tile_bits, acc) + (8 << 10))  # + the static arrays
-    blocks = max(1, min(4 if default <= 256 else 3, fit, 2048 // default))
-    small = batch is not None and batch <= SMALL_BATCH and tile >= 32 * default and default < 1024
-    if threads is None and min_blocks is None and small:
-        return 2 * default, max(1, blocks // 2), dense_step or (1 if float64_products else 2)
-    threads = threads or default
-    return threads, min_blocks or max(1, min(4 if threads <= 256 else 3, fit, 2048 // threads)), dense_step or 1
+    return threads, min_blocks or max(1, min(4 if threads <= 256 else 3, fit, 2048 // threads))
 
 
 def shared_bytes(tile_bits: int, acc: str) -> int:
@@ -105,7 +87,6 @@ def compile_options(
     defines: Sequence[str] = (),
     packed: bool = False,
     select: bool = True,
-    dense_step: int = 1,
 ) -> tuple[str, ...]:
     """The NVRTC options of one build of the kernel (``defines``: extra ``-D`` names, profiling only)."""
     return (
@@ -121,7 +102,6 @@ def compile_options(
         f"-DFIXED_STORED={int(fixed and weight_type == 'unsigned int')}",
         f"-DPACKED={int(packed)}",
         f"-DSELECT={int(select)}",
-        f"-DDENSE_STEP={dense_step}",
         *(f"-D{d}" for d in defines),
     )
 
@@ -157,7 +137,6 @@ def tiled_candidates(
     threads: int | None = None,
     unroll: int = UNROLL,
     min_blocks: int | None = None,
-    dense_step: int | None = None,
     defines: Sequence[str] = (),
 ) -> None:
     """Launch ``cuda/tile_candidates.cu``'s kernel over ``layout`` on the current PyTorch stream
@@ -179,10 +158,10 @@ def tiled_candidates(
     stored so), each query weight rounded to ``round(q_weights · q_scale)`` and each product
     shifted right by the query's ``q_shift`` (int32 ``[B]``).
 
-    Build knobs, for profiling: ``threads``, ``min_blocks`` and ``dense_step`` (default:
-    :func:`launch_shape`'s choice for this batch), ``unroll`` (sparse postings per thread and
-    step), ``defines`` (extra ``-D`` names: ``PROFILE_SKIP_DENSE`` and ``PROFILE_SKIP_SPARSE``
-    time one phase without the other; their results are wrong). Each combination is compiled once per device.
+    Build knobs, for profiling: ``threads`` and ``min_blocks`` (default: :func:`launch_shape`'s
+    choice), ``unroll`` (sparse postings per thread and step), ``defines`` (extra ``-D`` names:
+    ``PROFILE_SKIP_DENSE`` and ``PROFILE_SKIP_SPARSE`` time one phase without the other; their
+    results are wrong). Each combination is compiled once per device.
     """
     b, t = q_terms.shape
     cap = cand_doc.shape[1]
@@ -234,13 +213,10 @@ def tiled_candidates(
     if b == 0 or count == 0 or t == 0:
         return
     bias = kernel_bias(layout.exp_base, weight_bits) if packed else 0  # type: ignore[arg-type]
-    threads, min_blocks, dense_step = launch_shape(
-        tile_bits, acc, batch=b, threads=threads, min_blocks=min_blocks, dense_step=dense_step,
-        float64_products=acc == "u32" and not (int_weights or fixed),
-    )  # fmt: skip
+    threads, min_blocks = launch_shape(tile_bits, acc, threads=threads, min_blocks=min_blocks)
     shared = shared_bytes(tile_bits, acc)
     build = (tile_bits, threads, unroll, min_blocks, acc, _WEIGHT_TYPES[wdtype], int_weights, fixed, tuple(defines),
-             packed, bool(select), dense_step)  # fmt: skip
+             packed, bool(select))  # fmt: skip
     kernel = _kernel(build, device_index(dev), variant_of(SOURCE))
     if dense.numel() == 0:  # CuPy wants real memory behind every pointer
         dense = torch.zeros((1, 1 << tile_bits), dtype=wdtype, device=dev)

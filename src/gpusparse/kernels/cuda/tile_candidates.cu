@@ -1,7 +1,7 @@
 // The tiled engine's kernel: on-chip accumulation per (document tile, query), candidates out.
 // Launched by gpusparse.kernels.tile_candidates.tiled_candidates, compiled by NVRTC with
 // -DTILE_BITS -DTHREADS -DUNROLL -DMIN_BLOCKS -DACC_MODE -DWT -DINT_W -DFIXED_W -DFIXED_STORED
-// -DPACKED -DSELECT -DDENSE_STEP (and, for profiling builds only, -DPROFILE_SKIP_DENSE / -DPROFILE_SKIP_SPARSE).
+// -DPACKED -DSELECT (and, for profiling builds only, -DPROFILE_SKIP_DENSE / -DPROFILE_SKIP_SPARSE).
 // WT is passed as one token (-DWT=unsigned_char): these name the two-word types.
 typedef unsigned char unsigned_char;
 typedef unsigned int unsigned_int;
@@ -90,10 +90,6 @@ typedef long long i64;
 #define UNROLL 4
 #endif
 
-// Dense rows a thread loads before it multiplies (see the dense phase).
-#ifndef DENSE_STEP
-#define DENSE_STEP 1
-#endif
 // Dense rows are read VEC weights at a time (one vector load).
 #define VEC (PER >= 4 ? 4 : PER)
 template <typename T, int N> struct alignas(sizeof(T) * N) Pack { T v[N]; };
@@ -274,39 +270,24 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
 #ifdef PROFILE_SKIP_DENSE  // profiling only (bench/profile_tiled.py): results are wrong
         continue;
 #endif
-        // DENSE_STEP rows a step: all their loads issued before the first product, so that a
-        // thread waits one round trip per DENSE_STEP rows (rows added in order: float64 sums
-        // round as with one row a step).
-        for (int d0 = 0; d0 < meta.nd; d0 += DENSE_STEP) {
-            Pack<WT, VEC> p[DENSE_STEP][PER / VEC];
+        for (int d = 0; d < meta.nd; ++d) {
+            const Pack<WT, VEC>* col = reinterpret_cast<const Pack<WT, VEC>*>(dense_tile + (i64)d_row[d] * TILE);
+            const double w = INT_PRODUCTS ? 0.0 : d_w[d];
+            const unsigned int wi = d_wi[d];
 #pragma unroll
-            for (int s = 0; s < DENSE_STEP; ++s) {
-                if (s == 0 || d0 + s < meta.nd) {
-                    const Pack<WT, VEC>* col =
-                        reinterpret_cast<const Pack<WT, VEC>*>(dense_tile + (i64)d_row[d0 + s] * TILE);
+            for (int g = 0; g < PER / VEC; ++g) {
+                const Pack<WT, VEC> p = col[g * THREADS + tid];
 #pragma unroll
-                    for (int g = 0; g < PER / VEC; ++g) p[s][g] = col[g * THREADS + tid];
-                }
-            }
-#pragma unroll
-            for (int s = 0; s < DENSE_STEP; ++s) {
-                if (s > 0 && d0 + s >= meta.nd) break;
-                const double w = INT_PRODUCTS ? 0.0 : d_w[d0 + s];
-                const unsigned int wi = d_wi[d0 + s];
-#pragma unroll
-                for (int g = 0; g < PER / VEC; ++g) {
-#pragma unroll
-                    for (int v = 0; v < VEC; ++v) {
+                for (int v = 0; v < VEC; ++v) {
 #if ACC_MODE == 1 && FIXED_W
-                        reg[g * VEC + v] += (unsigned int)(((u64)wi * (u64)FIXED_OF(p[s][g].v[v])) >> sh);
+                    reg[g * VEC + v] += (unsigned int)(((u64)wi * (u64)FIXED_OF(p.v[v])) >> sh);
 #elif ACC_MODE == 1 && INT_W
-                        reg[g * VEC + v] += wi * (unsigned int)p[s][g].v[v];
+                    reg[g * VEC + v] += wi * (unsigned int)p.v[v];
 #elif ACC_MODE == 1
-                        reg[g * VEC + v] = fma(w, (double)p[s][g].v[v], reg[g * VEC + v]);  // exact product
+                    reg[g * VEC + v] = fma(w, (double)p.v[v], reg[g * VEC + v]);  // exact product
 #else
-                        reg[g * VEC + v] += (u64)__double2ll_rn(w * (double)p[s][g].v[v]);
+                    reg[g * VEC + v] += (u64)__double2ll_rn(w * (double)p.v[v]);
 #endif
-                    }
                 }
             }
         }
