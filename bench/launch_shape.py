@@ -13,7 +13,8 @@ build's candidates hold the same k best as the first one's. Ten launches are cap
 graph (the host's launch is not timed: an earlier version timed events around each launch from
 Python, which on a slow host measured the host) and the builds' graphs are replayed in turn
 ``--reps`` times (CUDA events, median). ``--shapes`` picks the builds (``THREADSxMIN_BLOCKS``;
-0x0: the launcher's choice), ``--defines`` adds builds with extra ``-D`` names (comma-separated),
+0x0: the launcher's choice), ``--defines`` adds builds with extra ``-D`` names (comma-separated;
+``LISTS``: the dense terms read from the index's lists, on a float32 fixed-point layout),
 each with every shape. GPU bytes over every
 allocator are recorded (bench/gpu_peaks.py).
 """
@@ -35,6 +36,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from gpu_peaks import gpu_memory  # noqa: E402
 from gpusparse import Index, SparseCollection, Vocabulary  # noqa: E402
+from gpusparse.engines.tiled.device import dense_lists  # noqa: E402
 from gpusparse.engines.tiled.engine import layout_for_search  # noqa: E402
 from gpusparse.engines.tiled.fixed_point import fixed_point, integer_weights, kernel_scale  # noqa: E402
 from gpusparse.engines.tiled.waves import initial_capacity  # noqa: E402
@@ -46,9 +48,10 @@ from gpusparse.synthetic import generate  # noqa: E402
 SHAPES = [(0, 0), (256, 5), (512, 3), (512, 2), (1024, 2), (1024, 1)]  # (0, 0): the launcher's default
 
 
-def candidates(layout, batch, fp, int_w, k, shape=(0, 0), defines=()) -> tuple[callable, tuple]:
+def candidates(layout, batch, fp, int_w, k, shape=(0, 0), defines=(), lists=None) -> tuple[callable, tuple]:
     """A launch of the kernel over all tiles into fresh buffers, and those buffers; ``shape``:
-    ``(threads, min_blocks)`` (0: the launcher's), ``defines``: extra ``-D`` names of the build."""
+    ``(threads, min_blocks)`` (0: the launcher's), ``defines``: extra ``-D`` names of the build,
+    ``lists``: the dense terms read from the index's lists (the DENSE_LISTS build)."""
     b = batch.padded_terms.shape[0]
     cap = initial_capacity(k, layout.n_tiles)
     dev = layout.seg.device
@@ -66,7 +69,7 @@ def candidates(layout, batch, fp, int_w, k, shape=(0, 0), defines=()) -> tuple[c
         tile_candidates.tiled_candidates(
             layout, terms32, batch.padded_weights, q_scale, fp.delta, k=k, acc="u32", int_weights=int_w,
             q_shift=fp.shift, theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
-            threads=threads or None, min_blocks=min_blocks or None, defines=defines,
+            threads=threads or None, min_blocks=min_blocks or None, defines=defines, lists=lists,
         )  # fmt: skip
 
     return run, (count, cand_doc, cand_val)
@@ -139,7 +142,13 @@ def main() -> None:
             int_w = integer_weights(layout, batch, fp, "u32")
             want, builds = None, []
             for shape, ds in [(s, tuple(d for d in v.split(",") if d)) for v in args.defines for s in shapes]:
-                run, bufs = candidates(layout, batch, fp, int_w, args.k, shape, ds)
+                lists = None
+                if "LISTS" in ds:  # not a -D name: the DENSE_LISTS build, where the layout allows it
+                    ds = tuple(d for d in ds if d != "LISTS")
+                    lists = dense_lists(index, layout, 1)
+                    if lists is None:
+                        continue
+                run, bufs = candidates(layout, batch, fp, int_w, args.k, shape, ds, lists)
                 try:
                     run()  # compiled, and its candidates checked, outside the graph
                     graph = captured(run, PER_GRAPH)
@@ -150,7 +159,8 @@ def main() -> None:
                     continue
                 got = emitted(bufs, args.k)
                 want = want if want is not None else got
-                row = {"weights": label, "batch": b, "shape": list(shape), "defines": list(ds),
+                names = list(ds) + (["LISTS"] if lists else [])
+                row = {"weights": label, "batch": b, "shape": list(shape), "defines": names,
                        "same_top_k_as_default": got == want, "candidates": int(bufs[0].sum())}  # fmt: skip
                 builds.append((row, graph, run))  # run's closure holds the buffers the graph writes
             # the builds' graphs replayed in turn, round after round: drift of the device's clocks

@@ -563,15 +563,18 @@ def test_tile_candidates_build_options() -> None:
     assert opts == (
         "--std=c++17", "-DTILE_BITS=13", "-DTHREADS=256", "-DUNROLL=4", "-DMIN_BLOCKS=4", "-DACC_MODE=1",
         "-DWT=unsigned_char", "-DINT_W=1", "-DFIXED_W=0", "-DFIXED_STORED=0", "-DPACKED=0", "-DSELECT=1",
+        "-DDENSE_LISTS=0",
         "-DPROFILE_SKIP_DENSE",
     )  # fmt: skip
     fixed = compile_options(14, 512, 4, 3, "u32", "float", False, True)
-    assert fixed[-6:-1] == ("-DWT=float", "-DINT_W=0", "-DFIXED_W=1", "-DFIXED_STORED=0", "-DPACKED=0")
+    assert fixed[-7:-2] == ("-DWT=float", "-DINT_W=0", "-DFIXED_W=1", "-DFIXED_STORED=0", "-DPACKED=0")
     stored = compile_options(14, 512, 4, 3, "u32", "unsigned int", False, True)
-    assert stored[-6:-1] == ("-DWT=unsigned_int", "-DINT_W=0", "-DFIXED_W=1", "-DFIXED_STORED=1", "-DPACKED=0")
+    assert stored[-7:-2] == ("-DWT=unsigned_int", "-DINT_W=0", "-DFIXED_W=1", "-DFIXED_STORED=1", "-DPACKED=0")
     packed = compile_options(13, 256, 4, 4, "u32", "float", False, True, packed=True)
-    assert packed[-6:] == ("-DWT=float", "-DINT_W=0", "-DFIXED_W=1", "-DFIXED_STORED=0", "-DPACKED=1", "-DSELECT=1")
-    assert compile_options(13, 256, 4, 4, "u32", "float", False, True, select=False)[-1] == "-DSELECT=0"
+    assert packed[-7:-1] == ("-DWT=float", "-DINT_W=0", "-DFIXED_W=1", "-DFIXED_STORED=0", "-DPACKED=1", "-DSELECT=1")
+    assert compile_options(13, 256, 4, 4, "u32", "float", False, True, select=False)[-2] == "-DSELECT=0"
+    lists = compile_options(13, 256, 4, 4, "u32", "unsigned int", False, True, dense_lists=True)
+    assert lists[-1] == "-DDENSE_LISTS=1"
 
 
 def test_check_tensors_refuses_wrong_dtype_device_and_layout() -> None:

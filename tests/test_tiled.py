@@ -285,6 +285,58 @@ def test_cuda_kernel_with_long_queries_and_long_segments(rng):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_small_batches_read_dense_terms_from_the_lists(rng, monkeypatch):
+    """Batches of at most DENSE_LISTS_MAX_BATCH queries on a fixed-point layout read their dense
+    terms' postings from the lists (the kernel's DENSE_LISTS build; raised to 8 here, so that
+    blocks of several queries run it too): results against the reference, with dense rows
+    present, queries longer than one chunk of terms, a last tile shorter than the others; and
+    the kernel's candidates hold the same top-k either way."""
+    require_cuda_kernels()
+    assert device_mod.DENSE_LISTS_MAX_BATCH >= 1
+    monkeypatch.setattr(device_mod, "DENSE_LISTS_MAX_BATCH", 8)
+    from gpusparse.engines.tiled.fixed_point import kernel_scale
+    from gpusparse.kernels import tile_candidates
+
+    docs = random_collection(rng, 30_001, 1500, 60, skew=0.8)
+    long_q = random_collection(rng, 2, 1500, 300, skew=0.3)
+    short_q = random_collection(rng, 14, 1500, 25, empty_fraction=0.1)
+    queries = SparseCollection.from_scipy(sp.vstack([long_q.to_scipy(), short_q.to_scipy()]))
+    index = Index.build(docs, device="cuda")
+    for k in (1, 10, 1000):
+        for tile_bits, dense_min in ((13, 0.02), (12, 0.25)):
+            layout = layout_for_search(index, tile_bits, dense_min, "u32", True)
+            assert layout.n_dense > 0 and layout.weight_bits is not None
+            for rows in (slice(0, 1), slice(1, 2), slice(8, 16), slice(0, 8)):
+                q = queries[rows]
+                ref = index.search(q, k, kernel="reference")
+                batch = query_batch(q, index.device)
+                assert device_mod.dense_lists(index, layout, len(q)) is not None
+                s, i = tiled_search(index, batch, k, tile_bits=tile_bits, dense_min=dense_min, acc="u32",
+                                    fixed=True).resolved()  # fmt: skip
+                assert torch.equal(i.cpu(), ref.ids) and torch.equal(s.cpu(), ref.scores), (k, tile_bits, rows)
+                fp = fixed_point(index, batch, "u32", layout.weight_bits)
+                tops = []
+                for lists in (None, device_mod.dense_lists(index, layout, len(q))):
+                    b, cap = len(q), layout.n_tiles << tile_bits  # room for every document
+                    theta = torch.zeros(b, dtype=torch.int64, device="cuda")
+                    count = torch.zeros(b, dtype=torch.int32, device="cuda")
+                    cdoc = torch.full((b, cap), -5, dtype=torch.int32, device="cuda")
+                    cval = torch.full((b, cap), -5, dtype=torch.int64, device="cuda")
+                    tile_candidates.tiled_candidates(
+                        layout, batch.padded_terms.to(torch.int32).contiguous(), batch.padded_weights,
+                        kernel_scale(layout, fp), fp.delta, k=k, acc="u32", q_shift=fp.shift, theta=theta,
+                        cand_count=count, cand_doc=cdoc, cand_val=cval, lists=lists,
+                    )  # fmt: skip
+                    top = []
+                    for r in range(b):
+                        n = int(count[r])
+                        top.append(sorted(zip((-cval[r, :n]).tolist(), cdoc[r, :n].tolist(), strict=True))[:k])
+                    tops.append(top)
+                assert tops[0] == tops[1], (k, tile_bits, rows)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("cache", [0, 700, 3000])
 def test_cuda_compaction_equals_the_pytorch_one(rng, cache: int):
     """compact_candidates against compact_torch, with rows' values held in shared memory: none,

@@ -87,6 +87,7 @@ def compile_options(
     defines: Sequence[str] = (),
     packed: bool = False,
     select: bool = True,
+    dense_lists: bool = False,
 ) -> tuple[str, ...]:
     """The NVRTC options of one build of the kernel (``defines``: extra ``-D`` names, profiling only)."""
     return (
@@ -102,6 +103,7 @@ def compile_options(
         f"-DFIXED_STORED={int(fixed and weight_type == 'unsigned int')}",
         f"-DPACKED={int(packed)}",
         f"-DSELECT={int(select)}",
+        f"-DDENSE_LISTS={int(dense_lists)}",
         *(f"-D{d}" for d in defines),
     )
 
@@ -138,6 +140,7 @@ def tiled_candidates(
     unroll: int = UNROLL,
     min_blocks: int | None = None,
     defines: Sequence[str] = (),
+    lists: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """Launch ``cuda/tile_candidates.cu``'s kernel over ``layout`` on the current PyTorch stream
     (see the module docstring).
@@ -157,6 +160,11 @@ def tiled_candidates(
     (FIXED_W): each float32 weight is read as ``round(w · 2**weight_bits)`` (int32 weights:
     stored so), each query weight rounded to ``round(q_weights · q_scale)`` and each product
     shifted right by the query's ``q_shift`` (int32 ``[B]``).
+
+    ``lists``: the index's ``(doc_ids, scores, offsets, lengths)`` (int32, float32, int64, int32,
+    on the device) for a fixed-point layout with :attr:`~gpusparse.layout.tiled.TiledIndex.list_pos`:
+    the dense terms' postings are then read from their lists instead of the dense rows (the same
+    sums; fewer bytes where a row serves few queries, as at batch 1).
 
     Build knobs, for profiling: ``threads`` and ``min_blocks`` (default: :func:`launch_shape`'s
     choice), ``unroll`` (sparse postings per thread and step), ``defines`` (extra ``-D`` names:
@@ -199,6 +207,13 @@ def tiled_candidates(
     if packed and wdtype != torch.float32:
         raise ValueError("packed postings hold float32 weights")
     expected["q_shift"] = (cand_count if q_shift is None else q_shift, torch.int32)  # None: any int32, not read
+    if lists is not None:
+        if not fixed or layout.list_pos is None or wdtype == torch.uint8:
+            raise ValueError("dense terms from the lists need a fixed-point layout with list positions")
+        for name, x, dtype in zip(("doc_ids", "scores", "offsets", "lengths"), lists,
+                                  (torch.int32, torch.float32, torch.int64, torch.int32), strict=True):  # fmt: skip
+            expected[name] = (x, dtype)
+        expected["list_pos"] = (layout.list_pos, torch.int32)
     check_tensors(expected, dev)
     q_shift = expected["q_shift"][0]
     if layout.seg.numel() != n_tiles * (n_terms + 1) or layout.dense_id.numel() != n_tiles * n_terms:
@@ -216,7 +231,7 @@ def tiled_candidates(
     threads, min_blocks = launch_shape(tile_bits, acc, threads=threads, min_blocks=min_blocks)
     shared = shared_bytes(tile_bits, acc)
     build = (tile_bits, threads, unroll, min_blocks, acc, _WEIGHT_TYPES[wdtype], int_weights, fixed, tuple(defines),
-             packed, bool(select))  # fmt: skip
+             packed, bool(select), lists is not None)  # fmt: skip
     kernel = _kernel(build, device_index(dev), variant_of(SOURCE))
     if dense.numel() == 0:  # CuPy wants real memory behind every pointer
         dense = torch.zeros((1, 1 << tile_bits), dtype=wdtype, device=dev)
@@ -225,4 +240,7 @@ def tiled_candidates(
     args += [np.float32(2.0 ** (weight_bits or 0)), np.uint32(bias)]
     ints = [np.int32(t), np.int32(n_terms), np.int32(n_docs), np.int32(k), np.int32(first), np.int32(select)]
     outs = [pointer(x) for x in (theta, cand_count, cand_doc, cand_val)]
-    launch(kernel, (b, count), (threads,), (*args, *ints, *outs, np.int32(cap)), device=dev, shared_mem=shared)
+    null = np.uint64(0)
+    from_lists = [pointer(x) for x in (*lists, layout.list_pos)] if lists is not None else [null] * 5
+    tail = (np.int32(cap), *from_lists, np.int32(n_tiles))
+    launch(kernel, (b, count), (threads,), (*args, *ints, *outs, *tail), device=dev, shared_mem=shared)

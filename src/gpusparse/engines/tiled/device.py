@@ -28,6 +28,9 @@ from .waves import candidate_lows
 # Candidate slots per query kept for the final selection on the synchronisation-free path:
 # after the last compaction a row holds its k best plus the few within the margin of the k-th.
 DEVICE_WIDTH_SLACK = 1024
+# Batches of at most this many queries read the dense terms' postings from the index's lists
+# instead of the layout's dense rows (fixed-point float32 layouts; see dense_lists).
+DENSE_LISTS_MAX_BATCH = 8
 
 
 def device_search(
@@ -97,11 +100,12 @@ def _device_steps(
     cand_doc = torch.empty((b, cap), dtype=torch.int32, device=dev)
     cand_val = torch.empty((b, cap), dtype=torch.int64, device=dev)
     redo = torch.zeros(b, dtype=torch.bool, device=dev) if redo is None else redo
+    lists = dense_lists(index, layout, b)
     for first, n in plan:
         tile_candidates.tiled_candidates(
             layout, terms32, weights, q_scale, fp.delta, k=k, tiles=(first, n), select=first == 0,
             acc=acc, int_weights=int_weights, q_shift=fp.shift,
-            theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val,
+            theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val, lists=lists,
         )  # fmt: skip
         # rows whose candidates past the capacity were counted, not stored, flagged in redo
         compact_candidates(theta, count, cand_doc, cand_val, fp.delta, k, cap, overflow=redo)
@@ -119,6 +123,24 @@ def _device_steps(
     # padded results and the rows to search again (uncertain_rows's rule; more candidates than
     # the keys held), in one launch; in one buffer, which a graph copies to the host in one copy
     return finish.finish_rows(top, k, fp.delta, fp.scale, lb, floor, redo, count=count, width=width, packed=True)
+
+
+def dense_lists(
+    index: PostingLists, layout: TiledIndex, b: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The lists the kernel reads a small batch's dense terms from (``lists`` of
+    :func:`~gpusparse.kernels.tile_candidates.tiled_candidates`), or ``None`` (the dense rows).
+
+    A dense row holds a slot for every document of its tile, about three quarters of them 0 at
+    the default threshold; its list holds only the postings (8 bytes each). Rows read by many
+    queries of a batch are shared through the cache; a batch of a few queries reads each once,
+    and the rows were then most of its bytes (batch 1 at 8.8M: 247 of 267 MB). Only for a
+    fixed-point float32 layout with list positions whose lists are on the device."""
+    if b > DENSE_LISTS_MAX_BATCH or not index.lists_resident or layout.list_pos is None:
+        return None
+    if layout.weight_bits is None or layout.quantized or index.scores.dtype != torch.float32:
+        return None
+    return index.doc_ids, index.scores, index.offsets, index.lengths
 
 
 def graphed_steps(

@@ -83,6 +83,15 @@ typedef WT ST;
 #ifndef SELECT
 #define SELECT 1
 #endif
+// DENSE_LISTS (small batches, fixed-point float32 weights): a dense term's postings in the tile
+// are read from the index's own list (doc id and float32 weight, contiguous) instead of its
+// dense row (TILE slots, most of them 0): at batch 1 the rows are most of a search's bytes.
+#ifndef DENSE_LISTS
+#define DENSE_LISTS 0
+#endif
+#if DENSE_LISTS && !(ACC_MODE == 1 && FIXED_W)
+#error "DENSE_LISTS needs 32-bit sums of fixed-point products"
+#endif
 typedef long long i64;
 
 #define MAXT 256  // query terms whose metadata sits in shared memory at once
@@ -112,6 +121,7 @@ struct Terms {
     unsigned int* s_wi;    // [MAXT]
     double* s_w;           // [WMAX]
     int* warp_counts;      // [2 * warps]
+    int* d_term;           // [MAXT] (DENSE_LISTS) term of a dense row
 };
 
 #define NWARPS ((THREADS + 31) / 32)
@@ -131,10 +141,11 @@ __device__ __forceinline__ void load_terms(
     int nd = 0, ns = 0;
     for (int r0 = 0; r0 < nj; r0 += THREADS) {
         const int j = r0 + tid;
-        int did = -1, len = 0, start = 0;
+        int did = -1, len = 0, start = 0, term = -1;
         double w = 0.0;
         if (j < nj) {
             const int t = terms[j];
+            term = t;
             w = (double)qw[j] * scale;  // exact: scale is a power of two
             if (t >= 0) {
                 did = did_tile[t];
@@ -166,6 +177,7 @@ __device__ __forceinline__ void load_terms(
             od += __popc(bd & below);
             m.d_row[od] = did;
             m.d_wi[od] = wi;
+            if (DENSE_LISTS) m.d_term[od] = term;
             if (!INT_PRODUCTS) m.d_w[od] = w;
         }
         if (sparse) {
@@ -208,7 +220,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     int* __restrict__ cand_count,             // [B]
     int* __restrict__ cand_doc,               // [B, cap]
     u64* __restrict__ cand_val,               // [B, cap]
-    const int cap)
+    const int cap,
+    // DENSE_LISTS only (else unused): the index's lists and where each tile's share of a list starts
+    const int* __restrict__ l_doc,            // [padded postings] document ids, ascending in a list
+    const float* __restrict__ l_score,        // [padded postings] weights
+    const i64* __restrict__ l_off,            // [V] start of each list
+    const int* __restrict__ l_len,            // [V] real postings of each list
+    const int* __restrict__ l_pos,            // [n_tiles * V] real postings of the term in earlier tiles
+    const int n_tiles)
 {
     extern __shared__ unsigned int smem[];
     unsigned int* lo = smem;
@@ -216,14 +235,14 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     // The radix histogram of the selection, and before it the sparse phase's chunk map.
     __shared__ unsigned int hist[256];
     unsigned short* s_chunk = reinterpret_cast<unsigned short*>(hist);
-    __shared__ int d_row[MAXT], s_pref[MAXT + 1], warp_counts[2 * NWARPS];
+    __shared__ int d_row[MAXT], s_pref[MAXT + 1], warp_counts[2 * NWARPS], d_term[DENSE_LISTS ? MAXT : 1];
     __shared__ unsigned int d_wi[MAXT], s_wi[MAXT];
     __shared__ int s_start[MAXT];
     __shared__ double d_w[WMAX], s_w[WMAX];
     __shared__ u64 s_max, s_val, s_th0;
     __shared__ unsigned int s_above;
     __shared__ int s_bucket;
-    Terms meta{0, 0, d_row, d_wi, d_w, s_start, s_pref, s_wi, s_w, warp_counts};
+    Terms meta{0, 0, d_row, d_wi, d_w, s_start, s_pref, s_wi, s_w, warp_counts, d_term};
 
     const int q = blockIdx.x;
     const int tile = tile0 + blockIdx.y;  // waves of tiles: see gpusparse.engines.tiled.waves
@@ -270,7 +289,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
 #ifdef PROFILE_SKIP_DENSE  // profiling only (bench/profile_tiled.py): results are wrong
         continue;
 #endif
-        for (int d = 0; d < meta.nd; ++d) {
+        for (int d = 0; d < (DENSE_LISTS ? 0 : meta.nd); ++d) {  // DENSE_LISTS: added in 1b
             const Pack<WT, VEC>* col = reinterpret_cast<const Pack<WT, VEC>*>(dense_tile + (i64)d_row[d] * TILE);
             const double w = INT_PRODUCTS ? 0.0 : d_w[d];
             const unsigned int wi = d_wi[d];
@@ -411,6 +430,21 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
 #endif
             }
         }
+#if DENSE_LISTS
+        // The dense terms' postings in this tile, from their lists: the products the dense
+        // phase would have added (the stored fixed point is round(w * 2**b), this conversion).
+        for (int d = 0; d < meta.nd; ++d) {
+            const int t = meta.d_term[d];
+            const unsigned int wi = meta.d_wi[d];
+            const i64 at = l_off[t];
+            const int p0 = l_pos[(i64)tile * V + t];
+            const int p1 = tile + 1 < n_tiles ? l_pos[(i64)(tile + 1) * V + t] : l_len[t];
+            for (int p = p0 + tid; p < p1; p += THREADS) {
+                const u64 v = ((u64)wi * (u64)__float2uint_rn(l_score[at + p] * w_scale)) >> sh;
+                atomicAdd(&lo[l_doc[at + p] - base], (unsigned int)v);
+            }
+        }
+#endif
     }
     __syncthreads();
 
