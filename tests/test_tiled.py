@@ -283,6 +283,26 @@ def test_cuda_kernel_with_long_queries_and_long_segments(rng):
                 assert same, (k, tile_bits, dense_min, acc, fixed)
 
 
+def test_dense_terms_come_from_the_lists_for_the_smallest_batches_of_a_float32_layout(rng):
+    """dense_lists: the lists for batches of up to DENSE_LISTS_MAX_BATCH queries on a fixed-point
+    float32 layout with list positions; the dense rows otherwise (larger batches, 8-bit levels,
+    a layout without list positions)."""
+    docs = random_collection(rng, 20_000, 300, 30)
+    index = Index.build(docs)
+    layout = layout_for_search(index, 13, 0.02, "u32", True)
+    assert layout.n_dense > 0 and layout.list_pos is not None
+    most = device_mod.DENSE_LISTS_MAX_BATCH
+    assert most >= 1
+    lists = device_mod.dense_lists(index, layout, most)
+    assert lists is not None and lists[0] is index.doc_ids and lists[1] is index.scores
+    assert device_mod.dense_lists(index, layout, most + 1) is None
+    from dataclasses import replace
+
+    assert device_mod.dense_lists(index, replace(layout, list_pos=None), 1) is None
+    q8 = Index.build(docs, quantize=8)
+    assert device_mod.dense_lists(q8, layout_for_search(q8, 13, 0.02, "u32", True), 1) is None
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_small_batches_read_dense_terms_from_the_lists(rng, monkeypatch):

@@ -29,8 +29,10 @@ from .waves import candidate_lows
 # after the last compaction a row holds its k best plus the few within the margin of the k-th.
 DEVICE_WIDTH_SLACK = 1024
 # Batches of at most this many queries read the dense terms' postings from the index's lists
-# instead of the layout's dense rows (fixed-point float32 layouts; see dense_lists).
-DENSE_LISTS_MAX_BATCH = 8
+# instead of the layout's dense rows (fixed-point float32 layouts; see dense_lists). The kernel
+# alone at 8.8M on an H200: 1 query -14 %, 2 -7 %, 4 +1 %, 8 +2 %
+# (bench/results/2026-11-27-H200-launch-shape-lists-e2b7c14.json).
+DENSE_LISTS_MAX_BATCH = 2
 
 
 def device_search(
