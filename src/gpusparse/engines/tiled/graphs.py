@@ -5,7 +5,8 @@ A small batch's search is mostly the host's work (the kernel over all tiles take
 at 8.8M documents; each PyTorch call around it costs 5-15 µs of host time on an H200's host).
 A graph replays every device operation in one launch, and copies in it spare the host its own
 calls: the graph's first node copies a page-locked staging buffer (the padded terms and weights) to
-the device, and its last nodes copy the results (up to :data:`HOST_COPY_MAX_BYTES`)
+the device, and its last node copies the results (up to :data:`HOST_COPY_MAX_BYTES`; one copy where
+they lie in one buffer, as the search's do, else one each)
 into page-locked host buffers. Per batch the host writes the staging buffer, replays and records
 an event; the caller takes the results once the event has completed (:class:`HostResults`).
 
@@ -104,7 +105,7 @@ class _Slot:
     staging: torch.Tensor  # uint8, page-locked
     views: dict[str, np.ndarray]
     out_views: list[torch.Tensor]  # rewritten by each replay
-    host_out: list[torch.Tensor]  # page-locked, written by the graph's last nodes (none: results too large)
+    host_out: list[torch.Tensor]  # page-locked (views of one buffer where packed), written by the graph (none: too large)
     done: StreamEvent  # recorded after each replay
     pending: HostResults | None = None  # results in host_out not yet taken
     last: int = 0  # when it was last replayed (the entry's count)
