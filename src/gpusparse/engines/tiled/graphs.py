@@ -105,7 +105,7 @@ class _Slot:
     staging: torch.Tensor  # uint8, page-locked
     views: dict[str, np.ndarray]
     out_views: list[torch.Tensor]  # rewritten by each replay
-    host_out: list[torch.Tensor]  # page-locked (views of one buffer where packed), written by the graph (none: too large)
+    host_out: list[torch.Tensor]  # page-locked (one buffer's views where packed), graph-written (none: too large)
     done: StreamEvent  # recorded after each replay
     pending: HostResults | None = None  # results in host_out not yet taken
     last: int = 0  # when it was last replayed (the entry's count)
