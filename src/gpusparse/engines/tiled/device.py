@@ -102,12 +102,12 @@ def _device_steps(
     cand_doc = torch.empty((b, cap), dtype=torch.int32, device=dev)
     cand_val = torch.empty((b, cap), dtype=torch.int64, device=dev)
     redo = torch.zeros(b, dtype=torch.bool, device=dev) if redo is None else redo
-    lists = dense_lists(index, layout, b)
+    dense_from = dense_lists(index, layout, b)  # None: the dense rows
     for first, n in plan:
         tile_candidates.tiled_candidates(
             layout, terms32, weights, q_scale, fp.delta, k=k, tiles=(first, n), select=first == 0,
             acc=acc, int_weights=int_weights, q_shift=fp.shift,
-            theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val, lists=lists,
+            theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val, lists=dense_from,
         )  # fmt: skip
         # rows whose candidates past the capacity were counted, not stored, flagged in redo
         compact_candidates(theta, count, cand_doc, cand_val, fp.delta, k, cap, overflow=redo)
