@@ -42,7 +42,8 @@ from gpusparse import Index, SparseCollection, Vocabulary
 from gpusparse.config import override_config
 from gpusparse.engines.tiled.engine import layout_for_search, tiled_search
 from gpusparse.kernels.cupy_launch import source, variant
-from gpusparse.queries import query_batch
+from gpusparse.layout.statistics import max_scores_host
+from gpusparse.queries import prepare_queries, query_batch
 from gpusparse.synthetic import generate
 
 
@@ -105,6 +106,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("."))
     p.add_argument("--commit", default="unknown")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--quantize", type=int, default=0, help="8: an index of 8-bit impacts (queries prepared)")
     p.add_argument("--trace", action="store_true", help="write each profiled search's timeline (Chrome trace)")
     p.add_argument("--check", action="store_true", help="compare each search with the scatter kernel's")
     p.add_argument(
@@ -117,9 +119,11 @@ def main() -> None:
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     vocab = Vocabulary.bert()
     (di, dt_, dw), (qi, qt, qw) = generate(args.n, args.batch, seed=0, device=args.device)
-    index = Index.from_csr(di, dt_, dw, vocab, device=args.device)
+    index = Index.from_csr(di, dt_, dw, vocab, device=args.device, quantize=args.quantize or None)
     del di, dt_, dw
     queries = SparseCollection(qi.cpu().numpy(), qt.cpu().numpy(), qw.cpu().numpy(), vocab=vocab)
+    if args.quantize:  # 8-bit query levels, as Index.search prepares them
+        queries = prepare_queries(queries, index.vocab, index.quantization, max_scores_host(index))
     batch = query_batch(queries, index.device)
     tl = layout_for_search(index)
     if args.ncu:

@@ -370,21 +370,35 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
         }
         __syncthreads();
         // UNROLL postings per thread and step: all their loads are issued before the first
-        // atomic, so several global loads are in flight per thread.
-        for (int f0 = tid; f0 < total; f0 += UNROLL * THREADS) {
+        // atomic, so several global loads are in flight per thread. A warp takes UNROLL * WL
+        // consecutive postings a step, lane l those at l, l + WL, ... (each load coalesced
+        // across the warp); a thread keeps its current segment and its bounds in registers,
+        // so that a posting in the same segment as the thread's previous one costs a compare,
+        // and only a posting past it looks its segment up (the chunk map, then a short walk).
+        const int lane_id = tid & 31, warp_id = tid >> 5;
+        int j = 0, next = 0, first_j = 0;  // segment j holds postings [.., next); idx = first_j + f
+        double wj = 0.0;
+        unsigned int wij = 0u;
+        for (int f0 = warp_id * (UNROLL * WL) + lane_id; f0 < total; f0 += UNROLL * THREADS) {
             int idx[UNROLL];
             double wq[UNROLL];
             unsigned int wqi[UNROLL];
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
-                const int f = f0 + u * THREADS;
+                const int f = f0 + u * WL;
                 idx[u] = -1;
                 if (f < total) {
-                    int j = s_chunk[f >> cs];
-                    while (s_pref[j + 1] <= f) ++j;  // a piece is at most a few segments
-                    idx[u] = s_start[j] + (f - s_pref[j]);
-                    wq[u] = INT_PRODUCTS ? 0.0 : s_w[j];
-                    wqi[u] = s_wi[j];
+                    if (f >= next) {  // postings only grow: j is a lower bound, as is the map's
+                        j = max(j, (int)s_chunk[f >> cs]);
+                        while (s_pref[j + 1] <= f) ++j;  // a piece is at most a few segments
+                        next = s_pref[j + 1];
+                        first_j = s_start[j] - s_pref[j];
+                        if (!INT_PRODUCTS) wj = s_w[j];
+                        wij = s_wi[j];
+                    }
+                    idx[u] = first_j + f;
+                    wq[u] = wj;
+                    wqi[u] = wij;
                 }
             }
             ST wl[UNROLL];
