@@ -559,6 +559,11 @@ def test_tile_candidates_build_options() -> None:
     assert launch_shape(13, "u32") == (256, 4)
     assert launch_shape(13, "u32", threads=512, min_blocks=2) == (512, 2)
     assert launch_shape(13, "u32", threads=512)[1] == 3  # blocks per SM follow the threads given
+    # a large batch: a fifth block where shared memory has room (8K tiles, 32-bit sums), else as before
+    assert launch_shape(13, "u32", batch=256) == (256, 5)
+    assert launch_shape(13, "u32", batch=127) == (256, 4)
+    assert launch_shape(13, "carry", batch=256) == (256, 3)
+    assert launch_shape(14, "u32", batch=256) == launch_shape(14, "u32") == (512, 3)
     opts = compile_options(13, 256, 4, 4, "u32", "unsigned char", True, False, ("PROFILE_SKIP_DENSE",))
     assert opts == (
         "--std=c++17", "-DTILE_BITS=13", "-DTHREADS=256", "-DUNROLL=4", "-DMIN_BLOCKS=4", "-DACC_MODE=1",

@@ -261,6 +261,36 @@ def test_cuda_one_query_batches_are_exact(rng):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_large_batches_run_the_five_block_build_exactly(rng, monkeypatch):
+    """A batch of LARGE_BATCH queries or more runs the build with registers for five blocks an
+    SM (a few values spilled): exact against the reference on float32 (fixed point, float64
+    products) and 8-bit layouts, with several waves and a candidate capacity that overflows."""
+    require_cuda_kernels()
+    from gpusparse.kernels import tile_candidates
+
+    builds = []
+    real = tile_candidates._kernel
+    monkeypatch.setattr(tile_candidates, "_kernel", lambda build, *a: builds.append(build) or real(build, *a))
+    docs = random_collection(rng, 40_000, 800, 30)
+    queries = random_collection(rng, tile_candidates.LARGE_BATCH + 9, 800, 12, empty_fraction=0.05)
+    for quantize in (None, 8):
+        index = Index.build(docs, device="cuda", quantize=quantize)
+        for k in (10, 300):
+            ref = index.search(queries, k, kernel="reference")
+            for fixed in (True, False):
+                with override_config(fixed_point=fixed):
+                    res = index.search(queries, k, kernel="tiled", batch_size=len(queries))
+                assert torch.equal(res.ids, ref.ids) and torch.equal(res.scores, ref.scores), (quantize, k, fixed)
+    assert any(b[0] == 13 and b[3] == 5 for b in builds), "the five-block build ran"
+    monkeypatch.setattr(waves, "initial_capacity", lambda k, first_wave: 8)  # the rerun path, same build
+    index = Index.build(docs, device="cuda")
+    ref = index.search(queries, 50, kernel="reference")
+    res = index.search(queries, 50, kernel="tiled", batch_size=len(queries))
+    assert torch.equal(res.ids, ref.ids) and torch.equal(res.scores, ref.scores)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_kernel_with_long_queries_and_long_segments(rng):
     """Queries of more than one chunk of terms (the kernel's MAXT = 256), and blocks of up to
     ~10**5 sparse postings (the chunk map's coarser pieces), against the reference."""
