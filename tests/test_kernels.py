@@ -559,11 +559,12 @@ def test_tile_candidates_build_options() -> None:
     assert launch_shape(13, "u32") == (256, 4)
     assert launch_shape(13, "u32", threads=512, min_blocks=2) == (512, 2)
     assert launch_shape(13, "u32", threads=512)[1] == 3  # blocks per SM follow the threads given
-    # a large batch: a fifth block where shared memory has room (8K tiles, 32-bit sums), else as before
-    assert launch_shape(13, "u32", batch=256) == (256, 5)
-    assert launch_shape(13, "u32", batch=127) == (256, 4)
-    assert launch_shape(13, "carry", batch=256) == (256, 3)
-    assert launch_shape(14, "u32", batch=256) == launch_shape(14, "u32") == (512, 3)
+    # a large batch of 8-bit levels: a fifth block where shared memory has room (8K tiles, 32-bit sums)
+    assert launch_shape(13, "u32", batch=256, levels=True) == (256, 5)
+    assert launch_shape(13, "u32", batch=256) == (256, 4)  # float32
+    assert launch_shape(13, "u32", batch=127, levels=True) == (256, 4)
+    assert launch_shape(13, "carry", batch=256, levels=True) == (256, 3)
+    assert launch_shape(14, "u32", batch=256, levels=True) == launch_shape(14, "u32") == (512, 3)
     opts = compile_options(13, 256, 4, 4, "u32", "unsigned char", True, False, ("PROFILE_SKIP_DENSE",))
     assert opts == (
         "--std=c++17", "-DTILE_BITS=13", "-DTHREADS=256", "-DUNROLL=4", "-DMIN_BLOCKS=4", "-DACC_MODE=1",
@@ -620,6 +621,11 @@ def test_finish_rows_equals_padding_and_the_uncertainty_check(rng, floor_dtype) 
         floor = None
         if floor_dtype is not None:
             floor = torch.from_numpy(rng.choice([0.0, 0.3, 2.0, 9.0], b)).to(floor_dtype).cuda()
+        # row 0 surely certain (its match floor is far above the margin), row 1 surely not (its
+        # k-th score is below the margin and its floor 0): both outcomes, whatever the draws
+        scale[:2] = torch.tensor([2.0**30, 2.0**20], dtype=torch.float64)
+        delta[:2] = torch.tensor([1, 2**31 - 1])
+        lb[:2] = torch.tensor([1.0, 0.0], dtype=torch.float64)
         redo0 = torch.from_numpy(rng.random(b) < 0.2).cuda()
         redo = redo0.clone()
         count = torch.from_numpy(rng.integers(0, 40, b).astype(np.int32)).cuda()

@@ -262,9 +262,10 @@ def test_cuda_one_query_batches_are_exact(rng):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_large_batches_run_the_five_block_build_exactly(rng, monkeypatch):
-    """A batch of LARGE_BATCH queries or more runs the build with registers for five blocks an
-    SM (a few values spilled): exact against the reference on float32 (fixed point, float64
-    products) and 8-bit layouts, with several waves and a candidate capacity that overflows."""
+    """A batch of LARGE_BATCH queries or more on 8-bit levels runs the build with registers for
+    five blocks an SM (a few values spilled): exact against the reference, as are the float32
+    layouts' (fixed point, float64 products) at that batch; then a candidate capacity that
+    overflows."""
     require_cuda_kernels()
     from gpusparse.kernels import tile_candidates
 
@@ -281,7 +282,8 @@ def test_cuda_large_batches_run_the_five_block_build_exactly(rng, monkeypatch):
                 with override_config(fixed_point=fixed):
                     res = index.search(queries, k, kernel="tiled", batch_size=len(queries))
                 assert torch.equal(res.ids, ref.ids) and torch.equal(res.scores, ref.scores), (quantize, k, fixed)
-    assert any(b[0] == 13 and b[3] == 5 for b in builds), "the five-block build ran"
+    assert any(b[0] == 13 and b[3] == 5 and b[5] == "unsigned char" for b in builds), "the five-block build ran"
+    assert not any(b[3] == 5 and b[5] != "unsigned char" for b in builds)
     monkeypatch.setattr(waves, "initial_capacity", lambda k, first_wave: 8)  # the rerun path, same build
     index = Index.build(docs, device="cuda")
     ref = index.search(queries, 50, kernel="reference")

@@ -41,7 +41,7 @@ __all__ = ["ACC_MODES", "ACC_TOP", "SOURCE", "available", "launch_shape", "share
 
 SOURCE = "tile_candidates.cu"  # in kernels/cuda/
 UNROLL = 4  # sparse postings per thread and step (the default of tiled_candidates' unroll)
-LARGE_BATCH = 128  # launches of this many queries or more: launch_shape's fifth block
+LARGE_BATCH = 128  # launches of this many queries or more on 8-bit levels: launch_shape's fifth block
 # Accumulator modes (see the CUDA source) and the largest fixed-point value each holds: a query's
 # scale keeps its score bound at or below ``top`` (rounding adds at most n/2 units).
 ACC_MODES = {"carry": 0, "u32": 1}
@@ -55,12 +55,14 @@ def launch_shape(
     acc: str = "u32",
     *,
     batch: int | None = None,
+    levels: bool = False,
     threads: int | None = None,
     min_blocks: int | None = None,
 ) -> tuple[int, int]:
     """``(threads, min_blocks)`` for tiles of ``2**tile_bits`` documents and a launch of ``batch``
-    queries; ``threads`` and ``min_blocks`` (threads per block, resident blocks per SM the
-    registers must allow), where given, replace the choice below (profiling sweeps them).
+    queries on a layout of 8-bit ``levels`` or not; ``threads`` and ``min_blocks`` (threads per
+    block, resident blocks per SM the registers must allow), where given, replace the choice
+    below (profiling sweeps them).
 
     Measured at 8.8M x 256 on an H200 (bench/results/2026-11-26-H200-profile-tiled-8.8M-v12-shape.json):
     at 8K documents a tile, 256 threads (32 documents each in the dense phase) with room in
@@ -69,15 +71,17 @@ def launch_shape(
     most 1,024 threads); the blocks per SM are what shared memory and the SM's 2,048
     threads allow. At batch 1 (one block a tile) the default is within 3 % of the best build
     measured (kernel alone, in CUDA graphs: bench/results/2026-11-27-H200-launch-shape-graphs.json).
-    Batches of :data:`LARGE_BATCH` queries or more take a fifth block where shared memory has
-    room for it (registers for 5 blocks: a few spilled values): the kernel over all tiles at
-    8.8M x 256 was 5-11 % faster, at batches of 1 and 32 7-17 % slower
-    (bench/results/2026-11-27-H200-launch-shape-blocks-1c08add.json).
+    On 8-bit levels, batches of :data:`LARGE_BATCH` queries or more take a fifth block where
+    shared memory has room for it (registers for 5 blocks: a few spilled values): the search's
+    kernel at 8.8M x 256 was 9 % faster; at batches of 1 and 32 (all tiles in one launch) 7-17 %
+    slower, and on float32 fixed point 8-12 % slower (bench/results/2026-11-27-H200-anatomy-b256-*blocks-cf9dc72.json,
+    -launch-shape-blocks-1c08add.json).
     """
     tile = 1 << tile_bits
     threads = threads or min(tile, max(256, tile >> 5), 1024)
     fit = (227 << 10) // (shared_bytes(tile_bits, acc) + (8 << 10))  # + the static arrays
-    most = (5 if batch is not None and batch >= LARGE_BATCH else 4) if threads <= 256 else 3
+    fifth = levels and batch is not None and batch >= LARGE_BATCH
+    most = (5 if fifth else 4) if threads <= 256 else 3
     return threads, min_blocks or max(1, min(most, fit, 2048 // threads))
 
 
@@ -239,7 +243,9 @@ def tiled_candidates(
     if b == 0 or count == 0 or t == 0:
         return
     bias = kernel_bias(layout.exp_base, weight_bits) if packed else 0  # type: ignore[arg-type]
-    threads, min_blocks = launch_shape(tile_bits, acc, batch=b, threads=threads, min_blocks=min_blocks)
+    threads, min_blocks = launch_shape(
+        tile_bits, acc, batch=b, levels=wdtype == torch.uint8, threads=threads, min_blocks=min_blocks
+    )
     shared = shared_bytes(tile_bits, acc)
     build = (tile_bits, threads, unroll, min_blocks, acc, _WEIGHT_TYPES[wdtype], int_weights, fixed, tuple(defines),
              packed, bool(select), lists is not None)  # fmt: skip
