@@ -44,6 +44,7 @@ from gpusparse.kernels import tile_candidates  # noqa: E402
 from gpusparse.layout.statistics import max_scores_host  # noqa: E402
 from gpusparse.queries import prepare_queries, query_batch  # noqa: E402
 from gpusparse.synthetic import generate  # noqa: E402
+from kernels import time_events  # noqa: E402
 
 SHAPES = [(0, 0), (256, 5), (512, 3), (512, 2), (1024, 2), (1024, 1)]  # (0, 0): the launcher's default
 
@@ -90,16 +91,6 @@ def captured(fn, n: int) -> torch.cuda.CUDAGraph:
     graph.replay()
     torch.cuda.synchronize()
     return graph
-
-
-def replay_ms(graph: torch.cuda.CUDAGraph) -> float:
-    """One replay's device milliseconds (CUDA events around it)."""
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    graph.replay()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b)
 
 
 def emitted(bufs, k: int) -> list[list[tuple]]:
@@ -170,7 +161,7 @@ def main() -> None:
             times: list[list[float]] = [[] for _ in builds]
             for _ in range(args.reps):
                 for i, (_, graph, _run) in enumerate(builds):
-                    times[i].append(replay_ms(graph) / PER_GRAPH)
+                    times[i].append(time_events(graph.replay, reps=1, warmup=0)[0] / PER_GRAPH)
             for (row, _, _run), t in zip(builds, times, strict=True):
                 row["kernel_ms"] = statistics.median(t)
                 row["kernel_ms_quartiles"] = statistics.quantiles(t, n=4)
