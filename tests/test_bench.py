@@ -168,7 +168,8 @@ def test_runner_writes_the_record_schema(results_file):
     assert {r["system"] for r in ok} == {"ours-reference", "ours-tiled-q8", "spare-iterative", "cusparse-spmm"}
     assert len(ok) == 4 * 2 * 2
     for r in ok:
-        for key in ("system", "n_docs", "batch_size", "k", "ms_per_batch", "qps", "peak_mem_bytes", "exact"):
+        for key in ("system", "n_docs", "batch_size", "k", "ms_per_batch", "qps", "peak_mem_bytes", "cupy_pool_bytes",
+                    "exact"):  # fmt: skip
             assert key in r
         assert r["exact"] is True
         if r["system"] == "ours-tiled-q8":  # exact for its quantized vectors, not the float32 ones

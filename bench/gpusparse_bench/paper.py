@@ -61,6 +61,7 @@ from .runner import (
     _sync,
     compare,
     copy_rate,
+    cupy_pool_bytes,
     derived_bytes,
     environment,
     result_path,
@@ -306,14 +307,6 @@ def _part_vocab(ctx: _Ctx) -> None:
 # -- memory -------------------------------------------------------------------------------
 
 
-def _cupy_pool_bytes() -> int | None:
-    try:
-        import cupy
-    except ImportError:
-        return None
-    return int(cupy.get_default_memory_pool().total_bytes())
-
-
 def _synthetic_index(ctx: _Ctx, n_docs: int, n_queries: int, spec: SyntheticSpec | None = None):
     """``(index, docs CSR, queries)`` of a synthetic collection generated on the device."""
     spec = spec or SyntheticSpec()
@@ -375,7 +368,7 @@ def _measure_once(ctx: _Ctx, system: System, w: Workload, queries: SparseCollect
     if cuda:
         torch.cuda.synchronize(dev)
         torch.cuda.reset_peak_memory_stats(dev)
-    pool0 = _cupy_pool_bytes() if cuda else None
+    pool0 = cupy_pool_bytes() if cuda else None
     try:
         system.prepare(w)
         times, _ = time_call(
@@ -388,7 +381,7 @@ def _measure_once(ctx: _Ctx, system: System, w: Workload, queries: SparseCollect
     except Exception as e:  # a baseline failing must not stop the run
         return {"status": "error", "reason": f"{type(e).__name__}: {str(e)[:300]}"}
     ms = statistics.median(times)
-    pool1 = _cupy_pool_bytes() if cuda else None
+    pool1 = cupy_pool_bytes() if cuda else None
     return {
         "status": "ok",
         "description": system.description,

@@ -619,10 +619,21 @@ def _measure(
         "reps": len(times),
         "timing": "host clock, host to host" if cpu or device.type != "cuda" else "CUDA events, host to host",
         "peak_mem_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+        "cupy_pool_bytes": cupy_pool_bytes() if device.type == "cuda" else None,
         "exact_queries_checked": m,
         **cmp,
     }
     return rec
+
+
+def cupy_pool_bytes() -> int | None:
+    """Bytes CuPy's default memory pool holds (it keeps what it has allocated: a peak unless
+    freed), ``None`` without CuPy; beside PyTorch's peak it covers every allocator a search uses."""
+    try:
+        import cupy
+    except ImportError:
+        return None
+    return int(cupy.get_default_memory_pool().total_bytes())
 
 
 def finish_floor(rec: dict) -> None:
