@@ -132,7 +132,8 @@ def main() -> None:
         sync()
         return
     card = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
-    out = {"card": card, "commit": args.commit, "n_docs": args.n, "batch": args.batch}
+    out = {"card": card, "commit": args.commit, "command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"),
+           "n_docs": args.n, "batch": args.batch}  # fmt: skip
     out["layout"] = {
         "tile_bits": tl.tile_bits,
         "dense_rows": tl.dense.shape[0],
