@@ -315,6 +315,61 @@ def test_cuda_kernel_with_long_queries_and_long_segments(rng):
                 assert same, (k, tile_bits, dense_min, acc, fixed)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_dense_rows_of_levels_two_at_a_time(rng):
+    """The 8-bit layout's dense phase takes two rows at a time (the kernel's PAIRS: 16-bit
+    weights times levels by __dp2a) where every dense weight of the block is at most 16 bits
+    after its common power of two, and the registers' loop otherwise: integer query weights
+    that are small (pairs), odd above 2**16 (registers), a block of more than 128 dense rows
+    (pairs' table full: registers), more terms than MAXT (registers); odd and even dense rows
+    a block, tiles of 16 and 32 documents a thread, a partial last tile. Exact against the
+    float64 reference every time."""
+    require_cuda_kernels()
+    from gpusparse.engines.tiled.fixed_point import integer_weights
+
+    docs = random_collection(rng, 20_000, 300, 40, quantized=True)  # multiples of 1/8: no loss at 8 bits
+    index = Index.build(docs, device="cuda", quantize=8)
+
+    def rows(n: int, n_terms: int, high: int, first: int = 0) -> sp.csr_matrix:
+        m = sp.lil_matrix((n, 300), dtype=np.float32)
+        for r in range(n):
+            m[r, rng.choice(np.arange(1, 300), size=n_terms, replace=False)] = rng.integers(1, high, size=n_terms)
+            if first:
+                m[r, 0] = first
+        return m.tocsr()
+
+    small = sp.vstack([rows(4, 7, 256), rows(4, 6, 256)])  # levels: the pairs
+    wide = rows(4, 7, 1 << 20, first=65537)  # term 0 odd and above 16 bits: the registers
+    many = rows(2, 250, 200)  # > 128 dense rows in a tile at the threshold below
+    over = rows(1, 290, 200)  # more terms than MAXT = 256
+    queries = SparseCollection.from_scipy(sp.vstack([small, wide, many, over]).tocsr())
+    scores = dense_scores(docs, queries)
+    batch = query_batch(queries, index.device)
+    for tile_bits, dense_min in ((13, 0.001), (13, 0.05), (12, 0.02), (14, 0.001)):
+        layout = layout_for_search(index, tile_bits, dense_min, "u32", False)
+        assert layout.quantized
+        ids = layout.dense_id.view(layout.n_tiles, -1).cpu().numpy() >= 0
+        terms = [queries.to_scipy()[r].indices for r in range(len(queries))]
+        nd = np.array([[int(ids[t][q].sum()) for t in range(layout.n_tiles)] for q in terms])
+        assert (nd[:8] % 2 == 1).any() and (nd[:8] % 2 == 0).any() and (nd[:8] > 0).any()
+        if dense_min == 0.001:
+            assert (nd[12:14] > 128).any()  # the pairs' table holds 64 pairs
+        for k in (10, 500):
+            fp = fixed_point(index, batch, "u32")
+            assert integer_weights(layout, batch, fp, "u32")  # the kernel's integer products
+            s, i = tiled_search(index, batch, k, tile_bits=tile_bits, dense_min=dense_min, acc="u32").resolved()
+            ref_s, ref_i = reference_topk(scores, k)
+            np.testing.assert_array_equal(i.cpu().numpy(), ref_i, err_msg=str((tile_bits, dense_min, k)))
+            np.testing.assert_array_equal(s.cpu().numpy(), ref_s, err_msg=str((tile_bits, dense_min, k)))
+        if dense_min == 0.001:  # term 0 dense in every tile: the wide rows' blocks take the registers
+            assert ids[:, 0].all()
+            w = (batch.host_arrays()[1][8:12] * (fp.scale.cpu().numpy()[8:12] * layout.step)[:, None]).astype(np.int64)
+            for r in w:
+                r = r[r > 0]
+                assert (r // np.bitwise_and(r, -r).min()).max() > 0xFFFF
+
+
 def test_dense_terms_come_from_the_lists_for_the_smallest_batches_of_a_float32_layout(rng):
     """dense_lists: the lists for batches of up to DENSE_LISTS_MAX_BATCH queries on a fixed-point
     float32 layout with list positions; the dense rows otherwise (larger batches, 8-bit levels,
