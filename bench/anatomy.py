@@ -142,7 +142,8 @@ def main() -> None:
     }
     out["work"] = block_work(tl, batch)
     print(json.dumps(out["layout"]), json.dumps(out["work"]), flush=True)
-    sources = [("current", None)] + [(Path(b).name, Path(b)) for b in args.baseline]
+    # labelled by folder and name: two baselines of one source come from two folders
+    sources = [("current", None)] + [(f"{Path(b).parent.name}/{Path(b).name}", Path(b)) for b in args.baseline]
     for path in [p for _, p in sources if p is not None]:
         source(path.name)  # refuses a name that is not a kernel source of the package
     for label, path in sources:

@@ -559,12 +559,19 @@ def test_tile_candidates_build_options() -> None:
     assert launch_shape(13, "u32") == (256, 4)
     assert launch_shape(13, "u32", threads=512, min_blocks=2) == (512, 2)
     assert launch_shape(13, "u32", threads=512)[1] == 3  # blocks per SM follow the threads given
-    # a large batch of 8-bit levels: a fifth block where shared memory has room (8K tiles, 32-bit sums)
-    assert launch_shape(13, "u32", batch=256, levels=True) == (256, 5)
-    assert launch_shape(13, "u32", batch=256) == (256, 4)  # float32
-    assert launch_shape(13, "u32", batch=127, levels=True) == (256, 4)
-    assert launch_shape(13, "carry", batch=256, levels=True) == (256, 3)
-    assert launch_shape(14, "u32", batch=256, levels=True) == launch_shape(14, "u32") == (512, 3)
+    # a large batch of 8-bit levels: a fifth block where shared memory has room (8K tiles, 32-bit sums),
+    # a sixth for queries of at most SHORT_WIDTH terms (the build's MAXT is then 128)
+    from gpusparse.kernels.tile_candidates import SHORT_WIDTH, block_shared_bytes
+
+    assert launch_shape(13, "u32", batch=256, levels=True) == (256, 5)  # width not given
+    assert launch_shape(13, "u32", batch=256, levels=True, width=SHORT_WIDTH + 1) == (256, 5)
+    assert launch_shape(13, "u32", batch=256, levels=True, width=SHORT_WIDTH) == (256, 6)
+    assert launch_shape(13, "u32", batch=256, width=40) == (256, 4)  # float32
+    assert launch_shape(13, "u32", batch=127, levels=True, width=40) == (256, 4)
+    assert launch_shape(13, "carry", batch=256, levels=True, width=40) == (256, 3)
+    assert launch_shape(14, "u32", batch=256, levels=True, width=40) == launch_shape(14, "u32") == (512, 3)
+    # six blocks of 8K tiles fit an SM's 228 KB only with the smaller static arrays
+    assert 6 * block_shared_bytes(13, "u32", 6) <= 228 << 10 < 6 * block_shared_bytes(13, "u32", 5)
     opts = compile_options(13, 256, 4, 4, "u32", "unsigned char", True, False, ("PROFILE_SKIP_DENSE",))
     assert opts == (
         "--std=c++17", "-DTILE_BITS=13", "-DTHREADS=256", "-DUNROLL=4", "-DMIN_BLOCKS=4", "-DACC_MODE=1",

@@ -261,11 +261,11 @@ def test_cuda_one_query_batches_are_exact(rng):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_large_batches_run_the_five_block_build_exactly(rng, monkeypatch):
+def test_cuda_large_batches_run_the_five_and_six_block_builds_exactly(rng, monkeypatch):
     """A batch of LARGE_BATCH queries or more on 8-bit levels runs the build with registers for
-    five blocks an SM (a few values spilled): exact against the reference, as are the float32
-    layouts' (fixed point, float64 products) at that batch; then a candidate capacity that
-    overflows."""
+    six blocks an SM (queries of at most SHORT_WIDTH terms) or five (a longer query in the
+    batch): exact against the reference, as are the float32 layouts' (fixed point, float64
+    products) at that batch; then a candidate capacity that overflows."""
     require_cuda_kernels()
     from gpusparse.kernels import tile_candidates
 
@@ -273,21 +273,27 @@ def test_cuda_large_batches_run_the_five_block_build_exactly(rng, monkeypatch):
     real = tile_candidates._kernel
     monkeypatch.setattr(tile_candidates, "_kernel", lambda build, *a: builds.append(build) or real(build, *a))
     docs = random_collection(rng, 40_000, 800, 30)
-    queries = random_collection(rng, tile_candidates.LARGE_BATCH + 9, 800, 12, empty_fraction=0.05)
-    for quantize in (None, 8):
-        index = Index.build(docs, device="cuda", quantize=quantize)
-        for k in (10, 300):
-            ref = index.search(queries, k, kernel="reference")
-            for fixed in (True, False):
-                with override_config(fixed_point=fixed):
-                    res = index.search(queries, k, kernel="tiled", batch_size=len(queries))
-                assert torch.equal(res.ids, ref.ids) and torch.equal(res.scores, ref.scores), (quantize, k, fixed)
-    assert any(b[0] == 13 and b[3] == 5 and b[5] == "unsigned char" for b in builds), "the five-block build ran"
-    assert not any(b[3] == 5 and b[5] != "unsigned char" for b in builds)
+    short = random_collection(rng, tile_candidates.LARGE_BATCH + 9, 800, 12, empty_fraction=0.05)
+    long_q = random_collection(rng, 1, 800, 3 * tile_candidates.SHORT_WIDTH)
+    assert int(np.diff(long_q.indptr).max()) > tile_candidates.SHORT_WIDTH
+    mixed = SparseCollection.from_scipy(sp.vstack([short.to_scipy(), long_q.to_scipy()]))
+    for queries in (short, mixed):
+        for quantize in (None, 8):
+            index = Index.build(docs, device="cuda", quantize=quantize)
+            for k in (10, 300):
+                ref = index.search(queries, k, kernel="reference")
+                for fixed in (True, False):
+                    with override_config(fixed_point=fixed):
+                        res = index.search(queries, k, kernel="tiled", batch_size=len(queries))
+                    same = torch.equal(res.ids, ref.ids) and torch.equal(res.scores, ref.scores)
+                    assert same, (len(queries), quantize, k, fixed)
+    for blocks in (5, 6):
+        assert any(b[0] == 13 and b[3] == blocks and b[5] == "unsigned char" for b in builds), f"{blocks} blocks ran"
+    assert not any(b[3] >= 5 and b[5] != "unsigned char" for b in builds)
     monkeypatch.setattr(waves, "initial_capacity", lambda k, first_wave: 8)  # the rerun path, same build
     index = Index.build(docs, device="cuda")
-    ref = index.search(queries, 50, kernel="reference")
-    res = index.search(queries, 50, kernel="tiled", batch_size=len(queries))
+    ref = index.search(short, 50, kernel="reference")
+    res = index.search(short, 50, kernel="tiled", batch_size=len(short))
     assert torch.equal(res.ids, ref.ids) and torch.equal(res.scores, ref.scores)
 
 
@@ -327,8 +333,9 @@ def test_cuda_dense_rows_of_levels_two_at_a_time(rng):
     float64 reference every time."""
     require_cuda_kernels()
     from gpusparse.engines.tiled.fixed_point import integer_weights
+    from gpusparse.quantize import quantize_collection
 
-    docs = random_collection(rng, 20_000, 300, 40, quantized=True)  # multiples of 1/8: no loss at 8 bits
+    docs, _ = quantize_collection(random_collection(rng, 20_000, 300, 40), 8)  # what the index holds
     index = Index.build(docs, device="cuda", quantize=8)
 
     def rows(n: int, n_terms: int, high: int, first: int = 0) -> sp.csr_matrix:
@@ -343,9 +350,12 @@ def test_cuda_dense_rows_of_levels_two_at_a_time(rng):
     wide = rows(4, 7, 1 << 20, first=65537)  # term 0 odd and above 16 bits: the registers
     many = rows(2, 250, 200)  # > 128 dense rows in a tile at the threshold below
     over = rows(1, 290, 200)  # more terms than MAXT = 256
-    queries = SparseCollection.from_scipy(sp.vstack([small, wide, many, over]).tocsr())
+    # T, a batch's padded width, above MAXT sends all its blocks to the registers: a batch of its own
+    queries = SparseCollection.from_scipy(sp.vstack([small, wide, many]).tocsr())
+    alone = SparseCollection.from_scipy(over)
     scores = dense_scores(docs, queries)
     batch = query_batch(queries, index.device)
+    assert batch.padded_terms.shape[1] <= 256
     for tile_bits, dense_min in ((13, 0.001), (13, 0.05), (12, 0.02), (14, 0.001)):
         layout = layout_for_search(index, tile_bits, dense_min, "u32", False)
         assert layout.quantized
@@ -362,6 +372,11 @@ def test_cuda_dense_rows_of_levels_two_at_a_time(rng):
             ref_s, ref_i = reference_topk(scores, k)
             np.testing.assert_array_equal(i.cpu().numpy(), ref_i, err_msg=str((tile_bits, dense_min, k)))
             np.testing.assert_array_equal(s.cpu().numpy(), ref_s, err_msg=str((tile_bits, dense_min, k)))
+            s, i = tiled_search(index, query_batch(alone, index.device), k, tile_bits=tile_bits, dense_min=dense_min,
+                                acc="u32").resolved()  # fmt: skip
+            ref_s, ref_i = reference_topk(dense_scores(docs, alone), k)
+            np.testing.assert_array_equal(i.cpu().numpy(), ref_i)
+            np.testing.assert_array_equal(s.cpu().numpy(), ref_s)
         if dense_min == 0.001:  # term 0 dense in every tile: the wide rows' blocks take the registers
             assert ids[:, 0].all()
             w = (batch.host_arrays()[1][8:12] * (fp.scale.cpu().numpy()[8:12] * layout.step)[:, None]).astype(np.int64)

@@ -37,11 +37,22 @@ from .cupy_launch import available, check_tensors, device_index, launch, load_ke
 if TYPE_CHECKING:
     from ..layout.tiled import TiledIndex
 
-__all__ = ["ACC_MODES", "ACC_TOP", "SOURCE", "available", "launch_shape", "shared_bytes", "tiled_candidates"]
+__all__ = [
+    "ACC_MODES",
+    "ACC_TOP",
+    "SOURCE",
+    "available",
+    "block_shared_bytes",
+    "launch_shape",
+    "shared_bytes",
+    "tiled_candidates",
+]
 
 SOURCE = "tile_candidates.cu"  # in kernels/cuda/
 UNROLL = 4  # sparse postings per thread and step (the default of tiled_candidates' unroll)
 LARGE_BATCH = 128  # launches of this many queries or more on 8-bit levels: launch_shape's fifth block
+SHORT_WIDTH = 128  # ... of queries of at most this many terms: a sixth (the build's MAXT is 128)
+_SM_SHARED = 228 << 10  # shared memory of an SM (H100, H200) for its resident blocks
 # Accumulator modes (see the CUDA source) and the largest fixed-point value each holds: a query's
 # scale keeps its score bound at or below ``top`` (rounding adds at most n/2 units).
 ACC_MODES = {"carry": 0, "u32": 1}
@@ -56,13 +67,14 @@ def launch_shape(
     *,
     batch: int | None = None,
     levels: bool = False,
+    width: int | None = None,
     threads: int | None = None,
     min_blocks: int | None = None,
 ) -> tuple[int, int]:
     """``(threads, min_blocks)`` for tiles of ``2**tile_bits`` documents and a launch of ``batch``
-    queries on a layout of 8-bit ``levels`` or not; ``threads`` and ``min_blocks`` (threads per
-    block, resident blocks per SM the registers must allow), where given, replace the choice
-    below (profiling sweeps them).
+    queries of ``width`` terms (padded) on a layout of 8-bit ``levels`` or not; ``threads`` and
+    ``min_blocks`` (threads per block, resident blocks per SM the registers must allow), where
+    given, replace the choice below (profiling sweeps them).
 
     Measured at 8.8M x 256 on an H200 (bench/results/2026-11-26-H200-profile-tiled-8.8M-v12-shape.json):
     at 8K documents a tile, 256 threads (32 documents each in the dense phase) with room in
@@ -75,14 +87,28 @@ def launch_shape(
     shared memory has room for it (registers for 5 blocks: a few spilled values): the search's
     kernel at 8.8M x 256 was 9 % faster; at batches of 1 and 32 (all tiles in one launch) 7-17 %
     slower, and on float32 fixed point 8-12 % slower (bench/results/2026-11-27-H200-anatomy-b256-*blocks-cf9dc72.json,
-    -launch-shape-blocks-1c08add.json).
+    -launch-shape-blocks-1c08add.json). With the 8-bit dense phase two rows at a time (fewer
+    registers), such a launch of queries of at most :data:`SHORT_WIDTH` terms takes a sixth
+    block (a build whose static shared memory holds 128 terms' metadata at once, not 256).
     """
     tile = 1 << tile_bits
     threads = threads or min(tile, max(256, tile >> 5), 1024)
-    fit = (227 << 10) // (shared_bytes(tile_bits, acc) + (8 << 10))  # + the static arrays
-    fifth = levels and batch is not None and batch >= LARGE_BATCH
-    most = (5 if fifth else 4) if threads <= 256 else 3
-    return threads, min_blocks or max(1, min(most, fit, 2048 // threads))
+    large = levels and batch is not None and batch >= LARGE_BATCH
+    short = width is not None and width <= SHORT_WIDTH
+    most = (6 if large and short else 5 if large else 4) if threads <= 256 else 3
+    blocks = min_blocks or max(1, min(most, 2048 // threads))
+    while blocks > 1 and blocks * block_shared_bytes(tile_bits, acc, blocks) > _SM_SHARED:
+        blocks -= 1
+    return threads, min_blocks or blocks
+
+
+def block_shared_bytes(tile_bits: int, acc: str, min_blocks: int) -> int:
+    """Shared memory one block holds on an SM, a bound: the tile's accumulators, the build's
+    static arrays (at most 24 bytes a query term of its MAXT, which is 128 for builds of six
+    blocks or more, else 256, plus ~1.1 KB; ptxas: 6,240 and 3,680 bytes for the 8-bit builds)
+    and the 1 KB the device reserves for each block."""
+    maxt = 128 if min_blocks >= 6 else 256
+    return shared_bytes(tile_bits, acc) + 24 * maxt + 1152 + 1024
 
 
 def shared_bytes(tile_bits: int, acc: str) -> int:
@@ -244,7 +270,7 @@ def tiled_candidates(
         return
     bias = kernel_bias(layout.exp_base, weight_bits) if packed else 0  # type: ignore[arg-type]
     threads, min_blocks = launch_shape(
-        tile_bits, acc, batch=b, levels=wdtype == torch.uint8, threads=threads, min_blocks=min_blocks
+        tile_bits, acc, batch=b, levels=wdtype == torch.uint8, width=t, threads=threads, min_blocks=min_blocks
     )
     shared = shared_bytes(tile_bits, acc)
     build = (tile_bits, threads, unroll, min_blocks, acc, _WEIGHT_TYPES[wdtype], int_weights, fixed, tuple(defines),

@@ -94,14 +94,22 @@ typedef WT ST;
 #endif
 typedef long long i64;
 // PAIRS: the dense phase of 8-bit levels (integer products, 32-bit sums) takes two dense rows
-// at a time: each thread loads 16 documents' bytes of each row in one vector load, interleaves
-// the two rows' bytes (__byte_perm) and multiplies both rows for two documents by one
-// __dp2a (16-bit weights x 8-bit levels, 32-bit sum): ~0.9 instructions a slot instead of
-// ~2.6 (a byte extraction and a multiply-add each). Needs 16 documents a thread at least.
-#define PAIRS (ACC_MODE == 1 && INT_W && !FIXED_W && !DENSE_LISTS && TILE / THREADS >= 16)
+// at a time: each thread loads 8 documents' bytes of each row in one vector load, interleaves
+// the two rows' bytes (__byte_perm) and multiplies both rows for two documents by one __dp2a
+// (16-bit weights x 8-bit levels, 32-bit sums): ~1.5 instructions a slot instead of ~2.6, and 8
+// sums in registers instead of 32. The phase waits on its loads, so the instructions alone did
+// not make it faster (measured); the registers freed let a sixth block reside (MIN_BLOCKS 6),
+// which the loop over 32 sums in registers could not afford (it spilled, 31 % slower).
+#define PAIRS (ACC_MODE == 1 && INT_W && !FIXED_W && !DENSE_LISTS && TILE / THREADS >= 8)
 
-#ifndef MAXT  // profiling builds may set it (a smaller one frees shared memory)
-#define MAXT 256  // query terms whose metadata sits in shared memory at once
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 2
+#endif
+// Query terms whose metadata sits in shared memory at once: 256, or 128 in a build for six
+// resident blocks (their static shared memory then fits beside six tiles of sums; the launcher
+// picks that build only for batches of queries of at most 128 terms).
+#ifndef MAXT
+#define MAXT (MIN_BLOCKS >= 6 ? 128 : 256)
 #endif
 #ifndef UNROLL
 #define UNROLL 4
@@ -203,46 +211,59 @@ __device__ __forceinline__ void load_terms(
 
 #if PAIRS
 // The dense phase of 8-bit levels, two rows at a time (see PAIRS): writes the tile's sums of
-// its dense rows into acc (thread t: documents [16 (g · THREADS + t), + 16) for each g).
-// pairs[p] = (row 2p, row 2p + 1 (row 2p again, weight 0, for an odd last one): offsets in
-// uint4 from dense_tile; both weights, 16 bits each); sums are shifted left by sh at the end.
+// its dense rows into acc (thread t: documents [8 (g · THREADS + t), + 8) for each g).
+// pairs[p] = (row 2p, row 2p + 1 or -1 (an odd last row): offsets in 8-byte words from
+// dense_tile; both weights, 16 bits each); sums are shifted left by sh at the end. Four pairs'
+// loads are issued before the first of them is used: the phase waits on its loads, and eight
+// documents a step keep the registers in flight within the kernel's budget.
+#define PAIRS_AHEAD 4
 __device__ __forceinline__ void dense_pairs(const WT* __restrict__ dense_tile, int np, const int4* pairs, int sh, unsigned int* acc)
 {
-    const uint4* rows = reinterpret_cast<const uint4*>(dense_tile);
+    const uint2* rows = reinterpret_cast<const uint2*>(dense_tile);
     const int tid = threadIdx.x;
 #pragma unroll 1
-    for (int g = 0; g < TILE / THREADS / 16; ++g) {
-        unsigned int sum[16];
+    for (int g = 0; g < TILE / THREADS / 8; ++g) {
+        unsigned int sum[8];
 #pragma unroll
-        for (int v = 0; v < 16; ++v) sum[v] = 0u;
-        const int at = g * THREADS + tid;  // in uint4 of a row
-#pragma unroll 2
-        for (int p = 0; p < np; ++p) {
-            const int4 e = pairs[p];
-            const uint4 a = __ldg(rows + (i64)e.x + at), b = __ldg(rows + (i64)e.y + at);
-            const unsigned int w = (unsigned int)e.z;
-            const unsigned int av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+        for (int v = 0; v < 8; ++v) sum[v] = 0u;
+        const int at = g * THREADS + tid;  // in 8-byte words of a row
+#pragma unroll 1
+        for (int p0 = 0; p0 < np; p0 += PAIRS_AHEAD) {
+            uint2 a[PAIRS_AHEAD], b[PAIRS_AHEAD];
+            unsigned int w[PAIRS_AHEAD];
 #pragma unroll
-            for (int v = 0; v < 4; ++v) {
-                // bytes (row a, row b) of documents 4v, 4v + 1, then of 4v + 2, 4v + 3
-                const unsigned int p01 = __byte_perm(av[v], bv[v], 0x5140), p23 = __byte_perm(av[v], bv[v], 0x7362);
-                sum[4 * v + 0] = __dp2a_lo(w, p01, sum[4 * v + 0]);
-                sum[4 * v + 1] = __dp2a_hi(w, p01, sum[4 * v + 1]);
-                sum[4 * v + 2] = __dp2a_lo(w, p23, sum[4 * v + 2]);
-                sum[4 * v + 3] = __dp2a_hi(w, p23, sum[4 * v + 3]);
+            for (int u = 0; u < PAIRS_AHEAD; ++u) {
+                a[u] = b[u] = make_uint2(0u, 0u);
+                w[u] = 0u;
+                if (p0 + u < np) {
+                    const int4 e = pairs[p0 + u];
+                    a[u] = __ldg(rows + (i64)e.x + at);
+                    if (e.y >= 0) b[u] = __ldg(rows + (i64)e.y + at);
+                    w[u] = (unsigned int)e.z;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < PAIRS_AHEAD; ++u) {
+                const unsigned int av[2] = {a[u].x, a[u].y}, bv[2] = {b[u].x, b[u].y};
+#pragma unroll
+                for (int v = 0; v < 2; ++v) {
+                    // bytes (row a, row b) of documents 4v, 4v + 1, then of 4v + 2, 4v + 3
+                    const unsigned int p01 = __byte_perm(av[v], bv[v], 0x5140), p23 = __byte_perm(av[v], bv[v], 0x7362);
+                    sum[4 * v + 0] = __dp2a_lo(w[u], p01, sum[4 * v + 0]);
+                    sum[4 * v + 1] = __dp2a_hi(w[u], p01, sum[4 * v + 1]);
+                    sum[4 * v + 2] = __dp2a_lo(w[u], p23, sum[4 * v + 2]);
+                    sum[4 * v + 3] = __dp2a_hi(w[u], p23, sum[4 * v + 3]);
+                }
             }
         }
-        uint4* out = reinterpret_cast<uint4*>(acc) + 4 * at;
+        uint4* out = reinterpret_cast<uint4*>(acc) + 2 * at;
 #pragma unroll
-        for (int v = 0; v < 4; ++v)
+        for (int v = 0; v < 2; ++v)
             out[v] = make_uint4(sum[4 * v] << sh, sum[4 * v + 1] << sh, sum[4 * v + 2] << sh, sum[4 * v + 3] << sh);
     }
 }
 #endif
 
-#ifndef MIN_BLOCKS
-#define MIN_BLOCKS 2
-#endif
 // Sparse postings are assigned to segments through a map of NCHUNK equal pieces (each piece's
 // first segment, found by binary search once per block), so a thread's search for its
 // posting's segment starts next to it.
@@ -397,9 +418,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
             int4* pairs = reinterpret_cast<int4*>(hist);
             for (int p = tid; p < np; p += THREADS) {
                 const int d = 2 * p, two = d + 1 < nd;
-                const int r1 = d_row[two ? d + 1 : d];
                 const unsigned int w = (d_wi[d] >> s) | (two ? (d_wi[d + 1] >> s) << 16 : 0u);
-                pairs[p] = make_int4(d_row[d] * (TILE / 16), r1 * (TILE / 16), (int)w, 0);
+                pairs[p] = make_int4(d_row[d] * (TILE / 8), two ? d_row[d + 1] * (TILE / 8) : -1, (int)w, 0);
             }
             __syncthreads();
             dense_pairs(dense_tile, np, pairs, s, lo);
