@@ -37,6 +37,7 @@ from gpusparse.queries import query_batch
 from gpusparse.synthetic import generate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_peaks import gpu_memory
 from kernels import time_events  # bench/kernels.py: one timing helper for both scripts
 
 
@@ -229,6 +230,7 @@ def main() -> None:
         "git_commit": args.commit,
         "command": "python bench/profile_tiled.py " + " ".join(sys.argv[1:]),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "gpu_memory": gpu_memory(),  # over every allocator, at the end (bench/gpu_peaks.py)
     }
     path.write_text(json.dumps({"env": env, "results": rows}, indent=2))
     print(f"wrote {path}")
