@@ -565,12 +565,15 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     }
     __syncthreads();
 
-    // 2. The tile's largest score.
     const int lane = tid & 31;
+#if ACC_MODE == 1 && VEC == 4
+    const uint4* lo4 = reinterpret_cast<const uint4*>(lo);
+#endif
+#if SELECT
+    // 2. The tile's largest score.
 #if ACC_MODE == 1 && VEC == 4
     // 32-bit sums: each thread reads back the groups of four it wrote, one vector load each
     // (past `width` the sums are 0: no posting or dense weight lies there).
-    const uint4* lo4 = reinterpret_cast<const uint4*>(lo);
     unsigned int m32 = 0u;
 #pragma unroll
     for (int g = 0; g < PER / 4; ++g) {
@@ -677,6 +680,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     }
     __syncthreads();
     const u64 th = s_val;
+#else
+    // A wave without the blocks' own selection (SELECT=0): no block of the launch raises theta
+    // (the compaction between waves does), so the value read at the block's start is the
+    // bound, and the emission pass below tests every sum against it: no pass for the tile's
+    // largest sum, and no second read of theta, each with a barrier.
+    const u64 th = s_th0;
+#endif
     const u64 d = (u64)q_delta[q] + (th >> 22);  // + one float32 ulp: ties after rounding
     const u64 thr = th > d ? max(th - d, 1ull) : 1ull;
 #if ACC_MODE == 1 && VEC == 4
