@@ -193,7 +193,8 @@ def tiled_candidates(
     ``cand_doc`` int32 and ``cand_val`` int64 ``[B, cap]`` (written). ``tiles = (first, count)``
     restricts the launch to a range of tiles (default: all). ``select=False`` skips each
     block's own k-th selection and relies on ``theta`` alone (for waves after the first); it is
-    a build of its own, without the selection's code.
+    a build of its own, without the selection's code, whose blocks read ``theta`` once, at
+    their start (no block of such a launch raises it).
     ``acc`` is the accumulator mode (:data:`ACC_MODES`); the caller's scales must keep every
     sum within its :data:`ACC_TOP`. ``int_weights`` (with "u32" only): every
     ``q_weights · q_scale`` is an integer (checked by the caller), so the kernel multiplies
