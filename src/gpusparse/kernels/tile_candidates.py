@@ -89,7 +89,10 @@ def launch_shape(
     slower, and on float32 fixed point 8-12 % slower (bench/results/2026-11-27-H200-anatomy-b256-*blocks-cf9dc72.json,
     -launch-shape-blocks-1c08add.json). With the 8-bit dense phase two rows at a time (fewer
     registers), such a launch of queries of at most :data:`SHORT_WIDTH` terms takes a sixth
-    block (a build whose static shared memory holds 128 terms' metadata at once, not 256).
+    block (a build whose static shared memory holds 128 terms' metadata at once, not 256):
+    the search's kernel at 8.8M x 256 was 2-4 % faster than the five-block build, and the old
+    dense loop with six blocks 31 % slower (it spills;
+    bench/results/2026-11-27-H100-anatomy-b256-q8-six-blocks-8c3192c.json, -pairs-variants.json).
     """
     tile = 1 << tile_bits
     threads = threads or min(tile, max(256, tile >> 5), 1024)
