@@ -100,7 +100,7 @@ def main() -> None:
     p.add_argument("--unroll", type=int, nargs="+", default=[4])
     p.add_argument("--min-blocks", type=int, nargs="+", default=[0], help="0 = the launcher's choice")
     p.add_argument("--dense-min", type=float, nargs="+", default=[0.25], help="0 = all sparse")
-    p.add_argument("--acc", nargs="+", default=["carry", "split", "u32"], help="accumulator modes")
+    p.add_argument("--acc", nargs="+", default=["carry", "u32"], help="accumulator modes (ACC_MODES)")
     p.add_argument("--quantize", type=int, nargs="+", default=[0], help="0 = float32 weights, 8 = 8-bit impacts")
     p.add_argument("--fixed", type=int, nargs="+", default=[0], help="1 = fixed-point float32 weights (u32 only)")
     p.add_argument(
