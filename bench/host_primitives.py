@@ -16,10 +16,10 @@ import numpy as np
 import torch
 
 
-def host_us(fn, reps: int = 2000, sync: bool = False) -> float:
-    """Median host µs of ``fn()`` over ``reps`` calls after a warm-up, the device synchronised after
-    each call (outside the timing; inside it with ``sync``: host to host)."""
-    for _ in range(20):
+def host_us(fn, reps: int = 2000, sync: bool = False, warmup: int = 20) -> float:
+    """Median host µs of ``fn()`` over ``reps`` calls after ``warmup`` calls, the device synchronised
+    after each call (outside the timing; inside it with ``sync``: host to host)."""
+    for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     times = []

@@ -38,6 +38,7 @@ from gpusparse.synthetic import generate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_peaks import gpu_memory
+from host_primitives import host_us
 from kernels import time_events  # bench/kernels.py: one timing helper for both scripts
 
 
@@ -47,17 +48,8 @@ def events(fn, reps: int = 10, warmup: int = 2) -> float:
 
 
 def wall(fn, reps: int = 10, warmup: int = 2) -> float:
-    """Median milliseconds of ``fn`` including host work."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        out.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(out)
+    """Median milliseconds of ``fn`` including host work (host to host, synchronised)."""
+    return host_us(fn, reps, sync=True, warmup=warmup) / 1e3
 
 
 def run_kernel(tl, batch, terms32, fp, k, bufs, acc, **build) -> None:
