@@ -113,13 +113,24 @@ def oracle_thetas(results, steps: np.ndarray, step: float, k: int) -> np.ndarray
     return theta.astype(np.int32)
 
 
-def check_exact(layout, bt, csr, v, thetas: dict, qmax_engine: np.ndarray, sampled: list[int], dev, **launch) -> dict:
-    """Exactness of both kernels against an int64 scatter-add over the whole collection."""
+def check_exact(
+    layout,
+    bt,
+    csr,
+    v,
+    thetas: dict,
+    qmax_engine: np.ndarray,
+    sampled: list[int],
+    dev,
+    variants=("flat", "warp"),
+    **launch,
+) -> dict:
+    """Exactness of the kernels (``variants``) against an int64 scatter-add over the whole collection."""
     import shared_batch_cuda as cuda
 
     ref = ops.reference_scores(*csr, bt, v, queries=sampled)
     report = {"sampled_queries": sampled}
-    for variant in ("flat", "warp"):
+    for variant in variants:
         out = cuda.Outputs.allocate(bt.n_queries, 1, dev)
         cuda.run(variant, layout, bt, torch.zeros(bt.n_queries, dtype=torch.int32, device=dev), out, emit=False,
                  **launch)  # fmt: skip
@@ -187,6 +198,16 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1024)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--no-engine", action="store_true", help="skip the engine's search (oracle from the reference)")
+    p.add_argument(
+        "--sparse-only",
+        type=float,
+        default=None,
+        metavar="DENSE_MIN",
+        help="drop the postings the tiled layout (8K tiles) keeps in dense rows at this dense_min: "
+        "the chunks hold what a kernel with a tensor-core dense part adds one at a time (the "
+        "engine still runs on the whole collection, for its timing; the oracle is the reference)",
+    )
+    p.add_argument("--variants", nargs="+", default=["flat", "warp"], choices=["flat", "warp"])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--commit", default="unknown")
     args = p.parse_args()
@@ -214,6 +235,8 @@ def main() -> None:
     res["batch_pairs"], res["batch_terms"] = bt.n_pairs, int(bt.qptr.numel() - 1)
     print(f"batch: {bt.n_pairs} (query, term) pairs over {res['batch_terms']} terms", flush=True)
     if dev.type == "cpu":
+        if args.sparse_only is not None:
+            csr, res["sparse_only"] = ops.sparse_only(*csr, v, dense_min=args.sparse_only)
         for chunk in args.chunk:
             layout = _layout(res, csr, v, chunk, dev)
             _statistics(res["layouts"][-1], layout, bt, args.threads * 4)
@@ -242,7 +265,15 @@ def main() -> None:
         res["gpu_memory_with_engine"] = gpu_memory(dev)
         del index, results
         torch.cuda.empty_cache()
-    else:
+    if args.sparse_only is not None:
+        csr, res["sparse_only"] = ops.sparse_only(li, lt, ll, v, dense_min=args.sparse_only)
+        li, lt, ll = csr
+        print("sparse only:", json.dumps(res["sparse_only"]), flush=True)
+    if args.no_engine or args.sparse_only is not None:
+        res["theta"] = (
+            "oracle: the exact k-th score of each query from the reference (int64 scatter-add over "
+            "the chunks' postings); kernel timings: accumulation + emission at the final threshold"
+        )
         ref = ops.reference_scores(li, lt, ll, bt, v)
         thetas = {k: ops.oracle_theta(ref, k).to(torch.int32).cpu().numpy() for k in args.ks}
         qmax_engine = ref.max(1).values.to(torch.int32).cpu().numpy()
@@ -259,12 +290,14 @@ def main() -> None:
         info["items"] = items
         info["smem_bytes"] = cuda.smem_bytes(args.batch, chunk, args.threads, items, bt.n_pairs)
         _statistics(info, layout, bt, args.threads * items)
-        info["exact"] = check_exact(layout, bt, csr, v, thetas, qmax_engine, sampled, dev, threads=args.threads)
+        info["exact"] = check_exact(
+            layout, bt, csr, v, thetas, qmax_engine, sampled, dev, threads=args.threads, variants=args.variants
+        )
         print(f"chunk {chunk}: exact", json.dumps(info["exact"]), flush=True)
         torch.cuda.synchronize(dev)
         torch.cuda.reset_peak_memory_stats(dev)
         info["gpu_memory_before_kernels"] = gpu_memory(dev)  # its peak: since this point
-        res["rows"] += time_kernels(layout, bt, thetas, args.reps, args.threads, max(args.ks) * 4 + 1024)
+        res["rows"] += time_kernels(layout, bt, thetas, args.reps, args.threads, max(args.ks) * 4 + 1024, args.variants)
         info["gpu_memory_kernels"] = gpu_memory(dev)
         del layout
         torch.cuda.empty_cache()
@@ -272,7 +305,7 @@ def main() -> None:
     _write(args, res)
 
 
-def time_kernels(layout, bt, thetas: dict, reps: int, threads: int, cap: int) -> list[dict]:
+def time_kernels(layout, bt, thetas: dict, reps: int, threads: int, cap: int, variants=("flat", "warp")) -> list[dict]:
     """CUDA-event milliseconds (median of ``reps`` after warm-up) of each kernel: accumulate only
     (per-query maxima, no emission), and with emission at each oracle theta."""
     import shared_batch_cuda as cuda
@@ -281,7 +314,7 @@ def time_kernels(layout, bt, thetas: dict, reps: int, threads: int, cap: int) ->
     out = cuda.Outputs.allocate(bt.n_queries, cap, dev)
     zeros = torch.zeros(bt.n_queries, dtype=torch.int32, device=dev)
     rows = []
-    for variant in ("flat", "warp"):
+    for variant in variants:
         ms = _events_ms(lambda variant=variant: cuda.run(variant, layout, bt, zeros, out, emit=False, threads=threads),
                         reps)  # fmt: skip
         rows.append({"what": f"kernel {variant}", "chunk": layout.chunk, "k": None, "emit": False,

@@ -149,6 +149,48 @@ def chunk_layout(
     return ChunkLayout(post, bounds, n, chunk, n_terms)
 
 
+def sparse_only(
+    indptr: torch.Tensor,
+    terms: torch.Tensor,
+    level: torch.Tensor,
+    n_terms: int,
+    tile_bits: int = 13,
+    dense_min: float = 0.12,
+) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], dict]:
+    """The CSR without the postings the tiled layout keeps in dense rows: those of a (tile, term)
+    with at least ``max(1, int(dense_min · 2**tile_bits))`` postings in the tile's ``2**tile_bits``
+    documents (``build_tiled``'s rule), i.e. what a kernel whose dense part runs on tensor cores
+    would still add one posting at a time. ``(indptr, terms, level)`` (same dtypes) and counts."""
+    dev = terms.device
+    indptr = indptr.to(torch.int64)
+    n = indptr.numel() - 1
+    tile = 1 << tile_bits
+    need = max(1, int(dense_min * tile))
+    bounds = indptr[torch.clamp(torch.arange(0, n + tile, tile, device=dev), max=n)].cpu().numpy()
+    kept_t, kept_l, per_doc = [], [], []
+    dense_rows = 0
+    for t in range(len(bounds) - 1):
+        lo, hi = int(bounds[t]), int(bounds[t + 1])
+        d0, d1 = t * tile, min(n, (t + 1) * tile)
+        if d0 >= d1:
+            break
+        tt = terms[lo:hi].to(torch.int64)
+        dense = torch.bincount(tt, minlength=n_terms) >= need
+        dense_rows += int(dense.sum())
+        keep = ~dense[tt]
+        docs = torch.repeat_interleave(torch.arange(d1 - d0, device=dev), torch.diff(indptr[d0 : d1 + 1]))
+        per_doc.append(torch.zeros(d1 - d0, dtype=torch.int64, device=dev).index_add_(0, docs, keep.to(torch.int64)))
+        kept_t.append(terms[lo:hi][keep])
+        kept_l.append(level[lo:hi][keep])
+    out_ptr = torch.zeros(n + 1, dtype=torch.int64, device=dev)
+    if per_doc:
+        out_ptr[1:] = torch.cumsum(torch.cat(per_doc), 0)
+    empty_t, empty_l = terms[:0], level[:0]
+    out = (out_ptr, torch.cat(kept_t) if kept_t else empty_t, torch.cat(kept_l) if kept_l else empty_l)
+    return out, {"postings": int(indptr[-1]), "sparse_postings": int(out_ptr[-1]), "dense_rows": dense_rows,
+                 "tile_bits": tile_bits, "dense_min": dense_min}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class BatchTerms:
     """The batch as term → query lists (see the module docstring for the packing)."""

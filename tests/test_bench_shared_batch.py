@@ -111,6 +111,33 @@ def test_layout_packs_every_posting_sorted(rng):
         assert got == want
 
 
+@pytest.mark.parametrize(("n", "tile_bits", "dense_min"), [(333, 4, 0.25), (100, 3, 0.0), (64, 6, 0.5)])
+def test_sparse_only_drops_exactly_the_dense_rows_postings(rng, n, tile_bits, dense_min):
+    """bench/shared_batch.py --sparse-only: a posting goes iff its (tile, term) holds at least
+    max(1, int(dense_min * 2**tile_bits)) postings (build_tiled's dense rule); the rest keep
+    their documents, order and levels."""
+    v = 40
+    d_csr = _random_levels(rng, n, v, 9, empty=0.1)
+    (oi, ot, ol), info = ops.sparse_only(*d_csr, v, tile_bits=tile_bits, dense_min=dense_min)
+    di, dt, dl = (x.numpy() for x in d_csr)
+    tile, need = 1 << tile_bits, max(1, int(dense_min * (1 << tile_bits)))
+    want_ptr, want_t, want_l, rows = [0], [], [], 0
+    for t0 in range(0, n, tile):
+        lo, hi = di[t0], di[min(n, t0 + tile)]
+        counts = np.bincount(dt[lo:hi], minlength=v)
+        rows += int((counts >= need).sum())
+        for d in range(t0, min(n, t0 + tile)):
+            keep = [p for p in range(di[d], di[d + 1]) if counts[dt[p]] < need]
+            want_t += [dt[p] for p in keep]
+            want_l += [dl[p] for p in keep]
+            want_ptr.append(want_ptr[-1] + len(keep))
+    assert oi.tolist() == want_ptr and ot.tolist() == want_t and ol.tolist() == want_l
+    assert ot.dtype == d_csr[1].dtype and ol.dtype == d_csr[2].dtype
+    assert info["dense_rows"] == rows and info["sparse_postings"] == len(want_t) and info["postings"] == len(dt)
+    if dense_min == 0.0:  # every present (tile, term) is a row: nothing stays
+        assert len(want_t) == 0
+
+
 def test_levels_rank_as_the_8bit_index():
     """The prototype's integers are the 8-bit index's float32 scores over the two steps: the same
     ranking (scores equal to their product with the steps, bit for bit)."""
