@@ -211,77 +211,55 @@ __device__ __forceinline__ void load_terms(
 
 #if PAIRS
 // The dense phase of 8-bit levels, two rows at a time (see PAIRS): writes the tile's sums of
-// its dense rows into acc (thread t: documents [8 (g · THREADS + t), + 8) for each group g).
+// its dense rows into acc (thread t: documents [8 (g · THREADS + t), + 8) for each g).
 // pairs[p] = (row 2p, row 2p + 1 or -1 (an odd last row): offsets in 8-byte words from
-// dense_tile; both weights, 16 bits each); sums are shifted left by sh at the end. The phase
-// waits on its loads: the (group, pair) items are taken PAIRS_AHEAD at a time across the
-// groups' boundaries, all their loads issued before the first is used, so a step is never
-// left part empty at the end of a group (a tile of ~6 dense rows, 3 pairs, took 4 steps for
-// its 4 groups of 8 documents a thread, where 3 steps of 4 items hold the same 12 items).
+// dense_tile; both weights, 16 bits each); sums are shifted left by sh at the end. Four pairs'
+// loads are issued before the first of them is used: the phase waits on its loads, and eight
+// documents a step keep the registers in flight within the kernel's budget.
 #define PAIRS_AHEAD 4
 __device__ __forceinline__ void dense_pairs(const WT* __restrict__ dense_tile, int np, const int4* pairs, int sh, unsigned int* acc)
 {
     const uint2* rows = reinterpret_cast<const uint2*>(dense_tile);
     const int tid = threadIdx.x;
-    constexpr int G = TILE / THREADS / 8;  // groups of 8 documents a thread
-    unsigned int sum[8];
-#pragma unroll
-    for (int v = 0; v < 8; ++v) sum[v] = 0u;
-    if (np == 0) {  // no dense row: the sums are 0
 #pragma unroll 1
-        for (int g = 0; g < G; ++g) {
-            uint4* out = reinterpret_cast<uint4*>(acc) + 2 * (g * THREADS + tid);
-            out[0] = out[1] = make_uint4(0u, 0u, 0u, 0u);
-        }
-        return;
-    }
-    const int total = G * np;
-    int gl = 0, pl = 0;    // group and pair of the next item to load
-    int gs = 0, left = np;  // group being summed, and its items still to add
-#pragma unroll 1
-    for (int i0 = 0; i0 < total; i0 += PAIRS_AHEAD) {
-        uint2 a[PAIRS_AHEAD], b[PAIRS_AHEAD];
-        unsigned int w[PAIRS_AHEAD];
+    for (int g = 0; g < TILE / THREADS / 8; ++g) {
+        unsigned int sum[8];
 #pragma unroll
-        for (int u = 0; u < PAIRS_AHEAD; ++u) {
-            a[u] = b[u] = make_uint2(0u, 0u);
-            w[u] = 0u;
-            if (i0 + u < total) {
-                const int4 e = pairs[pl];
-                const int at = gl * THREADS + tid;  // in 8-byte words of a row
-                a[u] = __ldg(rows + (i64)e.x + at);
-                if (e.y >= 0) b[u] = __ldg(rows + (i64)e.y + at);
-                w[u] = (unsigned int)e.z;
-                if (++pl == np) {
-                    pl = 0;
-                    ++gl;
+        for (int v = 0; v < 8; ++v) sum[v] = 0u;
+        const int at = g * THREADS + tid;  // in 8-byte words of a row
+#pragma unroll 1
+        for (int p0 = 0; p0 < np; p0 += PAIRS_AHEAD) {
+            uint2 a[PAIRS_AHEAD], b[PAIRS_AHEAD];
+            unsigned int w[PAIRS_AHEAD];
+#pragma unroll
+            for (int u = 0; u < PAIRS_AHEAD; ++u) {
+                a[u] = b[u] = make_uint2(0u, 0u);
+                w[u] = 0u;
+                if (p0 + u < np) {
+                    const int4 e = pairs[p0 + u];
+                    a[u] = __ldg(rows + (i64)e.x + at);
+                    if (e.y >= 0) b[u] = __ldg(rows + (i64)e.y + at);
+                    w[u] = (unsigned int)e.z;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < PAIRS_AHEAD; ++u) {
+                const unsigned int av[2] = {a[u].x, a[u].y}, bv[2] = {b[u].x, b[u].y};
+#pragma unroll
+                for (int v = 0; v < 2; ++v) {
+                    // bytes (row a, row b) of documents 4v, 4v + 1, then of 4v + 2, 4v + 3
+                    const unsigned int p01 = __byte_perm(av[v], bv[v], 0x5140), p23 = __byte_perm(av[v], bv[v], 0x7362);
+                    sum[4 * v + 0] = __dp2a_lo(w[u], p01, sum[4 * v + 0]);
+                    sum[4 * v + 1] = __dp2a_hi(w[u], p01, sum[4 * v + 1]);
+                    sum[4 * v + 2] = __dp2a_lo(w[u], p23, sum[4 * v + 2]);
+                    sum[4 * v + 3] = __dp2a_hi(w[u], p23, sum[4 * v + 3]);
                 }
             }
         }
+        uint4* out = reinterpret_cast<uint4*>(acc) + 2 * at;
 #pragma unroll
-        for (int u = 0; u < PAIRS_AHEAD; ++u) {
-            if (i0 + u >= total) break;
-            const unsigned int av[2] = {a[u].x, a[u].y}, bv[2] = {b[u].x, b[u].y};
-#pragma unroll
-            for (int v = 0; v < 2; ++v) {
-                // bytes (row a, row b) of documents 4v, 4v + 1, then of 4v + 2, 4v + 3
-                const unsigned int p01 = __byte_perm(av[v], bv[v], 0x5140), p23 = __byte_perm(av[v], bv[v], 0x7362);
-                sum[4 * v + 0] = __dp2a_lo(w[u], p01, sum[4 * v + 0]);
-                sum[4 * v + 1] = __dp2a_hi(w[u], p01, sum[4 * v + 1]);
-                sum[4 * v + 2] = __dp2a_lo(w[u], p23, sum[4 * v + 2]);
-                sum[4 * v + 3] = __dp2a_hi(w[u], p23, sum[4 * v + 3]);
-            }
-            if (--left == 0) {  // group gs complete
-                uint4* out = reinterpret_cast<uint4*>(acc) + 2 * (gs * THREADS + tid);
-#pragma unroll
-                for (int v = 0; v < 2; ++v)
-                    out[v] = make_uint4(sum[4 * v] << sh, sum[4 * v + 1] << sh, sum[4 * v + 2] << sh, sum[4 * v + 3] << sh);
-#pragma unroll
-                for (int v = 0; v < 8; ++v) sum[v] = 0u;
-                ++gs;
-                left = np;
-            }
-        }
+        for (int v = 0; v < 2; ++v)
+            out[v] = make_uint4(sum[4 * v] << sh, sum[4 * v + 1] << sh, sum[4 * v + 2] << sh, sum[4 * v + 3] << sh);
     }
 }
 #endif
