@@ -307,7 +307,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     __shared__ unsigned int d_wi[MAXT], s_wi[MAXT];
     __shared__ int s_start[MAXT];
     __shared__ double d_w[WMAX], s_w[WMAX];
-    __shared__ u64 s_max, s_val, s_th0, s_delta;
+    __shared__ u64 s_max, s_val, s_th0;
     __shared__ unsigned int s_above;
     __shared__ int s_bucket;
     Terms meta{0, 0, d_row, d_wi, d_w, s_start, s_pref, s_wi, s_w, warp_counts, d_term};
@@ -324,7 +324,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     if (tid == 0) {
         s_max = 0ull;
         s_th0 = __ldcg(&theta[q]);
-        s_delta = (u64)q_delta[q];  // read now too: at the emission it would be a round trip in the block's path
     }
     const double scale = q_scale[q];
     const int sh = FIXED_W ? q_shift[q] : 0;
@@ -596,7 +595,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     // (common once earlier waves have set theta): skip the selection passes.
     {
         const u64 th0 = s_th0;
-        const u64 d0 = s_delta + (th0 >> 22);
+        const u64 d0 = (u64)q_delta[q] + (th0 >> 22);
         if (th0 > d0 && vmax < th0 - d0) return;
     }
 
@@ -688,7 +687,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     // largest sum, and no second read of theta, each with a barrier.
     const u64 th = s_th0;
 #endif
-    const u64 d = s_delta + (th >> 22);  // + one float32 ulp: ties after rounding
+    const u64 d = (u64)q_delta[q] + (th >> 22);  // + one float32 ulp: ties after rounding
     const u64 thr = th > d ? max(th - d, 1ull) : 1ull;
 #if ACC_MODE == 1 && VEC == 4
     // Few documents pass: a warp tests 128 of them per step (one vector load a thread), a thread's
