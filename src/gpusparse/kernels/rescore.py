@@ -209,9 +209,9 @@ def candidate_keys_cuda(
     fwd = [pointer(x) for x in forward] if forward is not None else [null] * 3
     table = forward is not None and v <= TABLE_MAX_TERMS and t < 256
     shared = -(-v // 16) * 16 if table else 0
-    # Blocks per row: a warp per 32 slots of the width (a lane a slot; a row holds ~k candidates
-    # of its 2k + 1024 slots), at most 16 blocks; rows beyond the grid's 65,535 loop.
-    grid = (max(1, min(16, -(-w // (32 * (THREADS // 32))))), min(b, 65535))
+    # Blocks per row: about one warp per 16 slots of the width (a row holds ~k candidates
+    # of its 2k + 1024 slots), at most 16; rows beyond the grid's 65,535 loop.
+    grid = (max(1, min(16, -(-w // (16 * (THREADS // 32))))), min(b, 65535))
     args = (*index_args, np.int32(t), *tiles, *cands, *rest, *fwd, np.int32(table), *t_args, pointer(keys))
     launch(kernel, grid, (THREADS,), args, device=dev, shared_mem=shared)
     return keys

@@ -210,9 +210,9 @@ __device__ __forceinline__ float canonical_tiled(
 // Rescoring reads the forward index where given (fwd_off non-null), else the tiled layout
 // where given (t_seg non-null: canonical_tiled), else binary-searches the inverted lists; with `use_table` (dynamic shared memory of V bytes, T < 256) each block
 // first writes its row's term-to-column table. Blocks (x, row): the warps of a row's
-// gridDim.x blocks take its occupied slots (the first count[r]) 32 at a time, a lane a slot,
-// and rescore the slots that need it together; the rest of the row's W slots are zeroed by
-// all threads, so a row costs its candidates, not W warps.
+// gridDim.x blocks take its occupied slots (the first count[r]) in turn, a warp per slot;
+// the rest of the row's W slots are zeroed by all threads, so a row costs its candidates,
+// not W warps.
 // Blocks of 256 threads resident per SM that the registers must allow: 5 leaves the 48
 // registers it needs; 6 and 7 (more warps in flight for its chains of dependent loads) spill
 // and measured slower (0.196 and 0.227 against 0.188 ms, bench/results/2026-11-26-H200-anatomy-v17.log),
@@ -256,16 +256,9 @@ extern "C" __global__ void __launch_bounds__(256, KEYS_MIN_BLOCKS) candidate_key
         const i64 n = count != nullptr ? min((i64)max(count[r], 0), W) : W;  // slots that may hold candidates
         for (i64 j = n + (i64)blockIdx.x * blockDim.x + threadIdx.x; j < W; j += (i64)gridDim.x * blockDim.x)
             keys[r * W + j] = 0;
-        // A warp takes 32 slots at a time, a lane each: most keys are read off the fixed-point
-        // sum (the margin leaves one float32 value), and only those that are not are rescored,
-        // by the whole warp, one after the other. (A warp per slot spent a warp's chain of
-        // loads on every candidate: 0.19 ms for a batch of 256 at top-1000.)
-        const int lane = threadIdx.x & 31;
-        for (i64 j0 = ((i64)blockIdx.x * warps + (threadIdx.x >> 5)) * 32; j0 < n; j0 += stride * 32) {  // warp-uniform
-            const i64 j = j0 + lane;
-            const i64 d = j < n ? (i64)cand_doc[r * ld + j] : -1;
+        for (i64 j = (i64)blockIdx.x * warps + (threadIdx.x >> 5); j < n; j += stride) {  // warp-uniform
+            const i64 d = cand_doc[r * ld + j];
             i64 key = 0;
-            bool rescore = false;
             if (d >= 0) {
                 const double v = (double)cand_val[r * ld + j];
                 const double margin = __dadd_rn((double)q_delta[r], __dmul_rn(v, 0x1p-50));
@@ -279,23 +272,21 @@ extern "C" __global__ void __launch_bounds__(256, KEYS_MIN_BLOCKS) candidate_key
                 const float low = __double2float_rn(pow2 ? __dmul_rn(lo_v, inv) : __ddiv_rn(lo_v, scale));
                 const float high = __double2float_rn(pow2 ? __dmul_rn(hi_v, inv) : __ddiv_rn(hi_v, scale));
                 if (floor == nullptr || high >= floor[r]) {  // else it cannot reach the top-k: not rescored
-                    rescore = low != high;
-                    key = ((i64)__float_as_int(low) << 31) | (((i64)1 << 31) - 1 - d);
+                    float s = low;
+                    if (low != high)
+                        s = fwd_off != nullptr
+                            ? canonical_fwd(fwd_off, fwd_terms, fwd_w, q_terms + r * T, q_weights + r * T, T, (int)d,
+                                            table)
+                            : t_seg != nullptr
+                            ? canonical_tiled(t_seg, t_tile_start, t_offs, t_dense_id, t_dense_start, t_wf, t_df, t_wq,
+                                              t_dq, t_step, t_low, t_bias, tile_bits, V, q_terms + r * T,
+                                              q_weights + r * T, T, (int)d)
+                            : canonical(doc_ids, scores, offsets, lengths, q_terms + r * T, q_weights + r * T, T,
+                                        (int)d, list_pos, tile_bits, V, n_tiles);
+                    key = ((i64)__float_as_int(s) << 31) | (((i64)1 << 31) - 1 - d);
                 }
             }
-            for (unsigned int todo = __ballot_sync(0xffffffffu, rescore); todo != 0u; todo &= todo - 1u) {
-                const int src = __ffs(todo) - 1;
-                const int dv = __shfl_sync(0xffffffffu, (int)d, src);
-                const float s = fwd_off != nullptr
-                    ? canonical_fwd(fwd_off, fwd_terms, fwd_w, q_terms + r * T, q_weights + r * T, T, dv, table)
-                    : t_seg != nullptr
-                    ? canonical_tiled(t_seg, t_tile_start, t_offs, t_dense_id, t_dense_start, t_wf, t_df, t_wq, t_dq,
-                                      t_step, t_low, t_bias, tile_bits, V, q_terms + r * T, q_weights + r * T, T, dv)
-                    : canonical(doc_ids, scores, offsets, lengths, q_terms + r * T, q_weights + r * T, T, dv, list_pos,
-                                tile_bits, V, n_tiles);
-                if (lane == src) key = ((i64)__float_as_int(s) << 31) | (((i64)1 << 31) - 1 - d);
-            }
-            if (j < n) keys[r * W + j] = key;
+            if ((threadIdx.x & 31) == 0) keys[r * W + j] = key;
         }
     }
 }
