@@ -137,6 +137,48 @@ def test_tiled_layout_stores_levels_and_stays_exact(rng, acc, device, quantized_
         np.testing.assert_array_equal(s.cpu().numpy(), ref_s)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_integer_sums_that_tie_after_float32_rounding_are_kept(device, monkeypatch):
+    """8-bit levels times prepared queries' levels are exact integers, and the margin is 0 then
+    (fixed_point.exact_margin): what keeps the documents whose float32 score ties the k-th one is
+    the emission's float32 ulp alone. Here a query of 300 terms puts the sums between 2**24 and
+    2**25, where float32 holds every other integer: documents i and i + 1 (sums n + i, n + i + 1)
+    tie in pairs after rounding, and the k-th falls inside a pair, whose lower document id wins.
+    Several waves, each compacted (so candidates are dropped at the running k-th's threshold)."""
+    from gpusparse.engines.tiled import waves
+
+    monkeypatch.setattr(waves, "SINGLE_WAVE_MAX_CANDIDATES", 0)
+    monkeypatch.setattr(waves, "FINAL_COMPACTION_MIN_BATCH", 0)
+    v, n_docs, u = 320, 200, 2.0**-8
+    rows = []
+    for i in range(1, n_docs + 1):  # term 0 at level i, terms 1..299 at level 255
+        rows.append({0: i * u, **{t: 255 * u for t in range(1, 300)}})
+    order = list(np.random.default_rng(5).permutation(n_docs))  # ids unrelated to the sums
+    docs = sp.lil_matrix((n_docs, v), dtype=np.float32)
+    for doc, r in zip(order, rows, strict=True):
+        for t, w in r.items():
+            docs[doc, t] = w
+    docs = SparseCollection.from_scipy(docs.tocsr())
+    q = sp.lil_matrix((1, v), dtype=np.float32)
+    q[0, 0] = u
+    for t in range(1, 300):
+        q[0, t] = 255 * u
+    queries = SparseCollection.from_scipy(q.tocsr())
+    index = Index.build(docs, device=device, quantize=8)
+    assert index.quantization.step == u
+    scores = dense_scores(docs, queries)  # float64 products of exact levels, rounded to float32
+    batch = query_batch(quantize_queries(queries, 8), index.device)
+    fp = fixed_point(index, batch, "u32")
+    assert integer_weights(tiled_layout(index, 5, 0.05), batch, fp, "u32")
+    for k in (1, 2, 51, 52, 120, 200):
+        ref_s, ref_i = reference_topk(scores, k)
+        assert len(set(ref_s[0].tolist())) < k or k <= 2  # ties after rounding at this k
+        emulated = device == "cpu"
+        s, i = tiled_search(index, batch, k, tile_bits=5, dense_min=0.05, acc="u32", emulated=emulated).resolved()
+        np.testing.assert_array_equal(i.cpu().numpy(), ref_i, err_msg=str(k))
+        np.testing.assert_array_equal(s.cpu().numpy(), ref_s, err_msg=str(k))
+
+
 def index_matrix(index: Index):
     """The index's documents as a scipy CSR matrix (from its own arrays)."""
     from gpusparse.verify import documents_from_index_arrays

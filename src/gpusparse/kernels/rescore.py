@@ -106,6 +106,7 @@ def candidate_keys_cuda(
     floor: torch.Tensor | None = None,
     forward: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
     tiled: TiledIndex | None = None,
+    lanes: bool = False,
 ) -> torch.Tensor:
     """int64 ranking keys ``[B, width]`` of the tiled engine's candidates (see ``cuda/rescore.cu``).
 
@@ -120,7 +121,9 @@ def candidate_keys_cuda(
     the inverted lists (same bits, far fewer memory sectors); ``tiled`` (optional, without
     ``forward`` or ``list_pos``): the tiled layout, which rescoring then reads
     (``canonical_tiled``: its float32 weights, packed or not, or 8-bit levels), and the four index arrays may
-    be ``None``. All contiguous on one CUDA device.
+    be ``None``; ``lanes``: a lane a slot, for margins of 0 (exact integer products, where nearly no
+    key needs rescoring; with a margin most do, and a warp a slot spreads them over more warps).
+    All contiguous on one CUDA device.
     """
     dev = cand_doc.device
     b, ld = cand_doc.shape
@@ -210,8 +213,11 @@ def candidate_keys_cuda(
     table = forward is not None and v <= TABLE_MAX_TERMS and t < 256
     shared = -(-v // 16) * 16 if table else 0
     # Blocks per row: about one warp per 16 slots of the width (a row holds ~k candidates
-    # of its 2k + 1024 slots), at most 16; rows beyond the grid's 65,535 loop.
-    grid = (max(1, min(16, -(-w // (16 * (THREADS // 32))))), min(b, 65535))
-    args = (*index_args, np.int32(t), *tiles, *cands, *rest, *fwd, np.int32(table), *t_args, pointer(keys))
+    # of its 2k + 1024 slots; with ``lanes``, per 32: one pass of its lanes), at most 16; rows
+    # beyond the grid's 65,535 loop.
+    per_warp = 32 if lanes else 16
+    grid = (max(1, min(16, -(-w // (per_warp * (THREADS // 32))))), min(b, 65535))
+    args = (*index_args, np.int32(t), *tiles, *cands, *rest, *fwd, np.int32(table), np.int32(lanes), *t_args,
+            pointer(keys))  # fmt: skip
     launch(kernel, grid, (THREADS,), args, device=dev, shared_mem=shared)
     return keys

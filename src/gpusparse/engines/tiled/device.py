@@ -119,7 +119,7 @@ def _device_steps(
     keys = rescore.candidate_keys_cuda(
         *lists, terms, weights, cand_doc, cand_val,
         fp.delta, fp.scale, width=width, count=count, list_pos=layout.list_pos if tiled is None else None,
-        tile_bits=layout.tile_bits, floor=floor, forward=layout.forward, tiled=tiled,
+        tile_bits=layout.tile_bits, floor=floor, forward=layout.forward, tiled=tiled, lanes=int_weights,
     )  # fmt: skip
     top = top_keys(keys, k, count) if width else None
     # padded results and the rows to search again (uncertain_rows's rule; more candidates than

@@ -32,7 +32,7 @@ from ..base import DEFAULT_MEMORY_BUDGET, POSTING_BYTES, BatchResult, SearchPlan
 from ..reference import reference_search
 from .device import device_search, graphed_steps
 from .emulation import torch_tiled_candidates
-from .fixed_point import choose_acc, fixed_point, integer_weights, out_of_range
+from .fixed_point import choose_acc, exact_margin, fixed_point, integer_weights, out_of_range
 from .graphs import query_width
 from .layout_fallback import layout_reference_search
 from .ranking import rank_candidates
@@ -204,6 +204,8 @@ def tiled_search(
         fp = fixed_point(index, batch, acc)
     dev = index.device
     int_w = integer_weights(layout, batch, fp, acc)
+    if int_w:  # exact integer products: no margin
+        fp = exact_margin(fp)
     on_gpu = dev.type == "cuda" and cupy_launch.available() and not emulated
     n_sm = _sm_count(cupy_launch.device_index(dev)) if on_gpu else 1
     if on_gpu and not general:

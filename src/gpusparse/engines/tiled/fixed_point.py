@@ -10,7 +10,7 @@ them (see :func:`fixed_point` for the bound).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -227,12 +227,25 @@ def fixed_point_device(
     ``redo`` (bool ``[B]``) flags the rows :func:`fixed_point_host` would refuse, and, with
     ``step`` (the 8-bit layout's, where the kernel multiplies integers), the rows whose weights
     are not integers at that scale (:func:`integer_weights`'s check, per row): the general path
-    searches them."""
+    searches them. With ``step``, the margin is 0 (:func:`exact_margin`)."""
     p = query_params(
         terms, weights, max_scores_on(index, terms.device), top_bits=int(math.log2(ACC_TOP[acc])),
         min_w=min_weight(index), max_w=max_score(index), weight_bits=weight_bits, step=step, max_delta=FIXED_MAX_DELTA,
     )  # fmt: skip
     return FixedPoint(p["scale"], p["delta"], p.get("mult"), p.get("shift")), p["lb"], p["redo"]
+
+
+def exact_margin(fp: FixedPoint) -> FixedPoint:
+    """``fp`` with a margin of 0, for a batch whose products the kernel multiplies as integers
+    (:func:`integer_weights`: 8-bit levels times prepared queries' weights, "u32").
+
+    Every product ``w_q · w_d`` is then an integer number of units (``1 / scale``): ``w_q · scale ·
+    step`` is an integer and ``w_d`` a level times ``step``. Every partial sum stays below the score
+    bound, at most ``2**31`` units, so the kernel's 32-bit sums are the scores times the scale
+    exactly, and so is the canonical float64 sum (float64 holds integers to ``2**53``): a candidate's
+    float32 score is its sum over the scale, rounded once. What stays is the emission's float32 ulp
+    (``theta >> 22``), which keeps the documents that tie the k-th score after rounding."""
+    return replace(fp, delta=torch.zeros_like(fp.delta))
 
 
 def kernel_scale(layout: TiledIndex, fp: FixedPoint) -> torch.Tensor:

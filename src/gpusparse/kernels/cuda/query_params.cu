@@ -85,7 +85,9 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32) query_params(
     }
     if (lane != 0) return;
     scale_out[q] = scale;
-    delta_out[q] = bad ? (i64)0 : (i64)delta;
+    // Integer products (step > 0, the row not flagged): every product and partial sum is exact, in
+    // the kernel as in the canonical float64 sum, so the margin is 0 (fixed_point.exact_margin).
+    delta_out[q] = bad || step > 0.0 ? (i64)0 : (i64)delta;
     lb_out[q] = lb;
     redo[q] = bad;
 }

@@ -200,6 +200,24 @@ __device__ __forceinline__ float canonical_tiled(
     return (float)acc;
 }
 
+// The float32 scores a candidate's fixed-point sum v may stand for: (low, high), the sum less and
+// plus its margin (q_delta + v * 2**-50) over the scale, each rounded to float32; the same float64
+// operations as gpusparse.engines.tiled.ranking.rank_candidates's PyTorch path, each rounded on its
+// own (no contraction), so both give the same bits.
+__device__ __forceinline__ float2 score_range(const i64 val, const i64 delta, const double scale)
+{
+    const double v = (double)val;
+    const double margin = __dadd_rn((double)delta, __dmul_rn(v, 0x1p-50));
+    const double inv = 1.0 / scale;
+    // A power of two (the fixed-point scales are) whose reciprocal is one too:
+    // x * inv is then the same real number as x / scale, rounded the same way.
+    const long long bits = __double_as_longlong(scale), ex = (bits >> 52) & 0x7FF;
+    const bool pow2 = (bits & 0xFFFFFFFFFFFFFLL) == 0 && ex != 0 && ex != 0x7FF && inv != 0.0 && !isinf(inv);
+    const double lo_v = fmax(__dsub_rn(v, margin), 0.0), hi_v = __dadd_rn(v, margin);
+    return make_float2(__double2float_rn(pow2 ? __dmul_rn(lo_v, inv) : __ddiv_rn(lo_v, scale)),
+                       __double2float_rn(pow2 ? __dmul_rn(hi_v, inv) : __ddiv_rn(hi_v, scale)));
+}
+
 // The tiled engine's candidates (the first W of each row of ld slots) to ranking keys (gpusparse.topk.encode_keys): a
 // candidate's float32 score is read off its fixed-point sum where the margin leaves one
 // float32 value possible, and computed canonically otherwise; absent slots (doc -1) get key
@@ -210,7 +228,8 @@ __device__ __forceinline__ float canonical_tiled(
 // Rescoring reads the forward index where given (fwd_off non-null), else the tiled layout
 // where given (t_seg non-null: canonical_tiled), else binary-searches the inverted lists; with `use_table` (dynamic shared memory of V bytes, T < 256) each block
 // first writes its row's term-to-column table. Blocks (x, row): the warps of a row's
-// gridDim.x blocks take its occupied slots (the first count[r]) in turn, a warp per slot;
+// gridDim.x blocks take its occupied slots (the first count[r]) in turn, a warp per slot, or
+// with `lanes` 32 slots a warp, a lane each (rows whose margin is 0: few slots are rescored);
 // the rest of the row's W slots are zeroed by all threads, so a row costs its candidates,
 // not W warps.
 // Blocks of 256 threads resident per SM that the registers must allow: 5 leaves the 48
@@ -230,7 +249,7 @@ extern "C" __global__ void __launch_bounds__(256, KEYS_MIN_BLOCKS) candidate_key
     const i64* __restrict__ q_delta, const double* __restrict__ q_scale, const i64 B,
     const float* __restrict__ floor,  // optional [B]: candidates whose score must stay below it get key 0
     const i64* __restrict__ fwd_off, const int* __restrict__ fwd_terms, const float* __restrict__ fwd_w,
-    const int use_table,
+    const int use_table, const int lanes,
     const int* __restrict__ t_seg, const i64* __restrict__ t_tile_start, const void* __restrict__ t_offs,
     const short* __restrict__ t_dense_id, const int* __restrict__ t_dense_start,
     const float* __restrict__ t_wf, const float* __restrict__ t_df,
@@ -256,34 +275,50 @@ extern "C" __global__ void __launch_bounds__(256, KEYS_MIN_BLOCKS) candidate_key
         const i64 n = count != nullptr ? min((i64)max(count[r], 0), W) : W;  // slots that may hold candidates
         for (i64 j = n + (i64)blockIdx.x * blockDim.x + threadIdx.x; j < W; j += (i64)gridDim.x * blockDim.x)
             keys[r * W + j] = 0;
+        // The canonical score of document dd, by the whole warp (dd warp-uniform).
+        auto rescored = [&](int dd) -> float {
+            return fwd_off != nullptr
+                ? canonical_fwd(fwd_off, fwd_terms, fwd_w, q_terms + r * T, q_weights + r * T, T, dd, table)
+                : t_seg != nullptr
+                ? canonical_tiled(t_seg, t_tile_start, t_offs, t_dense_id, t_dense_start, t_wf, t_df, t_wq, t_dq,
+                                  t_step, t_low, t_bias, tile_bits, V, q_terms + r * T, q_weights + r * T, T, dd)
+                : canonical(doc_ids, scores, offsets, lengths, q_terms + r * T, q_weights + r * T, T, dd, list_pos,
+                            tile_bits, V, n_tiles);
+        };
+        if (lanes) {
+            // A lane a slot, 32 slots a warp at a time: for rows whose margin is 0 (exact integer
+            // products) the key is read off the sum and nearly no slot is rescored; those that are
+            // (the sum within 2**-50 of a float32 rounding boundary) are rescored by the warp together.
+            const int lane = threadIdx.x & 31;
+            for (i64 j0 = ((i64)blockIdx.x * warps + (threadIdx.x >> 5)) * 32; j0 < n; j0 += stride * 32) {
+                const i64 j = j0 + lane;
+                const i64 d = j < n ? (i64)cand_doc[r * ld + j] : -1;
+                i64 key = 0;
+                bool again = false;
+                if (d >= 0) {
+                    const float2 lh = score_range(cand_val[r * ld + j], q_delta[r], q_scale[r]);
+                    if (floor == nullptr || lh.y >= floor[r]) {  // else it cannot reach the top-k: key 0
+                        again = lh.x != lh.y;
+                        key = ((i64)__float_as_int(lh.x) << 31) | (((i64)1 << 31) - 1 - d);
+                    }
+                }
+                for (unsigned int todo = __ballot_sync(0xffffffffu, again); todo != 0u; todo &= todo - 1u) {
+                    const int src = __ffs(todo) - 1;
+                    const float sc = rescored(__shfl_sync(0xffffffffu, (int)d, src));
+                    if (lane == src) key = ((i64)__float_as_int(sc) << 31) | (((i64)1 << 31) - 1 - d);
+                }
+                if (j < n) keys[r * W + j] = key;
+            }
+            continue;
+        }
         for (i64 j = (i64)blockIdx.x * warps + (threadIdx.x >> 5); j < n; j += stride) {  // warp-uniform
             const i64 d = cand_doc[r * ld + j];
             i64 key = 0;
             if (d >= 0) {
-                const double v = (double)cand_val[r * ld + j];
-                const double margin = __dadd_rn((double)q_delta[r], __dmul_rn(v, 0x1p-50));
-                const double scale = q_scale[r], inv = 1.0 / scale;
-                // A power of two (the fixed-point scales are) whose reciprocal is one too:
-                // x * inv is then the same real number as x / scale, rounded the same way.
-                const long long bits = __double_as_longlong(scale), ex = (bits >> 52) & 0x7FF;
-                const bool pow2 = (bits & 0xFFFFFFFFFFFFFLL) == 0 && ex != 0 && ex != 0x7FF && inv != 0.0
-                                  && !isinf(inv);
-                const double lo_v = fmax(__dsub_rn(v, margin), 0.0), hi_v = __dadd_rn(v, margin);
-                const float low = __double2float_rn(pow2 ? __dmul_rn(lo_v, inv) : __ddiv_rn(lo_v, scale));
-                const float high = __double2float_rn(pow2 ? __dmul_rn(hi_v, inv) : __ddiv_rn(hi_v, scale));
-                if (floor == nullptr || high >= floor[r]) {  // else it cannot reach the top-k: not rescored
-                    float s = low;
-                    if (low != high)
-                        s = fwd_off != nullptr
-                            ? canonical_fwd(fwd_off, fwd_terms, fwd_w, q_terms + r * T, q_weights + r * T, T, (int)d,
-                                            table)
-                            : t_seg != nullptr
-                            ? canonical_tiled(t_seg, t_tile_start, t_offs, t_dense_id, t_dense_start, t_wf, t_df, t_wq,
-                                              t_dq, t_step, t_low, t_bias, tile_bits, V, q_terms + r * T,
-                                              q_weights + r * T, T, (int)d)
-                            : canonical(doc_ids, scores, offsets, lengths, q_terms + r * T, q_weights + r * T, T,
-                                        (int)d, list_pos, tile_bits, V, n_tiles);
-                    key = ((i64)__float_as_int(s) << 31) | (((i64)1 << 31) - 1 - d);
+                const float2 lh = score_range(cand_val[r * ld + j], q_delta[r], q_scale[r]);
+                if (floor == nullptr || lh.y >= floor[r]) {  // else it cannot reach the top-k: not rescored
+                    const float sc = lh.x != lh.y ? rescored((int)d) : lh.x;
+                    key = ((i64)__float_as_int(sc) << 31) | (((i64)1 << 31) - 1 - d);
                 }
             }
             if ((threadIdx.x & 31) == 0) keys[r * W + j] = key;
