@@ -45,18 +45,10 @@ extern "C" __global__ void __launch_bounds__(NT) compact_candidates(
             for (int i = tid; i < 256; i += NT) hist[i] = 0u;
             __syncthreads();
             const u64 prefix = s_prefix;
-            // Warp-aggregated: the candidates near theta share their top bits, so most lanes of
-            // a warp add to one bin, and 32 atomics on one shared address run one after another;
-            // the lanes of each bin add once, their number.
-            for (int i0 = 0; i0 < n; i0 += NT) {  // uniform across the warp (match_any below)
-                const int i = i0 + tid;
-                const u64 v = i < n ? (i < cached ? cache[i] : val[i]) : 0ull;
-                const bool take = i < n && (shift + 8 >= 64 || (v >> (shift + 8)) == (prefix >> (shift + 8)));
-                const unsigned int bin = (unsigned int)(v >> shift) & 255u, active = __ballot_sync(0xffffffffu, take);
-                if (take) {
-                    const unsigned int peers = __match_any_sync(active, bin);
-                    if (lane == __ffs(peers) - 1) atomicAdd(&hist[bin], (unsigned int)__popc(peers));
-                }
+            for (int i = tid; i < n; i += NT) {
+                const u64 v = i < cached ? cache[i] : val[i];
+                if (shift + 8 >= 64 || (v >> (shift + 8)) == (prefix >> (shift + 8)))
+                    atomicAdd(&hist[(v >> shift) & 255u], 1u);
             }
             __syncthreads();
             if (warp == 0) {
