@@ -37,7 +37,8 @@ def query_params(
     max_delta: int,
 ) -> dict[str, torch.Tensor]:
     """The parameters of :func:`gpusparse.engines.tiled.fixed_point.fixed_point_host` on the
-    device: ``scale`` (float64), ``delta`` (int64), with ``weight_bits`` also ``mult`` (float64)
+    device: ``scale`` (float64), ``delta`` (int64; 0 with ``step``: exact integer products, see
+    :func:`~gpusparse.engines.tiled.fixed_point.exact_margin`), with ``weight_bits`` also ``mult`` (float64)
     and ``shift`` (int32), ``lb`` (float64, the match floor) and ``redo`` (bool), each ``[B]``.
 
     From the padded batch ``terms`` (int64, -1 padding) and ``weights`` (float32, 0 padding)
