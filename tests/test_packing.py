@@ -191,9 +191,13 @@ def test_cuda_kernels_read_the_packed_layout_exactly(rng, tile_bits, fixed):
     cand = torch.from_numpy(rng.integers(-1, 3000, (12, 400))).cuda()
     vals = torch.ones((12, 400), dtype=torch.int64, device="cuda")
     wide = fixed_point(index, batch, acc)
-    keys = rescore.candidate_keys_cuda(None, None, None, None, batch.padded_terms.contiguous(),
-                                       batch.padded_weights.contiguous(), cand.to(torch.int32), vals,
-                                       wide.delta + (1 << 40), wide.scale, tiled=layouts[0])  # fmt: skip
+    keys, by_lane = (
+        rescore.candidate_keys_cuda(None, None, None, None, batch.padded_terms.contiguous(),
+                                    batch.padded_weights.contiguous(), cand.to(torch.int32), vals,
+                                    wide.delta + (1 << 40), wide.scale, tiled=layouts[0], lanes=lanes)
+        for lanes in (False, True)
+    )  # fmt: skip
+    assert torch.equal(keys, by_lane)  # a warp a slot, or a lane a slot (all rescored by the warp together)
     scores = torch.where(keys != 0, (keys >> 31).to(torch.int32), 0).view(torch.float32)
     rows = torch.arange(12, device="cuda")[:, None].expand_as(cand)
     present = cand >= 0

@@ -759,7 +759,8 @@ def test_cuda_rescoring_by_the_forward_copy_equals_the_list_searches(rng, monkey
     by binary search when the table is off) against the binary searches in the lists and
     the canonical scores: documents longer than one pass of the kernel (128 terms) and
     queries longer than 64 terms, candidate counts below and above the width, a floor,
-    absent slots."""
+    absent slots; each by a warp a slot and by a lane a slot (``lanes``: here most slots are
+    rescored, by the warp together)."""
     from gpusparse.exact import exact_scores
     from gpusparse.kernels import rescore
     from gpusparse.layout.forward import forward_copy
@@ -785,12 +786,15 @@ def test_cuda_rescoring_by_the_forward_copy_equals_the_list_searches(rng, monkey
         keys = []
         for fwd, table in ((forward_copy(index), True), (forward_copy(index), False), (None, False)):
             monkeypatch.setattr(rescore, "TABLE_MAX_TERMS", 1 << 15 if table else 0)
-            poison = torch.full((b, width), -7, dtype=torch.int64, device="cuda")
-            del poison  # the caching allocator hands this block to the keys: every slot must be written
-            keys.append(
-                rescore.candidate_keys_cuda(*args, cand, vals, fp.delta, fp.scale, width=width, forward=fwd, **kw)
-            )
-        assert torch.equal(keys[0], keys[2]) and torch.equal(keys[1], keys[2]), kw
+            for lanes in (False, True):
+                poison = torch.full((b, width), -7, dtype=torch.int64, device="cuda")
+                del poison  # the caching allocator hands this block to the keys: every slot must be written
+                keys.append(
+                    rescore.candidate_keys_cuda(
+                        *args, cand, vals, fp.delta, fp.scale, width=width, forward=fwd, lanes=lanes, **kw
+                    )
+                )
+        assert all(torch.equal(x, keys[-1]) for x in keys), kw
         # the scores in the keys are the canonical ones wherever a candidate was rescored
         live = (keys[0] != 0).nonzero(as_tuple=True)
         got = torch.div(keys[0][live], 1 << 31, rounding_mode="floor").to(torch.int32).view(torch.float32)
