@@ -200,6 +200,13 @@ __device__ __forceinline__ float canonical_tiled(
     return (float)acc;
 }
 
+// A candidate's ranking key (gpusparse.topk.encode_keys): its float32 score's bits, then the
+// document id reversed, so that keys sort as score descending, id ascending.
+__device__ __forceinline__ i64 rank_key(const float s, const i64 d)
+{
+    return ((i64)__float_as_int(s) << 31) | (((i64)1 << 31) - 1 - d);
+}
+
 // The float32 scores a candidate's fixed-point sum v may stand for: (low, high), the sum less and
 // plus its margin (q_delta + v * 2**-50) over the scale, each rounded to float32; the same float64
 // operations as gpusparse.engines.tiled.ranking.rank_candidates's PyTorch path, each rounded on its
@@ -299,13 +306,13 @@ extern "C" __global__ void __launch_bounds__(256, KEYS_MIN_BLOCKS) candidate_key
                     const float2 lh = score_range(cand_val[r * ld + j], q_delta[r], q_scale[r]);
                     if (floor == nullptr || lh.y >= floor[r]) {  // else it cannot reach the top-k: key 0
                         again = lh.x != lh.y;
-                        key = ((i64)__float_as_int(lh.x) << 31) | (((i64)1 << 31) - 1 - d);
+                        key = rank_key(lh.x, d);
                     }
                 }
                 for (unsigned int todo = __ballot_sync(0xffffffffu, again); todo != 0u; todo &= todo - 1u) {
                     const int src = __ffs(todo) - 1;
                     const float sc = rescored(__shfl_sync(0xffffffffu, (int)d, src));
-                    if (lane == src) key = ((i64)__float_as_int(sc) << 31) | (((i64)1 << 31) - 1 - d);
+                    if (lane == src) key = rank_key(sc, d);
                 }
                 if (j < n) keys[r * W + j] = key;
             }
@@ -318,7 +325,7 @@ extern "C" __global__ void __launch_bounds__(256, KEYS_MIN_BLOCKS) candidate_key
                 const float2 lh = score_range(cand_val[r * ld + j], q_delta[r], q_scale[r]);
                 if (floor == nullptr || lh.y >= floor[r]) {  // else it cannot reach the top-k: not rescored
                     const float sc = lh.x != lh.y ? rescored((int)d) : lh.x;
-                    key = ((i64)__float_as_int(sc) << 31) | (((i64)1 << 31) - 1 - d);
+                    key = rank_key(sc, d);
                 }
             }
             if ((threadIdx.x & 31) == 0) keys[r * W + j] = key;
