@@ -20,10 +20,12 @@ from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from gpusparse.layout.tiled import dense_segments  # noqa: E402
 from gpusparse.synthetic import generate  # noqa: E402
 
 V = 30522
@@ -45,8 +47,8 @@ def main() -> None:
     exact = (q @ docs.T).toarray()
     tile = np.repeat(np.arange(args.n), np.diff(di)) >> TILE_BITS
     key = tile * V + dt
-    counts = np.bincount(key, minlength=(int(tile.max()) + 1) * V)
-    dense = counts[key] >= max(1, int(DENSE_MIN * (1 << TILE_BITS)))  # build_tiled's rule
+    counts = torch.from_numpy(np.bincount(key, minlength=(int(tile.max()) + 1) * V))
+    dense = dense_segments(counts, V, TILE_BITS, DENSE_MIN).numpy()[key]  # the layout's own rule
     b = np.floor(np.log2(255.0 / dw.max()))  # one power-of-two step for the layout: max level <= 255
     step = 2.0**-b
     w = dw.copy()

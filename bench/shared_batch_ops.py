@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from gpusparse.layout.tiled import dense_segments
 from gpusparse.quantize import levels, power_of_two_steps, quantize_csr, quantize_queries
 
 MAX_TERMS = 1 << 16  # a packed posting holds the term in 16 bits
@@ -159,23 +160,21 @@ def sparse_only(
 ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], dict]:
     """The CSR without the postings the tiled layout keeps in dense rows: those of a (tile, term)
     with at least ``max(1, int(dense_min · 2**tile_bits))`` postings in the tile's ``2**tile_bits``
-    documents (``build_tiled``'s rule), i.e. what a kernel whose dense part runs on tensor cores
-    would still add one posting at a time. ``(indptr, terms, level)`` (same dtypes) and counts."""
+    documents (the layout's own rule, :func:`gpusparse.layout.tiled.dense_segments`), i.e. what a
+    kernel whose dense part runs on tensor cores would still add one posting at a time.
+    ``(indptr, terms, level)`` (same dtypes) and counts."""
     dev = terms.device
     indptr = indptr.to(torch.int64)
     n = indptr.numel() - 1
     tile = 1 << tile_bits
-    need = max(1, int(dense_min * tile))
     bounds = indptr[torch.clamp(torch.arange(0, n + tile, tile, device=dev), max=n)].cpu().numpy()
     kept_t, kept_l, per_doc = [], [], []
     dense_rows = 0
     for t in range(len(bounds) - 1):
         lo, hi = int(bounds[t]), int(bounds[t + 1])
         d0, d1 = t * tile, min(n, (t + 1) * tile)
-        if d0 >= d1:
-            break
         tt = terms[lo:hi].to(torch.int64)
-        dense = torch.bincount(tt, minlength=n_terms) >= need
+        dense = dense_segments(torch.bincount(tt, minlength=n_terms), n_terms, tile_bits, dense_min)
         dense_rows += int(dense.sum())
         keep = ~dense[tt]
         docs = torch.repeat_interleave(torch.arange(d1 - d0, device=dev), torch.diff(indptr[d0 : d1 + 1]))
