@@ -66,13 +66,15 @@ def cluster_order(
     clusters: int = 16,
     rounds: int = 3,
     seed: int = 0,
+    tile_bits: int = 13,
     chunk_postings: int = 1 << 22,
 ) -> torch.Tensor:
     """``perm`` (int64, on the CSR's device): ``perm[i]`` is the document placed at position ``i``.
 
     Documents are grouped by spherical k-means with ``clusters`` centroids (seeded from
     ``clusters`` documents drawn with ``seed``) and ``rounds`` Lloyd rounds, then ordered by
-    cluster; inside a cluster they keep their order. Temporaries are bounded by
+    cluster; inside a cluster they keep their order, and tiles of ``2**tile_bits`` documents
+    are then interleaved across clusters (see :func:`_interleave_tiles`). Temporaries are bounded by
     ``chunk_postings`` postings (a ``[rows, clusters]`` float32 block per chunk, plus the
     ``[n_terms, clusters]`` centroids).
     """
@@ -107,7 +109,29 @@ def cluster_order(
         # A cluster left empty keeps its centroid.
         centroids = torch.where(norm > 0, sums / norm.clamp_min(1e-300), centroids.to(torch.float64)).to(torch.float32)
         labels = _assign(csr, inv_norm, centroids, chunks)
-    return torch.sort(labels, stable=True).indices
+    perm = torch.sort(labels, stable=True).indices
+    return _interleave_tiles(perm, labels[perm], tile_bits)
+
+
+def _interleave_tiles(perm: torch.Tensor, labels: torch.Tensor, tile_bits: int) -> torch.Tensor:
+    """``perm``'s full tiles reordered so that each cluster's tiles spread evenly over the order.
+
+    The engine searches tiles in waves, first a few tiles whose candidates set the threshold
+    for the rest: tiles in cluster order would give it one cluster's documents only. A tile
+    belongs to its first document's cluster; the j-th of a cluster's ``m`` tiles sorts at
+    ``(j + 0.5) / m``. A last, partial tile stays last (positions stay tile-aligned).
+    """
+    size = 1 << tile_bits
+    full = len(perm) // size
+    if full <= 1:
+        return perm
+    first = labels[: full * size : size]  # each full tile's cluster
+    counts = torch.bincount(first)
+    start = torch.cumsum(counts, 0) - counts  # tiles of a cluster are consecutive: labels are sorted
+    rank = torch.arange(full, device=perm.device) - start[first]
+    key = (rank.to(torch.float64) + 0.5) / counts[first].to(torch.float64)
+    tiles = torch.sort(key, stable=True).indices
+    return torch.cat([perm[: full * size].view(full, size)[tiles].reshape(-1), perm[full * size :]])
 
 
 def permute_csr(csr: CSR, perm: torch.Tensor) -> CSR:
