@@ -18,6 +18,9 @@ import warnings
 import torch
 
 CSR = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+# Tiles at the start of the order that sample every cluster: the engine's largest first wave
+# (gpusparse.engines.tiled.waves.wave_plan) is 32 tiles.
+SAMPLE_TILES = 32
 
 
 def _row_chunks(indptr: torch.Tensor, postings: int) -> list[tuple[int, int]]:
@@ -74,7 +77,7 @@ def cluster_order(
     Documents are grouped by spherical k-means with ``clusters`` centroids (seeded from
     ``clusters`` documents drawn with ``seed``) and ``rounds`` Lloyd rounds, then ordered by
     cluster; inside a cluster they keep their order, and tiles of ``2**tile_bits`` documents
-    are then interleaved across clusters (see :func:`_interleave_tiles`). Temporaries are bounded by
+    are then interleaved across clusters (see :func:`_tile_order`). Temporaries are bounded by
     ``chunk_postings`` postings (a ``[rows, clusters]`` float32 block per chunk, plus the
     ``[n_terms, clusters]`` centroids).
     """
@@ -110,28 +113,42 @@ def cluster_order(
         centroids = torch.where(norm > 0, sums / norm.clamp_min(1e-300), centroids.to(torch.float64)).to(torch.float32)
         labels = _assign(csr, inv_norm, centroids, chunks)
     perm = torch.sort(labels, stable=True).indices
-    return _interleave_tiles(perm, labels[perm], tile_bits)
+    return _tile_order(perm, labels[perm], tile_bits)
 
 
-def _interleave_tiles(perm: torch.Tensor, labels: torch.Tensor, tile_bits: int) -> torch.Tensor:
-    """``perm``'s full tiles reordered so that each cluster's tiles spread evenly over the order.
+def _tile_order(perm: torch.Tensor, labels: torch.Tensor, tile_bits: int) -> torch.Tensor:
+    """The documents of ``perm`` (sorted by cluster ``labels``) placed into tiles for the engine.
 
-    The engine searches tiles in waves, first a few tiles whose candidates set the threshold
-    for the rest: tiles in cluster order would give it one cluster's documents only. A tile
-    belongs to its first document's cluster; the j-th of a cluster's ``m`` tiles sorts at
-    ``(j + 0.5) / m``. A last, partial tile stays last (positions stay tile-aligned).
+    The engine searches tiles in waves, first up to :data:`SAMPLE_TILES` tiles whose
+    candidates set the threshold the later waves emit against: tiles of one cluster there
+    would set it too low for the other clusters' queries, and the next wave would overflow
+    its candidates. So the first tiles hold an even sample of the whole order (every
+    cluster in proportion), and the remaining full tiles are interleaved so that each
+    cluster's tiles spread evenly over the order (a tile belongs to its first document's
+    cluster; the j-th of a cluster's ``m`` tiles sorts at ``(j + 0.5) / m``). A last,
+    partial tile stays last (positions stay tile-aligned).
     """
     size = 1 << tile_bits
-    full = len(perm) // size
+    n = len(perm)
+    full = n // size
+    sample = min(SAMPLE_TILES, full // 4)
     if full <= 1:
         return perm
+    dev = perm.device
+    if sample:
+        picked = torch.zeros(n, dtype=torch.bool, device=dev)
+        picked[torch.div(torch.arange(sample * size, device=dev) * n, sample * size, rounding_mode="floor")] = True
+        head, perm, labels = perm[picked], perm[~picked], labels[~picked]
+    else:
+        head = perm[:0]
+    full -= sample
     first = labels[: full * size : size]  # each full tile's cluster
     counts = torch.bincount(first)
-    start = torch.cumsum(counts, 0) - counts  # tiles of a cluster are consecutive: labels are sorted
-    rank = torch.arange(full, device=perm.device) - start[first]
+    start = torch.cumsum(counts, 0) - counts  # a cluster's tiles are consecutive: labels are sorted
+    rank = torch.arange(full, device=dev) - start[first]
     key = (rank.to(torch.float64) + 0.5) / counts[first].to(torch.float64)
     tiles = torch.sort(key, stable=True).indices
-    return torch.cat([perm[: full * size].view(full, size)[tiles].reshape(-1), perm[full * size :]])
+    return torch.cat([head, perm[: full * size].view(full, size)[tiles].reshape(-1), perm[full * size :]])
 
 
 def permute_csr(csr: CSR, perm: torch.Tensor) -> CSR:
