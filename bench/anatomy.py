@@ -39,10 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpu_peaks import gpu_memory
 from gpusparse import Index, SparseCollection, Vocabulary
-from gpusparse.config import override_config
+from gpusparse.config import engine_config, override_config
 from gpusparse.engines.tiled.engine import layout_for_search, tiled_search
 from gpusparse.kernels.cupy_launch import source, variant
-from gpusparse.layout.order import cluster_order, permute_csr
 from gpusparse.layout.statistics import max_scores_host
 from gpusparse.queries import prepare_queries, query_batch
 from gpusparse.synthetic import generate
@@ -110,7 +109,9 @@ def main() -> None:
     p.add_argument("--quantize", type=int, default=0, help="8: an index of 8-bit impacts (queries prepared)")
     p.add_argument("--trace", action="store_true", help="write each profiled search's timeline (Chrome trace)")
     p.add_argument("--check", action="store_true", help="compare each search with the scatter kernel's")
-    p.add_argument("--order", default="none", help="'cluster:K': documents ordered by k-means cluster (layout.order)")
+    p.add_argument(
+        "--doc-order", default=None, help="EngineConfig.doc_order for the searches (default: the configured)"
+    )
     p.add_argument(
         "--baseline",
         nargs="*",
@@ -118,26 +119,23 @@ def main() -> None:
         help="older kernels/cuda/*.cu files (named as the file each replaces) to time the same way",
     )
     args = p.parse_args()
+    with override_config(doc_order=args.doc_order) if args.doc_order else contextlib.nullcontext():
+        run(args)
+
+
+def run(args) -> None:
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     vocab = Vocabulary.bert()
     (di, dt_, dw), (qi, qt, qw) = generate(args.n, args.batch, seed=0, device=args.device)
-    order_s = None
-    if args.order != "none":
-        sync()
-        t0 = time.perf_counter()
-        perm = cluster_order((di, dt_, dw), len(vocab), clusters=int(args.order.split(":")[1]))
-        di, dt_, dw = permute_csr((di, dt_, dw), perm)
-        del perm
-        sync()
-        order_s = time.perf_counter() - t0
-        print(f"order {args.order}: {order_s:.2f} s", flush=True)
     index = Index.from_csr(di, dt_, dw, vocab, device=args.device, quantize=args.quantize or None)
     del di, dt_, dw
     queries = SparseCollection(qi.cpu().numpy(), qt.cpu().numpy(), qw.cpu().numpy(), vocab=vocab)
     if args.quantize:  # 8-bit query levels, as Index.search prepares them
         queries = prepare_queries(queries, index.vocab, index.quantization, max_scores_host(index))
     batch = query_batch(queries, index.device)
+    t0 = time.perf_counter()
     tl = layout_for_search(index)
+    layout_s = time.perf_counter() - t0  # the layout's build (with the document order's clustering)
     if args.ncu:
         sync()
         tiled_search(index, batch, max(args.ks)).resolved()
@@ -145,12 +143,14 @@ def main() -> None:
         return
     card = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     out = {"card": card, "commit": args.commit, "command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"),
-           "n_docs": args.n, "batch": args.batch, "order": args.order, "order_s": order_s}  # fmt: skip
+           "n_docs": args.n, "batch": args.batch, "doc_order": engine_config().doc_order,
+           "layout_build_s": layout_s}  # fmt: skip
     out["layout"] = {
         "tile_bits": tl.tile_bits,
         "dense_rows": tl.dense.shape[0],
         "sparse_postings": tl.n_sparse,
         "packed": tl.packed,
+        "ordered": tl.doc_of is not None,
     }
     out["work"] = block_work(tl, batch)
     print(json.dumps(out["layout"]), json.dumps(out["work"]), flush=True)

@@ -24,6 +24,7 @@ queries. GPU bytes over every allocator are recorded (bench/gpu_peaks.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import statistics
@@ -39,6 +40,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from gpu_peaks import gpu_memory  # noqa: E402
 from gpusparse import Index, SparseCollection, Vocabulary  # noqa: E402
+from gpusparse.config import engine_config, override_config  # noqa: E402
 from gpusparse.engines import choose  # noqa: E402
 from gpusparse.engines.base import SearchPlan  # noqa: E402
 from gpusparse.engines.tiled.engine import tiled_search  # noqa: E402
@@ -211,12 +213,22 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=200)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--commit", default="unknown")
+    p.add_argument(
+        "--doc-order", default=None, help="EngineConfig.doc_order for the searches (default: the configured)"
+    )
     args = p.parse_args()
+    scope = override_config(doc_order=args.doc_order) if args.doc_order else contextlib.nullcontext()
+    with scope:
+        run(args)
+
+
+def run(args) -> None:
     vocab = Vocabulary.bert()
     (di, dt_, dw), (qi, qt, qw) = generate(args.n, 2048, seed=0, device="cuda")
     queries = SparseCollection(qi.cpu().numpy(), qt.cpu().numpy(), qw.cpu().numpy(), vocab=vocab)
     out = {"card": torch.cuda.get_device_name(0), "commit": args.commit, "n_docs": args.n,
-           "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "rows": []}  # fmt: skip
+           "date": time.strftime("%Y-%m-%d"), "command": " ".join(sys.argv), "rows": [],
+           "doc_order": engine_config().doc_order}  # fmt: skip
     out["probe_start"] = probe()
     print("probe at start", out["probe_start"], flush=True)
     for bits in args.quantize:

@@ -164,7 +164,7 @@ def candidate_keys_cuda(
         expected |= {f"forward {name}": (x, dtypes[name]) for name, x in zip(dtypes, forward, strict=True)}
         if forward[1].shape != forward[2].shape or forward[0].numel() < 1:
             raise ValueError("forward must be the index's (indptr, terms, weights)")
-    t_args: list = [np.uint64(0)] * 9 + [np.float32(1.0), np.uint64(0), np.uint32(0)]
+    t_args: list = [np.uint64(0)] * 9 + [np.float32(1.0), np.uint64(0), np.uint32(0), np.uint64(0)]
     if tiled is not None:
         wdtype = tiled.dense.dtype
         if wdtype not in (torch.float32, torch.uint8):
@@ -193,6 +193,9 @@ def candidate_keys_cuda(
             if packed
             else [np.uint64(0), np.uint32(0)]
         )
+        if tiled.pos_of is not None:  # candidates are documents: rescoring finds their positions
+            expected["tiled pos_of"] = (tiled.pos_of, torch.int32)
+        t_args.append(pointer(tiled.pos_of) if tiled.pos_of is not None else np.uint64(0))
     check_tensors(expected, dev)
     if cand_val.shape != cand_doc.shape or not 0 <= w <= ld:
         raise ValueError("cand_doc and cand_val must have one shape, of at least width columns")

@@ -252,6 +252,8 @@ def tiled_candidates(
     if packed and wdtype != torch.float32:
         raise ValueError("packed postings hold float32 weights")
     expected["q_shift"] = (cand_count if q_shift is None else q_shift, torch.int32)  # None: any int32, not read
+    if layout.doc_of is not None:
+        expected["doc_of"] = (layout.doc_of, torch.int32)
     if lists is not None:
         if not fixed or layout.list_pos is None or wdtype == torch.uint8:
             raise ValueError("dense terms from the lists need a fixed-point layout with list positions")
@@ -289,5 +291,6 @@ def tiled_candidates(
     outs = [pointer(x) for x in (theta, cand_count, cand_doc, cand_val)]
     null = np.uint64(0)
     from_lists = [pointer(x) for x in (*lists, layout.list_pos)] if lists is not None else [null] * 5
-    tail = (np.int32(cap), *from_lists, np.int32(n_tiles))
+    doc_of = pointer(layout.doc_of) if layout.doc_of is not None else null
+    tail = (np.int32(cap), *from_lists, np.int32(n_tiles), doc_of)
     launch(kernel, (b, count), (threads,), (*args, *ints, *outs, *tail), device=dev, shared_mem=shared)

@@ -13,6 +13,7 @@ collection gets the same order on the same device.
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
@@ -21,6 +22,22 @@ CSR = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 # Tiles at the start of the order that sample every cluster: the engine's largest first wave
 # (gpusparse.engines.tiled.waves.wave_plan) is 32 tiles.
 SAMPLE_TILES = 32
+# A layout of at least this many tiles is ordered by cluster under doc_order "auto": at 8.8M
+# documents (1,080 tiles) the kernel took 22 % less time (bench/NOTES.md, issue 23, tenth
+# session); a small collection's layout is cheap to search in any order.
+ORDER_MIN_TILES = 64
+
+
+def order_clusters(setting: str, clusters: int, n_docs: int, tile_bits: int, *, forward: bool) -> int:
+    """Clusters to order a layout of ``n_docs`` documents by (0: collection order), from
+    :attr:`~gpusparse.config.EngineConfig.doc_order` ``setting`` and ``clusters``. ``forward``:
+    the layout keeps the forward copy, which the clustering reads; ``"auto"`` orders only such
+    a layout (else the clustering would need a temporary copy of the collection)."""
+    if setting == "none" or clusters <= 1:
+        return 0
+    if setting == "auto" and (not forward or (n_docs >> tile_bits) < ORDER_MIN_TILES):
+        return 0
+    return clusters
 
 
 def _row_chunks(indptr: torch.Tensor, postings: int) -> list[tuple[int, int]]:
@@ -42,10 +59,11 @@ def _rows_of(indptr: torch.Tensor, a: int, b: int, postings: int) -> torch.Tenso
     return torch.repeat_interleave(torch.arange(a, b, device=indptr.device), lengths, output_size=postings)
 
 
-def _assign(csr: CSR, inv_norm: torch.Tensor, centroids: torch.Tensor, chunks) -> torch.Tensor:
-    """Each row's nearest centroid by cosine (rows scaled by ``inv_norm``): int64 ``[n]``."""
+def _similarities(csr: CSR, inv_norm: torch.Tensor, centroids: torch.Tensor, chunks, reduce) -> torch.Tensor:
+    """``reduce`` of each chunk's cosines to the centroids (rows scaled by ``inv_norm``; ``[rows,
+    columns]`` float32), concatenated over the rows."""
     indptr, terms, weights = csr
-    labels = torch.empty(len(indptr) - 1, dtype=torch.int64, device=indptr.device)
+    out = []
     for a, b in chunks:
         lo, hi = int(indptr[a]), int(indptr[b])
         x = weights[lo:hi].to(torch.float32) * inv_norm[_rows_of(indptr, a, b, hi - lo)]
@@ -58,8 +76,45 @@ def _assign(csr: CSR, inv_norm: torch.Tensor, centroids: torch.Tensor, chunks) -
                 (b - a, centroids.shape[0]),
                 check_invariants=False,
             )
-        labels[a:b] = (m @ centroids).argmax(1)
-    return labels
+        out.append(reduce(m @ centroids))
+    return torch.cat(out)
+
+
+def _seed(csr: CSR, inv_norm: torch.Tensor, n_terms: int, clusters: int, chunks, gen) -> torch.Tensor:
+    """Greedy k-means++ seeding on the unit sphere: for each next centroid, ``2 + ln(clusters)``
+    documents drawn with probability ∝ their squared distance to the nearest chosen one
+    (``2 - 2 cos``) and the farthest document, of which the one that lowers the sum of those
+    distances most is kept. On four topics of disjoint terms plain random seeds merged two
+    topics in about half the draws, k-means++ in about a third, these draws without the
+    farthest document in a quarter (measured, 30 collections): documents of a topic are far
+    apart too (a cosine near 0.5), so a topic not yet seeded holds little more of the draws'
+    weight than one seeded. ``[n_terms, clusters]`` float32."""
+    indptr, terms, weights = csr
+    n, dev = len(indptr) - 1, indptr.device
+    tries = 2 + int(math.log(clusters))
+
+    def vectors(docs: list[int]) -> torch.Tensor:
+        out = torch.zeros((n_terms, len(docs)), dtype=torch.float32, device=dev)
+        for c, d in enumerate(docs):
+            lo, hi = int(indptr[d]), int(indptr[d + 1])
+            out[terms[lo:hi].to(torch.int64), c] = weights[lo:hi].to(torch.float32) * inv_norm[d]
+        return out
+
+    chosen = [int(torch.randint(n, (1,), generator=gen))]
+    best = _similarities(csr, inv_norm, vectors(chosen), chunks, lambda s: s[:, 0])
+    while len(chosen) < clusters:
+        dist = (2.0 - 2.0 * best.to(torch.float64)).clamp_min(0).cpu()
+        if float(dist.sum()) > 0:
+            cand = torch.multinomial(dist, tries, replacement=True, generator=gen).tolist()
+        else:
+            cand = torch.randint(n, (tries,), generator=gen).tolist()
+        cand.append(int(dist.argmax()))  # the farthest document too: a group no draw hit
+        sims = _similarities(csr, inv_norm, vectors(cand), chunks, lambda s: s)  # [n, tries]
+        after = torch.maximum(best[:, None], sims)
+        pick = int((2.0 - 2.0 * after.to(torch.float64)).clamp_min(0).sum(0).argmin())
+        chosen.append(cand[pick])
+        best = after[:, pick].contiguous()
+    return vectors(chosen)
 
 
 def cluster_order(
@@ -74,8 +129,8 @@ def cluster_order(
 ) -> torch.Tensor:
     """``perm`` (int64, on the CSR's device): ``perm[i]`` is the document placed at position ``i``.
 
-    Documents are grouped by spherical k-means with ``clusters`` centroids (seeded from
-    ``clusters`` documents drawn with ``seed``) and ``rounds`` Lloyd rounds, then ordered by
+    Documents are grouped by spherical k-means with ``clusters`` centroids (greedy k-means++
+    seeds drawn with ``seed``) and ``rounds`` Lloyd rounds, then ordered by
     cluster; inside a cluster they keep their order, and tiles of ``2**tile_bits`` documents
     are then interleaved across clusters (see :func:`_tile_order`). Temporaries are bounded by
     ``chunk_postings`` postings (a ``[rows, clusters]`` float32 block per chunk, plus the
@@ -93,13 +148,8 @@ def cluster_order(
         lo, hi = int(indptr[a]), int(indptr[b])
         sq.index_add_(0, _rows_of(indptr, a, b, hi - lo), weights[lo:hi].to(torch.float64) ** 2)
     inv_norm = torch.where(sq > 0, sq.rsqrt(), torch.zeros_like(sq)).to(torch.float32)
-    gen = torch.Generator().manual_seed(seed)
-    seeds = torch.randperm(n, generator=gen)[:clusters].to(dev)
-    centroids = torch.zeros((n_terms, clusters), dtype=torch.float32, device=dev)
-    for c, d in enumerate(seeds.tolist()):
-        lo, hi = int(indptr[d]), int(indptr[d + 1])
-        centroids[terms[lo:hi].to(torch.int64), c] = weights[lo:hi].to(torch.float32) * inv_norm[d]
-    labels = _assign(csr, inv_norm, centroids, chunks)
+    centroids = _seed(csr, inv_norm, n_terms, clusters, chunks, torch.Generator().manual_seed(seed))
+    labels = _similarities(csr, inv_norm, centroids, chunks, lambda s: s.argmax(1))
     for _ in range(rounds):
         sums = torch.zeros(n_terms * clusters, dtype=torch.float64, device=dev)
         for a, b in chunks:
@@ -111,7 +161,7 @@ def cluster_order(
         norm = sums.norm(dim=0)
         # A cluster left empty keeps its centroid.
         centroids = torch.where(norm > 0, sums / norm.clamp_min(1e-300), centroids.to(torch.float64)).to(torch.float32)
-        labels = _assign(csr, inv_norm, centroids, chunks)
+        labels = _similarities(csr, inv_norm, centroids, chunks, lambda s: s.argmax(1))
     perm = torch.sort(labels, stable=True).indices
     return _tile_order(perm, labels[perm], tile_bits)
 
@@ -122,8 +172,8 @@ def _tile_order(perm: torch.Tensor, labels: torch.Tensor, tile_bits: int) -> tor
     The engine searches tiles in waves, first up to :data:`SAMPLE_TILES` tiles whose
     candidates set the threshold the later waves emit against: tiles of one cluster there
     would set it too low for the other clusters' queries, and the next wave would overflow
-    its candidates. So the first tiles hold an even sample of the whole order (every
-    cluster in proportion), and the remaining full tiles are interleaved so that each
+    its candidates. So each of the first tiles holds an even sample of the whole order
+    (every cluster in proportion), and the remaining full tiles are interleaved so that each
     cluster's tiles spread evenly over the order (a tile belongs to its first document's
     cluster; the j-th of a cluster's ``m`` tiles sorts at ``(j + 0.5) / m``). A last,
     partial tile stays last (positions stay tile-aligned).
@@ -138,7 +188,10 @@ def _tile_order(perm: torch.Tensor, labels: torch.Tensor, tile_bits: int) -> tor
     if sample:
         picked = torch.zeros(n, dtype=torch.bool, device=dev)
         picked[torch.div(torch.arange(sample * size, device=dev) * n, sample * size, rounding_mode="floor")] = True
-        head, perm, labels = perm[picked], perm[~picked], labels[~picked]
+        # sample tile j takes every sample-th of the picked documents from the j-th on: each
+        # tile of the first wave is an even sample by itself
+        head = perm[picked].view(size, sample).T.reshape(-1)
+        perm, labels = perm[~picked], labels[~picked]
     else:
         head = perm[:0]
     full -= sample

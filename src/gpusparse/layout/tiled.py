@@ -22,7 +22,8 @@ import torch
 
 from ..quantize import levels
 from . import packing
-from .forward import forward_copy
+from .forward import forward_copy, forward_index
+from .order import cluster_order
 from .packing import exponent_base, exponent_range, merge_range, unpack_offsets, unpack_weights
 from .postings import PostingLists, posting_slabs
 from .statistics import max_score
@@ -86,6 +87,12 @@ class TiledIndex:
     forward: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     # Packed sparse postings (5 bytes, float32 weights): the exponent base (.packing); None: 6 bytes.
     exp_base: int | None = None
+    # A layout built in a document order of its own (:mod:`.order`): int32 [n_docs], the
+    # document at each position (``doc_of``) and the position of each document (``pos_of``).
+    # Tiles, offsets and dense rows are in positions; candidates leave the kernel as documents.
+    # None: positions are documents.
+    doc_of: torch.Tensor | None = None
+    pos_of: torch.Tensor | None = None
 
     @property
     def n_tiles(self) -> int:
@@ -120,7 +127,8 @@ class TiledIndex:
     def arrays(self, forward: bool = True) -> list[torch.Tensor]:
         """Every array the layout holds (``forward``: the forward copy's too)."""
         own = (self.seg, self.offs, self.wts, self.dense_id, self.dense, self.tile_start, self.dense_start)
-        return [t for t in (*own, self.list_pos, *((self.forward or ()) if forward else ())) if t is not None]
+        extra = (self.list_pos, self.doc_of, self.pos_of)
+        return [t for t in (*own, *extra, *((self.forward or ()) if forward else ())) if t is not None]
 
     def segments(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """int64 ``(start, end)`` among the sparse postings of the segments ``keys = tile ·
@@ -178,6 +186,7 @@ def build_tiled(
     device: torch.device | str | None = None,
     chunk: int = BUILD_CHUNK,
     pack: bool = True,
+    order: torch.Tensor | None = None,
 ) -> TiledIndex:
     """Regroup an index's postings by (tile, term), on ``device`` (default: the index's).
 
@@ -204,11 +213,22 @@ def build_tiled(
     lists). ``list_positions``: also build :attr:`TiledIndex.list_pos` (only rescoring from
     the lists reads it). ``pack``: float32 sparse postings in 5 bytes where the weights
     allow it (:mod:`.packing`; else, or with ``pack=False``, 6).
+
+    ``order`` (optional, a permutation of the documents: ``order[i]`` is the document placed
+    at position ``i``, e.g. :func:`~gpusparse.layout.order.cluster_order`): tiles are cut from
+    positions instead of document numbers; inside a tile positions follow document numbers
+    (so a segment's offsets stay ascending). The layout then records
+    :attr:`TiledIndex.doc_of` and :attr:`TiledIndex.pos_of`, and has no list positions (a
+    tile's share of a list is no longer contiguous).
     """
     if not 1 <= tile_bits <= MAX_TILE_BITS:
         raise ValueError(f"tile_bits must be in 1..{MAX_TILE_BITS}")
     dev = index.device if device is None else torch.device(device)
     n_terms, n_docs = len(index.vocab), index.n_docs
+    doc_of = pos_of = None
+    if order is not None:
+        doc_of, pos_of = _positions(order, n_docs, tile_bits, dev)
+        list_positions = False
     n_tiles = max(1, (n_docs + (1 << tile_bits) - 1) >> tile_bits)
     quant = index.quantization
     fixed = fixed and quant is None
@@ -220,6 +240,8 @@ def build_tiled(
     counts = torch.zeros(n_tiles * n_terms, dtype=torch.int64, device=dev)
     span = exponent_range(torch.zeros(0, device=dev))
     for term, doc, score, _ in posting_slabs(index, dev, chunk):
+        if pos_of is not None:
+            doc = pos_of[doc].to(torch.int64)
         key = (doc >> tile_bits) * n_terms + term
         counts.index_add_(0, key, torch.ones_like(key))  # no [n_tiles · V] temporary per slab
         if want_pack:
@@ -266,19 +288,24 @@ def build_tiled(
 
     mask = (1 << tile_bits) - 1
     carry = (torch.full((), -1, dtype=torch.int64, device=dev), torch.zeros((), dtype=torch.int64, device=dev))
+    # In an order of its own a (tile, term) share is not contiguous in its list: its postings
+    # so far are counted instead.
+    seen = torch.zeros(n_tiles * n_terms, dtype=torch.int32, device=dev) if pos_of is not None else None
     for term, doc, score, rank in posting_slabs(index, dev, chunk):
         if term.numel() == 0:
             continue
+        if pos_of is not None:
+            doc = pos_of[doc].to(torch.int64)
         tile = doc >> tile_bits
         key = tile * n_terms + term
         off = doc & mask
-        if before is None:
-            first, carry = _share_starts(key, rank, carry)
+        if seen is not None:
+            in_share = _ranks_counted(key, seen)
         else:
-            first = before[tile, term]
+            first, carry = _share_starts(key, rank, carry) if before is None else (before[tile, term], carry)
+            in_share = rank.sub_(first)  # rank inside the (tile, term) share
+            del first
         del tile, doc  # the slab's temporaries stay few (BUILD_CHUNK)
-        in_share = rank.sub_(first)  # rank inside the (tile, term) share
-        del first
         row = layout.dense_rows(key)
         d = row >= 0
         dense[row[d], off[d]] = stored(score[d])
@@ -292,9 +319,40 @@ def build_tiled(
             offs[new] = torch.where(off[s] >= 1 << 15, off[s] - (1 << 16), off[s]).to(torch.int16)
             wts[new] = stored(score[s])
     list_pos = before.reshape(-1) if before is not None else None  # < n_docs
-    del before
+    del before, seen
     _release_cached(dev)
-    return replace(layout, list_pos=list_pos)
+    return replace(layout, list_pos=list_pos, doc_of=doc_of, pos_of=pos_of)
+
+
+def _positions(
+    order: torch.Tensor, n_docs: int, tile_bits: int, dev: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(doc_of, pos_of)`` int32 for a document order, each tile's documents ascending."""
+    order = torch.as_tensor(order).to(dev, torch.int64)
+    if order.shape != (n_docs,) or (
+        n_docs and (int(order.min()) < 0 or int(order.max()) >= n_docs or bool((torch.bincount(order) != 1).any()))
+    ):
+        raise ValueError(f"order must be a permutation of the {n_docs} documents")
+    tile = torch.arange(n_docs, device=dev) >> tile_bits
+    doc_of = torch.sort(tile * n_docs + order).values % max(n_docs, 1)  # ascending inside each tile
+    pos_of = torch.empty_like(doc_of)
+    pos_of[doc_of] = torch.arange(n_docs, device=dev)
+    return doc_of.to(torch.int32), pos_of.to(torch.int32)
+
+
+def _ranks_counted(key: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+    """Each posting's rank among the postings of its key so far (this slab in order, after the
+    ``seen[key]`` of earlier slabs); ``seen`` is updated in place."""
+    sk, idx = torch.sort(key, stable=True)
+    n = sk.numel()
+    at = torch.arange(n, device=key.device)
+    new_run = torch.ones(n, dtype=torch.bool, device=key.device)
+    new_run[1:] = sk[1:] != sk[:-1]
+    run_start = torch.cummax(torch.where(new_run, at, 0), 0).values
+    ranks = torch.empty_like(key)
+    ranks[idx] = seen[sk].to(torch.int64) + at - run_start
+    seen.index_add_(0, key, torch.ones_like(key, dtype=torch.int32))
+    return ranks
 
 
 def _share_starts(
@@ -351,6 +409,7 @@ def tiled_layout(
     forward: bool = False,
     list_positions: bool = True,
     stored_fixed: bool = False,
+    clusters: int = 0,
 ) -> TiledIndex:
     """The index's tiled layout, built once per index object and kept in its derived state.
 
@@ -362,6 +421,8 @@ def tiled_layout(
     kernels, not for a layout to be streamed. ``list_positions=False``: a layout built now
     leaves out :attr:`TiledIndex.list_pos` (rescoring will read the layout, not the lists).
     ``stored_fixed``: a fixed-point layout built now stores int32 weights (:func:`build_tiled`).
+    ``clusters``: documents in the order of :func:`~gpusparse.layout.order.cluster_order` with
+    this many clusters (0: collection order), computed from the forward copy.
     Built on ``index.device``, which for a :class:`~gpusparse.layout.resident.TiledResident`
     view is the device searched, its lists staying on the host.
     """
@@ -369,11 +430,17 @@ def tiled_layout(
     auto_bits, auto_dense = default_layout(index, fixed)
     tile_bits = auto_bits if tile_bits is None else tile_bits
     dense_min = auto_dense if dense_min == AUTO else dense_min
-    key = (tile_bits, dense_min, fixed)
+    key = (tile_bits, dense_min, fixed, clusters)
     layouts = index.derived.layouts
     if key not in layouts:
+        perm = None
+        if clusters:
+            csr = forward_copy(index) if forward else forward_index(index)
+            perm = cluster_order(csr, n_terms=len(index.vocab), clusters=clusters, tile_bits=tile_bits)
+            del csr
         layout = build_tiled(index, tile_bits, dense_min=dense_min, fixed=fixed, list_positions=list_positions,
-                             stored_fixed=stored_fixed)  # fmt: skip
+                             stored_fixed=stored_fixed, order=perm)  # fmt: skip
+        del perm
         if forward:
             layout = replace(layout, forward=forward_copy(index))
         layouts[key] = layout

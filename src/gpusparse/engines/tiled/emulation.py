@@ -85,6 +85,8 @@ def torch_tiled_candidates(
         per_row = torch.bincount(r, minlength=b)
         slot = cand_count[r].to(torch.int64) + torch.arange(r.numel(), device=dev) - (per_row.cumsum(0) - per_row)[r]
         ok = slot < cap
-        cand_doc[r[ok], slot[ok]] = (c[ok] + base).to(torch.int32)
+        pos = c[ok] + base
+        # a layout in an order of its own: candidates leave as documents, as the kernel's do
+        cand_doc[r[ok], slot[ok]] = (pos if layout.doc_of is None else layout.doc_of[pos]).to(torch.int32)
         cand_val[r[ok], slot[ok]] = sums[r[ok], c[ok]]
         cand_count += per_row.to(torch.int32)

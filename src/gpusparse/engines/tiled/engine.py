@@ -25,8 +25,9 @@ import torch
 from ...config import engine_config
 from ...kernels import cupy_launch, rescore, tile_candidates
 from ...layout.layout_only import LayoutOnly
+from ...layout.order import order_clusters
 from ...layout.postings import PostingLists
-from ...layout.tiled import AUTO, TiledIndex, tiled_layout
+from ...layout.tiled import AUTO, TiledIndex, default_layout, tiled_layout
 from ...queries import QueryBatch, batch_rows, padded_host, query_batch
 from ..base import DEFAULT_MEMORY_BUDGET, POSTING_BYTES, BatchResult, SearchPlan, plan_chunks
 from ..reference import reference_search
@@ -156,9 +157,11 @@ def layout_for_search(
     if not index.lists_resident:
         return tiled_layout(index, tile_bits, dense_min, fixed, list_positions=False)
     forward = forward and config.forward_rescoring and index.device.type == "cuda" and rescore.available()
+    bits = default_layout(index, fixed)[0] if tile_bits is None else tile_bits
+    clusters = order_clusters(config.doc_order, config.order_clusters, index.n_docs, bits, forward=forward)
     # beside the lists rescoring reads them (or the forward copy): the weights may be stored
     # in fixed point, which spares the kernel a conversion a posting and a dense slot
-    return tiled_layout(index, tile_bits, dense_min, fixed, forward=forward, stored_fixed=True)
+    return tiled_layout(index, tile_bits, dense_min, fixed, forward=forward, stored_fixed=True, clusters=clusters)
 
 
 def tiled_search(

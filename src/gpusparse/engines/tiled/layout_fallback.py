@@ -58,6 +58,8 @@ def layout_reference_search(
                 acc.index_add_(0, docs[real], add)
             for pair, pos in expand_ranges(*layout.segments(key), max_postings):
                 acc.index_add_(0, (tiles[pair] << bits) + layout.offsets_at(pos), weight(layout.weights_at(pos)) * wq)
+        if layout.pos_of is not None:  # sums by position: by document, for the tie-break
+            acc = acc[layout.pos_of.to(torch.int64)]
         best = topk_by_key(acc.to(torch.float32)[None], doc_ids, k)
         scores[r], ids[r] = (x[0] for x in pad_results(best, k, 1, dev))
     return scores, ids

@@ -82,7 +82,8 @@ def tiled_exact_scores(
     """Canonical scores of the pairs (query ``rows[i]``, document ``docs[i]``) read from the
     tiled layout: float32 ``[M]``, the bits of :func:`gpusparse.exact.exact_scores`.
 
-    Document ``d`` lies in tile ``d >> tile_bits`` at offset ``o = d & mask``; its weight for
+    Document ``d`` lies (at position ``d``, or ``pos_of[d]`` in a layout of its own order) in
+    tile ``d >> tile_bits`` at offset ``o = d & mask``; its weight for
     a query term is in the dense row of the (tile, term) segment when it has one (0: absent),
     else found by binary search for ``o`` among the segment's ascending offsets. Weights are
     the stored ones (float32, packed or not, or 8-bit levels times the step, exact); the products are added
@@ -105,6 +106,8 @@ def tiled_exact_scores(
 
     for a in range(0, m, step):
         r, d = rows[a : a + step], docs[a : a + step, None].to(torch.int64)
+        if layout.pos_of is not None:  # a layout in an order of its own: the document's position
+            d = layout.pos_of[d].to(torch.int64)
         terms = batch.padded_terms[r]  # [M, T]
         valid = terms >= 0
         key = (d >> bits) * v + terms.clamp_min(0)

@@ -262,6 +262,7 @@ extern "C" __global__ void __launch_bounds__(256, KEYS_MIN_BLOCKS) candidate_key
     const float* __restrict__ t_wf, const float* __restrict__ t_df,
     const unsigned char* __restrict__ t_wq, const unsigned char* __restrict__ t_dq, const float t_step,
     const unsigned char* __restrict__ t_low, const unsigned int t_bias,
+    const int* __restrict__ t_pos_of,  // optional [n_docs]: a layout in an order of its own, each document's position
     i64* __restrict__ keys)
 {
     extern __shared__ int4 table4[];
@@ -288,7 +289,8 @@ extern "C" __global__ void __launch_bounds__(256, KEYS_MIN_BLOCKS) candidate_key
                 ? canonical_fwd(fwd_off, fwd_terms, fwd_w, q_terms + r * T, q_weights + r * T, T, dd, table)
                 : t_seg != nullptr
                 ? canonical_tiled(t_seg, t_tile_start, t_offs, t_dense_id, t_dense_start, t_wf, t_df, t_wq, t_dq,
-                                  t_step, t_low, t_bias, tile_bits, V, q_terms + r * T, q_weights + r * T, T, dd)
+                                  t_step, t_low, t_bias, tile_bits, V, q_terms + r * T, q_weights + r * T, T,
+                                  t_pos_of != nullptr ? t_pos_of[dd] : dd)
                 : canonical(doc_ids, scores, offsets, lengths, q_terms + r * T, q_weights + r * T, T, dd, list_pos,
                             tile_bits, V, n_tiles);
         };

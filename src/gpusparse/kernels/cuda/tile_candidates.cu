@@ -295,7 +295,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     const i64* __restrict__ l_off,            // [V] start of each list
     const int* __restrict__ l_len,            // [V] real postings of each list
     const int* __restrict__ l_pos,            // [n_tiles * V] real postings of the term in earlier tiles
-    const int n_tiles)
+    const int n_tiles,
+    // optional [n_docs]: the document at each position (a layout in an order of its own);
+    // candidates are written as documents
+    const int* __restrict__ doc_of)
 {
     extern __shared__ unsigned int smem[];
     unsigned int* lo = smem;
@@ -724,7 +727,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
             fl &= fl - 1u;
             const int i = ((g0 + (b >> 2)) * THREADS + tid) * 4 + (b & 3);
             if (slot < cap) {
-                cand_doc[(i64)q * cap + slot] = base + i;
+                cand_doc[(i64)q * cap + slot] = doc_of != nullptr ? doc_of[base + i] : base + i;
                 cand_val[(i64)q * cap + slot] = lo[i];
             }
             ++slot;
@@ -744,7 +747,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
         if (emit) {
             const int slot = first + __popc(mask & ((1u << lane) - 1u));
             if (slot < cap) {
-                cand_doc[(i64)q * cap + slot] = base + i;
+                cand_doc[(i64)q * cap + slot] = doc_of != nullptr ? doc_of[base + i] : base + i;
                 cand_val[(i64)q * cap + slot] = v;
             }
         }
