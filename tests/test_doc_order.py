@@ -242,7 +242,7 @@ def test_cuda_rescoring_from_a_layout_in_an_order_of_its_own(rng):
     view = tiled_resident(index, "cuda")
     perm = cluster_order(forward_index(index), 200, clusters=4, tile_bits=6)
     layout = build_tiled(view, 6, dense_min=0.1, list_positions=False, order=perm.cuda())
-    view.derived.layouts[(6, 0.1, False, 0)] = layout  # the layout the search below asks for
+    view.derived.layouts[(6, 0.1, False)] = layout  # the layout the search below asks for
     batch = query_batch(queries, view.device)
     scores = dense_scores(docs, queries)
     for k in (1, 10, 1000):

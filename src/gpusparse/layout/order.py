@@ -125,16 +125,16 @@ def cluster_order(
     rounds: int = 3,
     seed: int = 0,
     tile_bits: int = 13,
-    chunk_postings: int = 1 << 22,
+    chunk_postings: int = 1 << 24,
 ) -> torch.Tensor:
     """``perm`` (int64, on the CSR's device): ``perm[i]`` is the document placed at position ``i``.
 
     Documents are grouped by spherical k-means with ``clusters`` centroids (greedy k-means++
     seeds drawn with ``seed``) and ``rounds`` Lloyd rounds, then ordered by
     cluster; inside a cluster they keep their order, and tiles of ``2**tile_bits`` documents
-    are then interleaved across clusters (see :func:`_tile_order`). Temporaries are bounded by
-    ``chunk_postings`` postings (a ``[rows, clusters]`` float32 block per chunk, plus the
-    ``[n_terms, clusters]`` centroids).
+    are then interleaved across clusters (see :func:`_tile_order`). Temporaries: about 30
+    bytes a posting of a chunk of ``chunk_postings`` (2**24: ~0.5 GB), the ``[n_terms,
+    clusters]`` centroids and a few ``[n_docs]`` vectors.
     """
     indptr, terms, weights = csr
     n = len(indptr) - 1

@@ -430,7 +430,7 @@ def tiled_layout(
     auto_bits, auto_dense = default_layout(index, fixed)
     tile_bits = auto_bits if tile_bits is None else tile_bits
     dense_min = auto_dense if dense_min == AUTO else dense_min
-    key = (tile_bits, dense_min, fixed, clusters)
+    key = (tile_bits, dense_min, fixed) + ((clusters,) if clusters else ())
     layouts = index.derived.layouts
     if key not in layouts:
         perm = None

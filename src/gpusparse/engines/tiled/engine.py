@@ -158,7 +158,12 @@ def layout_for_search(
         return tiled_layout(index, tile_bits, dense_min, fixed, list_positions=False)
     forward = forward and config.forward_rescoring and index.device.type == "cuda" and rescore.available()
     bits = default_layout(index, fixed)[0] if tile_bits is None else tile_bits
-    clusters = order_clusters(config.doc_order, config.order_clusters, index.n_docs, bits, forward=forward)
+    # a layout-only index holds the one layout it was built with
+    clusters = (
+        0
+        if isinstance(index, LayoutOnly)
+        else order_clusters(config.doc_order, config.order_clusters, index.n_docs, bits, forward=forward)
+    )
     # beside the lists rescoring reads them (or the forward copy): the weights may be stored
     # in fixed point, which spares the kernel a conversion a posting and a dense slot
     return tiled_layout(index, tile_bits, dense_min, fixed, forward=forward, stored_fixed=True, clusters=clusters)
