@@ -62,6 +62,25 @@ def test_the_prediction_is_the_bytes_built(collection, quantize, fixed):
     assert total(forward_parts(shape.n_docs, shape.n_postings)) == nbytes(forward_copy(index))
 
 
+def test_cluster_order_adds_its_arrays_and_its_clustering(collection):
+    """In cluster order the layout has no list_pos but the order's two int32 arrays, and the
+    clustering's temporaries come after the forward copy (which it reads) is resident."""
+    index = Index.build(collection)
+    shape = IndexShape(index)
+    with override_config(doc_order="cluster", dense_min=0.05):
+        config = engine_config()
+        plain = predict(shape, "lists", config=dataclasses.replace(config, doc_order="none"))
+        ordered = predict(shape, "lists", config=config)
+        layout = layout_for_search(index, forward=False)  # a CPU: the clustering reads a temporary copy
+    parts = dict(ordered.components)
+    assert parts["tiled layout: document order"] == layout.doc_of.nbytes + layout.pos_of.nbytes == 8 * len(collection)
+    assert "tiled layout: dense_id" in parts and "tiled layout: dense_id + list_pos" in dict(plain.components)
+    assert dict(ordered.temporaries)["build: document order"] > 0 and "build: document order" not in dict(
+        plain.temporaries
+    )
+    assert layout.list_pos is None
+
+
 def test_the_prediction_follows_the_fallbacks(monkeypatch):
     """Weights whose exponents span too much for 5 bytes, and tiles with more dense
     segments than their int16 ids allow (here 3), are predicted as built."""

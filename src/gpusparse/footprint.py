@@ -7,7 +7,9 @@ the allocators, and the peak. Every formula mirrors what the code builds:
 * ``lists`` (:attr:`~gpusparse.config.EngineConfig.resident` ``"lists"``, the tiled engine's
   default): the padded lists (:mod:`gpusparse.layout.postings`: 8 bytes a posting slot,
   padding included, and 20 a term), the forward copy (:mod:`gpusparse.layout.forward`: int64
-  ``indptr``, then int32 term and float32 weight a posting) and the tiled layout;
+  ``indptr``, then int32 term and float32 weight a posting) and the tiled layout (in cluster
+  order, :attr:`~gpusparse.config.EngineConfig.doc_order`, with 8 bytes a document more and
+  the clustering's temporaries, :mod:`gpusparse.layout.order`);
 * ``tiled`` (``resident="tiled"``): the tiled layout alone (without ``list_pos``), which
   rescoring reads;
 * ``streamed`` (:mod:`gpusparse.streaming`): two pieces of the index at once, each its lists
@@ -38,6 +40,10 @@ import torch
 from .config import EngineConfig, engine_config
 from .engines.base import CELL_BYTES, DEFAULT_MEMORY_BUDGET
 from .engines.tiled.waves import search_bytes
+from .layout.order import CHUNK_BYTES as ORDER_CHUNK_BYTES
+from .layout.order import CHUNK_POSTINGS as ORDER_CHUNK
+from .layout.order import DOC_BYTES as ORDER_DOC_BYTES
+from .layout.order import order_clusters
 from .layout.packing import exponent_base, exponent_range, merge_range
 from .layout.postings import PostingLists
 from .layout.statistics import max_score
@@ -247,15 +253,29 @@ def predict(
         temps = [("build: tiled layout", layout_build), ("search: one batch", batch)]
         top = max(layout_build, batch)
     elif mode == "lists":
-        layout = layout_parts(shape, config, list_positions=True)
         fwd = forward_parts(shape.n_docs, shape.n_postings)
         fwd_build = min(BUILD_CHUNK, shape.n_postings) * FORWARD_BUILD_BYTES + 16 * shape.n_docs
+        ordered = order_clusters(config.doc_order, config.order_clusters, shape.n_docs, bits,
+                                 forward=config.forward_rescoring) > 0  # fmt: skip
+        # In cluster order the layout has no list_pos, and the order's two int32 arrays; its
+        # dense rows and sparse postings are counted in collection order (the order made them
+        # fewer at 8.8M: bench/NOTES.md, issue 23, tenth session).
+        layout = layout_parts(shape, config, list_positions=not ordered)
+        if ordered:
+            layout.append(("tiled layout: document order", 8 * shape.n_docs))
         comps = lists + fwd + layout
         temps = [("build: tiled layout", layout_build), ("build: forward copy", fwd_build)]
+        if ordered:
+            order_build = min(ORDER_CHUNK, shape.n_postings) * ORDER_CHUNK_BYTES + ORDER_DOC_BYTES * shape.n_docs
+            temps.append(("build: document order", order_build))
         temps.append(("search: one batch", batch))
-        # the layout is built before the forward copy: its temporaries come without it
+        # the layout is built before the forward copy (its temporaries come without it), or, in
+        # cluster order, after it and the clustering (which reads it), with a count a (tile, term)
         layout_build += before
-        top = max(layout_build - fwd[0][1], fwd_build, batch)
+        if ordered:
+            top = max(layout_build, fwd_build, order_build, batch)
+        else:
+            top = max(layout_build - fwd[0][1], fwd_build, batch)
     else:  # streamed: two pieces at once, each a share of the lists and the layout
         whole = sum(n for _, n in lists + layout_parts(shape, config, list_positions=True))
         per_piece = -(-whole // pieces) + (shape.n_terms * 16 if pieces > 1 else 0)  # a piece's own partial tiles

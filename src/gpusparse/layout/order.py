@@ -26,6 +26,14 @@ SAMPLE_TILES = 32
 # documents (1,080 tiles) the kernel took 22 % less time (bench/NOTES.md, issue 23, tenth
 # session); a small collection's layout is cheap to search in any order.
 ORDER_MIN_TILES = 64
+# Documents the seeds are drawn from, postings a step of the rounds reads at once, and the
+# temporaries (counted from the code: the centroid update's int64 rows, keys, terms and
+# labels and float64 products of a chunk; a few float and int64 vectors a document, the seeds'
+# [sample, tries] similarities): gpusparse.footprint predicts with these.
+SEED_SAMPLE = 1 << 16
+CHUNK_POSTINGS = 1 << 23
+CHUNK_BYTES = 64
+DOC_BYTES = 48
 
 
 def order_clusters(setting: str, clusters: int, n_docs: int, tile_bits: int, *, forward: bool) -> int:
@@ -125,16 +133,17 @@ def cluster_order(
     rounds: int = 3,
     seed: int = 0,
     tile_bits: int = 13,
-    chunk_postings: int = 1 << 24,
+    chunk_postings: int = CHUNK_POSTINGS,
 ) -> torch.Tensor:
     """``perm`` (int64, on the CSR's device): ``perm[i]`` is the document placed at position ``i``.
 
     Documents are grouped by spherical k-means with ``clusters`` centroids (greedy k-means++
     seeds drawn with ``seed``) and ``rounds`` Lloyd rounds, then ordered by
     cluster; inside a cluster they keep their order, and tiles of ``2**tile_bits`` documents
-    are then interleaved across clusters (see :func:`_tile_order`). Temporaries: about 30
-    bytes a posting of a chunk of ``chunk_postings`` (2**24: ~0.5 GB), the ``[n_terms,
-    clusters]`` centroids and a few ``[n_docs]`` vectors.
+    are then interleaved across clusters (see :func:`_tile_order`). The seeds are drawn from
+    :data:`SEED_SAMPLE` documents. Temporaries: at most :data:`CHUNK_BYTES` bytes a posting of a
+    chunk of ``chunk_postings`` (2**23: ~0.5 GB), :data:`DOC_BYTES` a document, and the
+    ``[n_terms, clusters]`` centroids.
     """
     indptr, terms, weights = csr
     n = len(indptr) - 1
@@ -148,7 +157,12 @@ def cluster_order(
         lo, hi = int(indptr[a]), int(indptr[b])
         sq.index_add_(0, _rows_of(indptr, a, b, hi - lo), weights[lo:hi].to(torch.float64) ** 2)
     inv_norm = torch.where(sq > 0, sq.rsqrt(), torch.zeros_like(sq)).to(torch.float32)
-    centroids = _seed(csr, inv_norm, n_terms, clusters, chunks, torch.Generator().manual_seed(seed))
+    gen = torch.Generator().manual_seed(seed)
+    # seeds from a sample (k-means++ practice): its steps then cost little beside the rounds
+    sample = torch.sort(torch.randperm(n, generator=gen)[:SEED_SAMPLE]).values.to(dev)
+    sub = permute_csr(csr, sample)
+    centroids = _seed(sub, inv_norm[sample], n_terms, clusters, _row_chunks(sub[0], chunk_postings), gen)
+    del sub
     labels = _similarities(csr, inv_norm, centroids, chunks, lambda s: s.argmax(1))
     for _ in range(rounds):
         sums = torch.zeros(n_terms * clusters, dtype=torch.float64, device=dev)
@@ -205,11 +219,13 @@ def _tile_order(perm: torch.Tensor, labels: torch.Tensor, tile_bits: int) -> tor
 
 
 def permute_csr(csr: CSR, perm: torch.Tensor) -> CSR:
-    """The rows of ``csr`` in the order ``perm`` (row ``i`` of the result is row ``perm[i]``)."""
+    """The rows ``perm`` of ``csr``, in that order (row ``i`` of the result is row ``perm[i]``;
+    a permutation reorders the collection, a subset selects from it)."""
     indptr, terms, weights = csr
     lengths = (indptr[1:] - indptr[:-1])[perm]
-    new_ptr = torch.zeros_like(indptr)
+    new_ptr = torch.zeros(len(perm) + 1, dtype=indptr.dtype, device=indptr.device)
     torch.cumsum(lengths, 0, out=new_ptr[1:])
-    src = torch.repeat_interleave(indptr[:-1][perm] - new_ptr[:-1], lengths, output_size=len(terms))
-    src += torch.arange(len(terms), device=terms.device)
+    total = int(new_ptr[-1])
+    src = torch.repeat_interleave(indptr[:-1][perm] - new_ptr[:-1], lengths, output_size=total)
+    src += torch.arange(total, device=terms.device)
     return new_ptr, terms[src], weights[src]
