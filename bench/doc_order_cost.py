@@ -5,8 +5,8 @@ cover at least ``dense_min`` of the tile (the layout's rule), else one shared-me
 posting. This counts both, per block, for the collection order, a random order and the
 cluster order of :func:`gpusparse.layout.order.cluster_order` (without its sample tiles:
 ``--sample`` adds the engine's order, sample tiles and all), on encoded vectors of real text
-(``--docs``/``--queries``: scipy ``.npz`` CSR files, e.g. the wordnet vectors of
-``bench/block_max.py``'s cache) or on the calibrated synthetic generator (``--synthetic N``).
+(``--docs``/``--queries``: ``.npz`` CSR files of scipy or of ``bench/block_max.py``'s cache,
+e.g. its wordnet vectors) or on the calibrated synthetic generator (``--synthetic N``).
 
     python bench/doc_order_cost.py --docs D.npz --queries Q.npz [--queries Q2.npz] --out R.json
     python bench/doc_order_cost.py --synthetic 1048576 --out R.json
@@ -47,6 +47,15 @@ def block_work(docs: sp.csr_matrix, queries: sp.csr_matrix, perm: np.ndarray, ti
     return {"dense_rows_per_block": rows / blocks, "sparse_postings_per_block": sparse / blocks, "tiles": int(tiles)}
 
 
+def load_csr(path: Path) -> sp.csr_matrix:
+    """A CSR matrix from ``scipy.sparse.save_npz`` or from ``bench/block_max.py``'s cache
+    (arrays ``indptr``, ``indices``, ``data``, ``shape``)."""
+    z = np.load(path)
+    if "indptr" in z.files and "format" not in z.files:
+        return sp.csr_matrix((z["data"], z["indices"], z["indptr"]), shape=tuple(z["shape"]))
+    return sp.load_npz(path).tocsr()
+
+
 def orders(docs: sp.csr_matrix, clusters: list[int], tile_bits: int, sample: bool, seed: int) -> dict[str, np.ndarray]:
     n = docs.shape[0]
     out = {"collection": np.arange(n), "random": np.random.default_rng(seed).permutation(n)}
@@ -84,8 +93,8 @@ def main(argv: list[str] | None = None) -> None:
         docs = sp.csr_matrix((dw.numpy(), dt.numpy(), di.numpy()), shape=(args.synthetic, v))
         qsets = {"synthetic": sp.csr_matrix((qw.numpy(), qt.numpy(), qi.numpy()), shape=(len(qi) - 1, v))}
     else:
-        docs = sp.load_npz(args.docs).tocsr()
-        qsets = {q.stem: sp.load_npz(q).tocsr() for q in args.queries}
+        docs = load_csr(args.docs)
+        qsets = {q.stem: load_csr(q) for q in args.queries}
     docs.sort_indices()
     report = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"), "host": platform.node(),
               "n_docs": docs.shape[0], "postings": int(docs.nnz), "dense_min": args.dense_min, "rows": []}  # fmt: skip

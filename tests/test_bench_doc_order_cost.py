@@ -38,3 +38,12 @@ def test_synthetic_run_writes_every_order(tmp_path):
     assert orders == {"collection", "random", "cluster 3", "cluster 3, engine order"}
     base = next(r for r in report["rows"] if r["order"] == "collection")
     assert base["rows_vs_collection"] == 1.0 and base["postings_vs_collection"] == 1.0
+
+
+def test_load_csr_reads_scipy_files_and_the_block_max_cache(tmp_path):
+    m = sp.random(20, 30, density=0.2, format="csr", dtype=np.float32, random_state=1)
+    sp.save_npz(tmp_path / "a.npz", m)
+    np.savez(tmp_path / "b.npz", indptr=m.indptr, indices=m.indices, data=m.data, shape=np.asarray(m.shape))
+    for name in ("a.npz", "b.npz"):
+        got = doc_order_cost.load_csr(tmp_path / name)
+        assert got.shape == m.shape and (got != m).nnz == 0
