@@ -101,6 +101,15 @@ def test_tile_order_puts_a_sample_first_then_spreads_each_cluster():
                        220, 230, 240, 250, 110, 120, 140, 150, 320, 330, 340]  # fmt: skip
 
 
+def test_every_first_wave_is_sample_tiles():
+    """The order's sample tiles cover the engine's largest first wave (a wave partly of one
+    cluster's tiles set too low a threshold, and the next wave overflowed, measured)."""
+    from gpusparse.engines.tiled.waves import wave_plan
+
+    firsts = [wave_plan(100_000, b, 1000, sm)[0][1] for b in range(1, 2049) for sm in (1, 16, 132, 264)]
+    assert max(firsts) <= order_mod.SAMPLE_TILES
+
+
 def test_permute_csr_moves_whole_rows(rng):
     docs = random_collection(rng, 50, 30, 6, empty_fraction=0.1)
     csr = _csr(docs)

@@ -19,11 +19,13 @@ import warnings
 import torch
 
 CSR = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-# Tiles at the start of the order that sample every cluster: the engine's smallest first wave
-# (gpusparse.engines.tiled.waves.wave_plan; batches of 66 queries or more on 132
-# multiprocessors). A larger first wave adds interleaved tiles, which cover the clusters in
-# proportion. (32 sample tiles left 3 % of the tiles unclustered at 8.8M, 25 % at 64 tiles.)
-SAMPLE_TILES = 4
+# Tiles at the start of the order that sample every cluster: the engine's largest first wave
+# (gpusparse.engines.tiled.waves.wave_plan). Every tile of a first wave must be a sample: the
+# next wave's candidate capacity assumes its threshold is the k-th of all the first wave's
+# documents, as in a random order. With 4 (the smallest first wave) a batch of 32 at
+# k = 1000, whose first wave is 9 tiles, overflowed and was searched again (7.6 against 1.5
+# ms at 8.8M, bench/NOTES.md). At 8.8M documents 32 tiles are 3 % of the collection.
+SAMPLE_TILES = 32
 # A layout of at least this many tiles is ordered by cluster under doc_order "auto": at 8.8M
 # documents (1,080 tiles) the kernel took 22 % less time (bench/NOTES.md, issue 23, tenth
 # session); a small collection's layout is cheap to search in any order.
@@ -185,7 +187,7 @@ def cluster_order(
 def _tile_order(perm: torch.Tensor, labels: torch.Tensor, tile_bits: int) -> torch.Tensor:
     """The documents of ``perm`` (sorted by cluster ``labels``) placed into tiles for the engine.
 
-    The engine searches tiles in waves, first a few (at least :data:`SAMPLE_TILES`) whose
+    The engine searches tiles in waves, first up to :data:`SAMPLE_TILES` tiles whose
     candidates set the threshold the later waves emit against: tiles of a few clusters there
     would set it too low for the other clusters' queries, and the next wave would overflow
     its candidates. So each of the first tiles holds an even sample of the whole order
