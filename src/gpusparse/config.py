@@ -44,7 +44,7 @@ class EngineConfig:
         doc_order: the order of documents in the tiled layout beside resident lists:
             ``"cluster"``, grouped by spherical k-means over their weights
             (:func:`gpusparse.layout.order.cluster_order`: fewer dense rows and sparse
-            postings per (query, tile), -22 % kernel time at 8.8M x 256 on an H200), ``"none"``
+            postings per (query, tile): -20 % kernel time at 8.8M x 256 on an H200, synthetic), ``"none"``
             (collection order), or ``"auto"``: ``"cluster"`` from
             :data:`gpusparse.layout.order.ORDER_MIN_TILES` tiles on, for a layout that keeps
             the forward copy (on a GPU, see ``forward_rescoring``). Results do not depend on

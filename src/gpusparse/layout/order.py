@@ -27,7 +27,7 @@ CSR = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 # ms at 8.8M, bench/NOTES.md). At 8.8M documents 32 tiles are 3 % of the collection.
 SAMPLE_TILES = 32
 # A layout of at least this many tiles is ordered by cluster under doc_order "auto": at 8.8M
-# documents (1,080 tiles) the kernel took 22 % less time (bench/NOTES.md, issue 23, tenth
+# documents (1,080 tiles) the kernel took 20 % less time (bench/NOTES.md, issue 23, tenth
 # session); a small collection's layout is cheap to search in any order.
 ORDER_MIN_TILES = 64
 # Documents the seeds are drawn from, postings a step of the rounds reads at once, and the
