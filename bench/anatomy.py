@@ -17,8 +17,10 @@ wave (``--launch-skip 2 --launch-count 1 -k regex:tiled_candidates``) is the big
 file named as the one of ``src/gpusparse/kernels/cuda/`` it replaces (e.g.
 ``git show SHA:src/gpusparse/kernels/cuda/rescore.cu > old/rescore.cu``; from a commit before
 the sources were files, save the text of the module's ``CUDA_SOURCE`` string, and for
-``tile_candidates.cu`` add the two typedefs that now open that file). The searches then
-compile it (:func:`gpusparse.kernels.cupy_launch.variant`) in place of the package's.
+``tile_candidates.cu`` add the two typedefs that now open that file; a ``tile_candidates.cu``
+from before ee74535 needs the trailing parameter ``const int* __restrict__ doc_of`` and a
+``rescore.cu`` the ``t_pos_of`` one before ``keys``, which the launchers now pass). The searches
+then compile it (:func:`gpusparse.kernels.cupy_launch.variant`) in place of the package's.
 """
 
 from __future__ import annotations
