@@ -343,12 +343,14 @@ def _positions(
 def _ranks_counted(key: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
     """Each posting's rank among the postings of its key so far (this slab in order, after the
     ``seen[key]`` of earlier slabs); ``seen`` is updated in place."""
-    sk, idx = torch.sort(key, stable=True)
-    n = sk.numel()
-    at = torch.arange(n, device=key.device)
-    new_run = torch.ones(n, dtype=torch.bool, device=key.device)
-    new_run[1:] = sk[1:] != sk[:-1]
-    run_start = torch.cummax(torch.where(new_run, at, 0), 0).values
+    sk, idx = torch.sort(key, stable=True)  # each key's postings consecutive, in slab order
+    at = torch.arange(sk.numel(), device=key.device)
+    # no share carried in: keys are ≥ 0, so the first posting starts a share
+    no_carry = (
+        torch.full((), -1, dtype=torch.int64, device=key.device),
+        torch.zeros((), dtype=torch.int64, device=key.device),
+    )
+    run_start, _ = _share_starts(sk, at, no_carry)
     ranks = torch.empty_like(key)
     ranks[idx] = seen[sk].to(torch.int64) + at - run_start
     seen.index_add_(0, key, torch.ones_like(key, dtype=torch.int32))
