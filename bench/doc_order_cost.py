@@ -26,8 +26,11 @@ import scipy.sparse as sp
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from block_max import _load as load_block_max_cache
 from gpusparse.layout.order import cluster_order
+from gpusparse.layout.tiled import dense_segments
 
 
 def block_work(docs: sp.csr_matrix, queries: sp.csr_matrix, perm: np.ndarray, tile_bits: int, dense_min: float) -> dict:
@@ -39,7 +42,7 @@ def block_work(docs: sp.csr_matrix, queries: sp.csr_matrix, perm: np.ndarray, ti
     tiles = (n + (1 << tile_bits) - 1) >> tile_bits
     tile = np.repeat(pos >> tile_bits, np.diff(docs.indptr))
     counts = np.bincount(tile * v + docs.indices, minlength=tiles * v).reshape(tiles, v)
-    dense = counts >= max(1, int(dense_min * (1 << tile_bits)))
+    dense = dense_segments(torch.from_numpy(counts).view(-1), v, tile_bits, dense_min).numpy().reshape(tiles, v)
     readers = np.bincount(queries.indices[queries.indices < v], minlength=v)  # queries reading each term
     blocks = tiles * queries.shape[0]
     rows = float((dense.sum(0) * readers).sum())
@@ -50,10 +53,9 @@ def block_work(docs: sp.csr_matrix, queries: sp.csr_matrix, perm: np.ndarray, ti
 def load_csr(path: Path) -> sp.csr_matrix:
     """A CSR matrix from ``scipy.sparse.save_npz`` or from ``bench/block_max.py``'s cache
     (arrays ``indptr``, ``indices``, ``data``, ``shape``)."""
-    z = np.load(path)
-    if "indptr" in z.files and "format" not in z.files:
-        return sp.csr_matrix((z["data"], z["indices"], z["indptr"]), shape=tuple(z["shape"]))
-    return sp.load_npz(path).tocsr()
+    if "format" in np.load(path).files:  # scipy's own
+        return sp.load_npz(path).tocsr()
+    return load_block_max_cache(path)
 
 
 def orders(docs: sp.csr_matrix, clusters: list[int], tile_bits: int, sample: bool, seed: int) -> dict[str, np.ndarray]:
