@@ -576,18 +576,37 @@ def test_tile_candidates_build_options() -> None:
     assert opts == (
         "--std=c++17", "-DTILE_BITS=13", "-DTHREADS=256", "-DUNROLL=4", "-DMIN_BLOCKS=4", "-DACC_MODE=1",
         "-DWT=unsigned_char", "-DINT_W=1", "-DFIXED_W=0", "-DFIXED_STORED=0", "-DPACKED=0", "-DSELECT=1",
-        "-DDENSE_LISTS=0",
+        "-DDENSE_LISTS=0", "-DQUADS=0",
         "-DPROFILE_SKIP_DENSE",
     )  # fmt: skip
     fixed = compile_options(14, 512, 4, 3, "u32", "float", False, True)
-    assert fixed[-7:-2] == ("-DWT=float", "-DINT_W=0", "-DFIXED_W=1", "-DFIXED_STORED=0", "-DPACKED=0")
+    assert fixed[-8:-3] == ("-DWT=float", "-DINT_W=0", "-DFIXED_W=1", "-DFIXED_STORED=0", "-DPACKED=0")
     stored = compile_options(14, 512, 4, 3, "u32", "unsigned int", False, True)
-    assert stored[-7:-2] == ("-DWT=unsigned_int", "-DINT_W=0", "-DFIXED_W=1", "-DFIXED_STORED=1", "-DPACKED=0")
+    assert stored[-8:-3] == ("-DWT=unsigned_int", "-DINT_W=0", "-DFIXED_W=1", "-DFIXED_STORED=1", "-DPACKED=0")
     packed = compile_options(13, 256, 4, 4, "u32", "float", False, True, packed=True)
-    assert packed[-7:-1] == ("-DWT=float", "-DINT_W=0", "-DFIXED_W=1", "-DFIXED_STORED=0", "-DPACKED=1", "-DSELECT=1")
-    assert compile_options(13, 256, 4, 4, "u32", "float", False, True, select=False)[-2] == "-DSELECT=0"
+    assert packed[-8:-2] == ("-DWT=float", "-DINT_W=0", "-DFIXED_W=1", "-DFIXED_STORED=0", "-DPACKED=1", "-DSELECT=1")
+    assert compile_options(13, 256, 4, 4, "u32", "float", False, True, select=False)[-3] == "-DSELECT=0"
     lists = compile_options(13, 256, 4, 4, "u32", "unsigned int", False, True, dense_lists=True)
-    assert lists[-1] == "-DDENSE_LISTS=1"
+    assert lists[-2] == "-DDENSE_LISTS=1"
+    assert compile_options(13, 256, 4, 4, "u32", "unsigned char", True, quads=True)[-1] == "-DQUADS=1"
+
+
+def test_sparse_postings_are_read_by_quads_only_where_their_storage_allows() -> None:
+    """The kernel's QUADS build reads a layout's sparse offsets and weights four at a time: only
+    where the data is aligned to four elements and its storage holds the last group of four;
+    the layout's builders allocate them so."""
+    from gpusparse.kernels.tile_candidates import quads_readable
+    from gpusparse.layout.tiled import sparse_array
+
+    for n in (0, 1, 5, 10, 12):
+        for dtype in (torch.int16, torch.uint8, torch.int32, torch.float32):
+            x = sparse_array(n, dtype, torch.device("cpu"))
+            assert x.shape == (n,) and x.dtype == dtype and quads_readable(x)
+    assert quads_readable(torch.empty(12, dtype=torch.int16))
+    assert not quads_readable(torch.empty(10, dtype=torch.int16))  # its last group ends past the storage
+    assert not quads_readable(torch.empty(13, dtype=torch.int16)[1:])  # not aligned to four elements
+    assert quads_readable(torch.empty(16, dtype=torch.uint8)[4:13])  # aligned; storage up to 16
+    assert not quads_readable(torch.empty(16, dtype=torch.uint8)[2:6])
 
 
 def test_check_tensors_refuses_wrong_dtype_device_and_layout() -> None:

@@ -323,6 +323,56 @@ def test_cuda_kernel_with_long_queries_and_long_segments(rng):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("quads", [True, False])
+def test_cuda_sparse_postings_by_quads_or_one_at_a_time_are_exact(rng, monkeypatch, quads):
+    """The sparse loop reads aligned groups of four postings (the kernel's QUADS) where the
+    layout's arrays allow it, a group's postings of a neighbouring segment masked out at each
+    end of a segment, and one posting at a time otherwise (``quads_readable`` false). Both are
+    exact against the float64 reference: 8-bit levels (integer and float64 products), float32
+    fixed point (packed postings) and float64 products in 64-bit sums; segments of one to
+    hundreds of postings; tiles whose first posting lies at each of the four places of its
+    group; tiles of 64 documents (blocks of fewer than 32 threads)."""
+    require_cuda_kernels()
+    from gpusparse.kernels import tile_candidates as tc
+    from gpusparse.quantize import quantize_collection, quantize_queries
+
+    if not quads:
+        monkeypatch.setattr(tc, "quads_readable", lambda x: False)
+    built, real = [], tc._kernel
+
+    def spy(build, device, variant):
+        built.append(build[-1])  # the build's QUADS
+        return real(build, device, variant)
+
+    monkeypatch.setattr(tc, "_kernel", spy)
+    raw = random_collection(rng, 30_000, 400, 30, skew=0.7)
+    queries = random_collection(rng, 24, 400, 12)
+    packed = False
+    for quantize in (None, 8):
+        docs = quantize_collection(raw, 8)[0] if quantize else raw
+        index = Index.build(docs, device="cuda", quantize=quantize)
+        sets = [(queries, "u32", True), (queries, "carry", False)]
+        if quantize:  # prepared queries: integer products; raw ones: float64 products
+            sets = [(quantize_queries(queries, 8), "u32", False), (queries, "u32", False)]
+        for q, acc, fixed in sets:
+            scores, batch = dense_scores(docs, q), query_batch(q, index.device)
+            for tile_bits, dense_min in ((13, 0.05), (6, 0.3)):
+                layout = layout_for_search(index, tile_bits, dense_min, acc, fixed)
+                packed |= layout.packed
+                if tile_bits == 6:
+                    assert set((layout.tile_start[:-1] % 4).tolist()) == {0, 1, 2, 3}
+                for k in (10, 700):
+                    s, i = tiled_search(index, batch, k, tile_bits=tile_bits, dense_min=dense_min, acc=acc,
+                                        fixed=fixed).resolved()  # fmt: skip
+                    ref_s, ref_i = reference_topk(scores, k)
+                    what = str((quantize, acc, fixed, tile_bits, k))
+                    np.testing.assert_array_equal(i.cpu().numpy(), ref_i, err_msg=what)
+                    np.testing.assert_array_equal(s.cpu().numpy(), ref_s, err_msg=what)
+    assert packed and set(built) == {quads}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_dense_rows_of_levels_two_at_a_time(rng):
     """The 8-bit layout's dense phase takes two rows at a time (the kernel's PAIRS: 16-bit
     weights times levels by __dp2a) where every dense weight of the block is at most 16 bits

@@ -105,13 +105,25 @@ def launch_shape(
     return threads, min_blocks or blocks
 
 
+def quads_readable(x: torch.Tensor) -> bool:
+    """Whether the kernel may read ``x`` (a layout's sparse offsets or weights) in aligned groups
+    of four elements (its QUADS build): the data aligned to four elements, and the storage
+    readable up to the end of the group holding the last element
+    (:func:`~gpusparse.layout.tiled.sparse_array` allocates them so)."""
+    size = x.element_size()
+    if x.data_ptr() % (4 * size):
+        return False
+    storage = x.untyped_storage()
+    return x.data_ptr() + -(-x.numel() // 4) * 4 * size <= storage.data_ptr() + storage.nbytes()
+
+
 def block_shared_bytes(tile_bits: int, acc: str, min_blocks: int) -> int:
     """Shared memory one block holds on an SM, a bound: the tile's accumulators, the build's
-    static arrays (at most 24 bytes a query term of its MAXT, which is 128 for builds of six
-    blocks or more, else 256, plus ~1.1 KB; ptxas: 6,240 and 3,680 bytes for the 8-bit builds)
+    static arrays (at most 28 bytes a query term of its MAXT, which is 128 for builds of six
+    blocks or more, else 256, plus ~1.1 KB; ptxas: 7,264 and 4,208 bytes for the 8-bit builds)
     and the 1 KB the device reserves for each block."""
     maxt = 128 if min_blocks >= 6 else 256
-    return shared_bytes(tile_bits, acc) + 24 * maxt + 1152 + 1024
+    return shared_bytes(tile_bits, acc) + 28 * maxt + 1152 + 1024
 
 
 def shared_bytes(tile_bits: int, acc: str) -> int:
@@ -132,6 +144,7 @@ def compile_options(
     packed: bool = False,
     select: bool = True,
     dense_lists: bool = False,
+    quads: bool = False,
 ) -> tuple[str, ...]:
     """The NVRTC options of one build of the kernel (``defines``: extra ``-D`` names, profiling only)."""
     return (
@@ -148,6 +161,7 @@ def compile_options(
         f"-DPACKED={int(packed)}",
         f"-DSELECT={int(select)}",
         f"-DDENSE_LISTS={int(dense_lists)}",
+        f"-DQUADS={int(quads)}",
         *(f"-D{d}" for d in defines),
     )
 
@@ -279,8 +293,9 @@ def tiled_candidates(
         tile_bits, acc, batch=b, levels=wdtype == torch.uint8, width=t, threads=threads, min_blocks=min_blocks
     )
     shared = shared_bytes(tile_bits, acc)
+    quads = quads_readable(layout.offs) and quads_readable(layout.wts)
     build = (tile_bits, threads, unroll, min_blocks, acc, _WEIGHT_TYPES[wdtype], int_weights, fixed, tuple(defines),
-             packed, bool(select), lists is not None)  # fmt: skip
+             packed, bool(select), lists is not None, quads)  # fmt: skip
     kernel = _kernel(build, device_index(dev), variant_of(SOURCE))
     if dense.numel() == 0:  # CuPy wants real memory behind every pointer
         dense = torch.zeros((1, 1 << tile_bits), dtype=wdtype, device=dev)

@@ -34,7 +34,7 @@ from ..vocab import Vocabulary
 from . import packing
 from .packing import exponent_base, exponent_range, merge_range
 from .postings import PostingLists, build_inverted_index
-from .tiled import TiledIndex, build_tiled, fixed_weight_bits
+from .tiled import TiledIndex, build_tiled, fixed_weight_bits, sparse_array
 
 CSR = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -119,8 +119,8 @@ def empty_tiled(
     return TiledIndex(
         tile_bits, n_docs, n_terms,
         seg=torch.zeros(n_tiles * (n_terms + 1), dtype=torch.int32, device=device),
-        offs=torch.empty(n_sparse, dtype=torch.int32 if packed else torch.int16, device=device),
-        wts=torch.empty(n_sparse, dtype=torch.uint8 if packed else wdtype, device=device),
+        offs=sparse_array(n_sparse, torch.int32 if packed else torch.int16, device),
+        wts=sparse_array(n_sparse, torch.uint8 if packed else wdtype, device),
         dense_id=torch.full((n_tiles * n_terms,), -1, dtype=torch.int16, device=device),
         dense=torch.zeros((n_dense, 1 << tile_bits), dtype=wdtype, device=device),
         tile_start=torch.zeros(n_tiles + 1, dtype=torch.int64, device=device),

@@ -175,6 +175,13 @@ def dense_segments(counts: torch.Tensor, n_terms: int, tile_bits: int, dense_min
     return dense & (rank <= MAX_DENSE_PER_TILE)
 
 
+def sparse_array(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An uninitialised ``[n]`` array of sparse postings (offsets or weights) whose storage
+    reaches the end of the last group of four elements: the kernel reads them four at a time
+    (:func:`~gpusparse.kernels.tile_candidates.quads_readable`)."""
+    return torch.empty(-(-n // 4) * 4, dtype=dtype, device=device)[:n]
+
+
 def build_tiled(
     index: PostingLists,
     tile_bits: int = DEFAULT_TILE_BITS,
@@ -274,8 +281,8 @@ def build_tiled(
     dense = torch.zeros((n_dense, 1 << tile_bits), dtype=wdtype, device=dev)
     n_sparse = int(tile_start[-1])
     packed = exp_base is not None
-    offs = torch.empty(n_sparse, dtype=torch.int32 if packed else torch.int16, device=dev)
-    wts = torch.empty(n_sparse, dtype=torch.uint8 if packed else wdtype, device=dev)
+    offs = sparse_array(n_sparse, torch.int32 if packed else torch.int16, dev)
+    wts = sparse_array(n_sparse, torch.uint8 if packed else wdtype, dev)
     layout = TiledIndex(tile_bits, n_docs, n_terms, seg, offs, wts, dense_id, dense, tile_start, dense_start, step,
                         weight_bits, exp_base=exp_base)  # fmt: skip
 

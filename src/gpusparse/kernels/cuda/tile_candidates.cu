@@ -114,6 +114,18 @@ typedef long long i64;
 #ifndef UNROLL
 #define UNROLL 4
 #endif
+// QUADS: the sparse loop takes aligned groups of four postings of the layout's arrays ("quads")
+// instead of single postings: one vector load of four offsets and one of four weights, and each
+// thread UQ quads a step (up to 4 * UQ postings in flight instead of UNROLL). A quad may hold
+// postings of a neighbouring segment at a segment's ends: a mask keeps only the segment's own.
+// The launcher sets it where both arrays are aligned to four elements and readable up to the end
+// of their last quad.
+#ifndef QUADS
+#define QUADS 0
+#endif
+#ifndef UQ
+#define UQ 2
+#endif
 
 // Dense rows are read VEC weights at a time (one vector load).
 #define VEC (PER >= 4 ? 4 : PER)
@@ -309,6 +321,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     __shared__ int d_row[MAXT], s_pref[MAXT + 1], warp_counts[2 * NWARPS], d_term[DENSE_LISTS ? MAXT : 1];
     __shared__ unsigned int d_wi[MAXT], s_wi[MAXT];
     __shared__ int s_start[MAXT];
+    __shared__ int s_len[QUADS ? MAXT : 1];  // QUADS: segment lengths (s_pref then counts quads)
     __shared__ double d_w[WMAX], s_w[WMAX];
     __shared__ u64 s_max, s_val, s_th0;
     __shared__ unsigned int s_above;
@@ -335,8 +348,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     const int* seg_tile = seg + (i64)tile * (V + 1);
     const short* did_tile = dense_id + (i64)tile * V;
     // the tile's own postings and rows: positions inside a tile are 32-bit
-    const OT* offs_tile = offs + tile_start[tile];
-    const ST* wts_tile = wts + tile_start[tile];
+    const i64 t_first = tile_start[tile];
+    const OT* offs_tile = offs + t_first;
+    const ST* wts_tile = wts + t_first;
+#if QUADS
+    // quads are counted from the aligned quad holding the tile's first posting; `phase` is that
+    // posting's place in it
+    const int phase = (int)(t_first & 3);
+    const Pack<OT, 4>* offs4 = reinterpret_cast<const Pack<OT, 4>*>(offs + (t_first - phase));
+    const Pack<ST, 4>* wts4 = reinterpret_cast<const Pack<ST, 4>*>(wts + (t_first - phase));
+#endif
     const WT* dense_tile = dense + (i64)dense_start[tile] * TILE;
 
     // The query's terms are handled in chunks of MAXT: their metadata (weight, dense row,
@@ -433,6 +454,28 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     dense_registers();
 #endif
 
+    // One sparse posting (document offset o in the tile, stored weight wd) times the query
+    // term's weight (wq: float64, wqi: integer) into the document's shared sum.
+    auto add_posting = [&](unsigned int o, WT wd, double wq, unsigned int wqi) {
+        // float32 x float32 is exact in float64 (wq holds w_q * scale, a power of two);
+        // one rounding to the integer unit.
+#if FIXED_W
+        const u64 v = ((u64)wqi * (u64)SPARSE_FIXED(wd)) >> sh;
+#elif INT_W
+        const u64 v = (u64)(wqi * (unsigned int)wd);
+#else
+        const u64 v = (u64)__double2ll_rn(wq * (double)wd);
+#endif
+#if ACC_MODE == 0
+        const unsigned int add_lo = (unsigned int)v;
+        const unsigned int old = atomicAdd(&lo[o], add_lo);
+        const unsigned int add_hi = (unsigned int)(v >> 32) + (old + add_lo < old ? 1u : 0u);  // carry
+        if (add_hi) atomicAdd(&hi[o], add_hi);
+#else
+        atomicAdd(&lo[o], (unsigned int)v);
+#endif
+    };
+
     // 1b. Sparse segments: one flat loop over all their postings, so that every thread has
     //     independent loads in flight whatever the segments' lengths.
     for (int j0 = 0; j0 < T; j0 += MAXT) {
@@ -443,7 +486,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
         if (tid < WL) {
             int carry = 0;
             for (int c = 0; c < ns; c += WL) {
+#if QUADS
+                // the segment's quads: from the one holding its first posting to its last's
+                int len = 0;
+                if (c + tid < ns) {
+                    const int n = s_pref[c + tid], a = phase + s_start[c + tid];
+                    s_len[c + tid] = n;
+                    len = ((a + n - 1) >> 2) - (a >> 2) + 1;
+                }
+#else
                 const int len = c + tid < ns ? s_pref[c + tid] : 0;
+#endif
                 int incl = len;
                 for (int o = 1; o < WL; o <<= 1) {
                     const int up = __shfl_up_sync(WMASK, incl, o);
@@ -482,6 +535,72 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
         // so that a posting in the same segment as the thread's previous one costs a compare,
         // and only a posting past it looks its segment up (the chunk map, then a short walk).
         const int lane_id = tid & 31, warp_id = tid >> 5;
+#if QUADS
+        // UQ quads per thread and step, lane l of a warp those at l, l + WL, ... of the warp's
+        // UQ * WL consecutive ones (each vector load coalesced across the warp); the segment is
+        // found as for single postings below, and a quad's mask keeps the postings in
+        // [a_lo, a_hi), the segment's own (counted from the tile's aligned first quad).
+        int j = 0, next = 0, q_off = 0, a_lo = 0, a_hi = 0;  // quad = q_off + f
+        double wj = 0.0;
+        unsigned int wij = 0u;
+        for (int f0 = warp_id * (UQ * WL) + lane_id; f0 < total; f0 += UQ * THREADS) {
+            int qd[UQ];
+            unsigned int mk[UQ], wqi[UQ];
+            double wq[UQ];
+#pragma unroll
+            for (int u = 0; u < UQ; ++u) {
+                const int f = f0 + u * WL;
+                mk[u] = 0u;
+                qd[u] = 0;
+                wq[u] = 0.0;
+                wqi[u] = 0u;
+                if (f < total) {
+                    if (f >= next) {
+                        j = max(j, (int)s_chunk[f >> cs]);
+                        while (s_pref[j + 1] <= f) ++j;
+                        next = s_pref[j + 1];
+                        a_lo = phase + s_start[j];
+                        a_hi = a_lo + s_len[j];
+                        q_off = (a_lo >> 2) - s_pref[j];
+                        if (!INT_PRODUCTS) wj = s_w[j];
+                        wij = s_wi[j];
+                    }
+                    const int q4 = q_off + f, p = q4 << 2;
+                    unsigned int m = 0xfu;
+                    if (p < a_lo) m &= 0xfu << (a_lo - p);
+                    if (p + 4 > a_hi) m &= 0xfu >> (p + 4 - a_hi);
+                    mk[u] = m & 0xfu;
+                    qd[u] = q4;
+                    wq[u] = wj;
+                    wqi[u] = wij;
+                }
+            }
+            Pack<OT, 4> ol[UQ];
+            Pack<ST, 4> wl[UQ];
+#pragma unroll
+            for (int u = 0; u < UQ; ++u) {
+                if (mk[u]) {
+                    ol[u] = offs4[qd[u]];
+                    wl[u] = wts4[qd[u]];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < UQ; ++u) {
+#pragma unroll
+                for (int v = 0; v < 4; ++v) {
+                    if (!((mk[u] >> v) & 1u)) continue;
+#if PACKED
+                    const unsigned int o = ol[u].v[v] >> PACK_SHIFT;
+                    const WT wd = __uint_as_float((((ol[u].v[v] & PACK_FIELD) << 8) | (unsigned int)wl[u].v[v]) + p_bias);
+#else
+                    const unsigned int o = ol[u].v[v];
+                    const WT wd = wl[u].v[v];
+#endif
+                    add_posting(o, wd, wq[u], wqi[u]);
+                }
+            }
+        }
+#else
         int j = 0, next = 0, first_j = 0;  // segment j holds postings [.., next); idx = first_j + f
         double wj = 0.0;
         unsigned int wij = 0u;
@@ -529,27 +648,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
 #endif
             }
 #pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                if (idx[u] < 0) continue;
-                // float32 x float32 is exact in float64 (wq holds w_q * scale, a power of two);
-                // one rounding to the integer unit.
-#if FIXED_W
-                const u64 v = ((u64)wqi[u] * (u64)SPARSE_FIXED(wd[u])) >> sh;
-#elif INT_W
-                const u64 v = (u64)(wqi[u] * (unsigned int)wd[u]);
-#else
-                const u64 v = (u64)__double2ll_rn(wq[u] * (double)wd[u]);
-#endif
-#if ACC_MODE == 0
-                const unsigned int add_lo = (unsigned int)v;
-                const unsigned int old = atomicAdd(&lo[o[u]], add_lo);
-                const unsigned int add_hi = (unsigned int)(v >> 32) + (old + add_lo < old ? 1u : 0u);  // carry
-                if (add_hi) atomicAdd(&hi[o[u]], add_hi);
-#else
-                atomicAdd(&lo[o[u]], (unsigned int)v);
-#endif
-            }
+            for (int u = 0; u < UNROLL; ++u)
+                if (idx[u] >= 0) add_posting(o[u], wd[u], wq[u], wqi[u]);
         }
+#endif
 #if DENSE_LISTS
         // The dense terms' postings in this tile, from their lists: the products the dense
         // phase would have added (the stored fixed point is round(w * 2**b), this conversion).
