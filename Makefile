@@ -15,8 +15,8 @@ DEMO := .demo
 
 .PHONY: demo pipeline-demo quality test lint docs tables clean
 
-# (setup.py and the C source: pip install -e . compiles the JSONL reader's C module)
-$(VENV)/.installed: pyproject.toml setup.py src/gpusparse/_jsonl_native.c
+# (setup.py and the C sources: pip install -e . compiles the C modules, the JSONL reader's and the queries')
+$(VENV)/.installed: pyproject.toml setup.py src/gpusparse/_jsonl_native.c src/gpusparse/_queries_native.c
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[test,docs]"

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from .collection import SparseCollection
+from .queries_native import quantized_rows
 
 MAX_BITS = 8  # the tiled engine stores levels in one byte
 
@@ -180,18 +181,23 @@ def quantize_queries(queries: SparseCollection, bits: int) -> SparseCollection:
     """Each query quantized with its own power-of-two step, so its result never depends on
     the other queries of a batch. Terms rounding to zero are dropped.
 
-    In numpy (the rounding of :func:`levels`: half to even; no clipping is needed, as no
-    weight exceeds its row's largest, ``≤ (2**bits − 1) · step``): every search of a quantized
-    index passes here, and a batch-1 search's host time is on its latency's critical path.
-    One query's step comes from a Python float (:func:`power_of_two_step`, equal to
-    :func:`power_of_two_steps`: tested). The result is built from canonical arrays without
-    the constructor's checks (:meth:`SparseCollection.from_canonical`); the arrays are shared
-    with ``queries`` where no term is dropped. A weight near float32's largest can round up
-    to a level whose ``level · step`` is ``inf``: :func:`~gpusparse.queries.check_score_bound`
-    then refuses the query."""
+    In one C pass (:func:`~gpusparse.queries_native.quantized_rows`), else numpy (the
+    rounding of :func:`levels`: half to even; no clipping is needed, as no weight exceeds its
+    row's largest, ``≤ (2**bits − 1) · step``): every search of a quantized index passes here,
+    before its batch's launch. Numpy takes one query's step from a Python float
+    (:func:`power_of_two_step`, equal to :func:`power_of_two_steps`: tested). The result is
+    built from canonical arrays without the constructor's checks
+    (:meth:`SparseCollection.from_canonical`); on the numpy path the arrays are shared with
+    ``queries`` where no term is dropped. A weight near float32's largest can round up to a
+    level whose ``level · step`` is ``inf``: :func:`~gpusparse.queries.check_score_bound` then
+    refuses the query."""
     check_bits(bits)
     n = len(queries)
     indptr = queries.indptr
+    native = quantized_rows(indptr, queries.indices, queries.values, bits)  # one C pass: the same arrays
+    if native is not None:
+        indptr, indices, new_values = native
+        return SparseCollection.from_canonical(indptr, indices, new_values, queries.ids, queries.vocab)
     values = queries.values.astype(np.float64)
     if n == 1:
         step_of: float | np.ndarray = power_of_two_step(float(values.max()) if values.size else 0.0, bits)

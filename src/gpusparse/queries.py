@@ -19,6 +19,7 @@ import torch
 from .collection import SparseCollection, is_torch_sparse
 from .errors import InputError
 from .quantize import quantize_queries
+from .queries_native import pad_rows
 from .transfer import to_device
 from .vocab import Vocabulary
 
@@ -78,12 +79,13 @@ def check_score_bound(queries: SparseCollection, max_scores: np.ndarray) -> None
     values = queries.values
     if not values.size:
         return
-    # A proof first, from three reductions: every bound is at most nnz · max w_q · max
-    # max_scores[t]; at most 2**100 (float64 rounding aside, below 2**-40 relative here) a
-    # bound widened by (n + 1) · 2⁻²³ (n < 2**40) stays below 2**120 < F32_MAX: nothing to
-    # refuse, the sums below would find the same. SPLADE's largest are ~1e4.
+    # A proof first, from two reductions: every bound is at most nnz · max w_q · max
+    # max_scores (over all terms: no gather of the queries' own); at most 2**100 (float64
+    # rounding aside, below 2**-40 relative here) a bound widened by (n + 1) · 2⁻²³ (n < 2**40)
+    # stays below 2**120 < F32_MAX: nothing to refuse, the sums below would find the same.
+    # SPLADE's largest are ~1e4.
     m = np.asarray(max_scores)
-    if float(values.max()) * float(m[queries.indices].max()) * values.size <= 2.0**100:
+    if float(values.max()) * float(m.max(initial=0.0)) * values.size <= 2.0**100:
         return
     bounds = score_bounds(queries, max_scores)
     lengths = np.diff(queries.indptr)
@@ -173,6 +175,18 @@ def padded_host(
     return _padded(queries.indptr, queries.indices, queries.values, width)
 
 
+def longest_row(queries: SparseCollection) -> int:
+    """The number of terms of the batch's longest query (0 for none)."""
+    indptr = queries.indptr
+    return int((indptr[1:] - indptr[:-1]).max()) if len(indptr) > 1 else 0
+
+
+def pad_into(queries: SparseCollection, terms: np.ndarray, weights: np.ndarray) -> None:
+    """:func:`padded_host` into given C-contiguous arrays, int64 ``terms`` and float32
+    ``weights`` ``[B, W]`` with ``W`` at least the longest row (a CUDA graph's staging buffer)."""
+    _pad(queries.indptr, queries.indices, queries.values, terms, weights)
+
+
 def _padded(
     indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, widen: Callable[[int], int] | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -180,17 +194,33 @@ def _padded(
     b = len(lengths)
     width = (int(lengths.max()) if b > 1 else indices.size) if b else 0
     width = widen(width) if widen is not None else width
-    terms = np.empty((b, width), dtype=np.int64)
+    terms, weights = np.empty((b, width), dtype=np.int64), np.empty((b, width), dtype=np.float32)
+    _pad(indptr, indices, values, terms, weights, lengths)
+    return terms, weights, lengths
+
+
+def _pad(
+    indptr: np.ndarray,
+    indices: np.ndarray,
+    values: np.ndarray,
+    terms: np.ndarray,
+    weights: np.ndarray,
+    lengths: np.ndarray | None = None,
+) -> None:
+    """Rows into ``terms`` / ``weights`` ``[B, W]``, ``-1`` / ``0`` after each row's end: one C
+    pass where the module is built (:func:`~gpusparse.queries_native.pad_rows`), else numpy."""
+    if pad_rows(indptr, indices, values, terms, weights):
+        return
     terms.fill(-1)  # np.full costs a microsecond more (a Python function around these two)
-    weights = np.zeros((b, width), dtype=np.float32)
-    if b == 1:  # one row: two slices (a mask costs three numpy calls more)
+    weights.fill(0)
+    if len(terms) == 1:  # one row: two slices (a mask costs three numpy calls more)
         terms[0, : indices.size] = indices
         weights[0, : indices.size] = values
-    else:
-        real = np.arange(width) < lengths[:, None]  # row-major order of the real slots is CSR order
-        terms[real] = indices
-        weights[real] = values
-    return terms, weights, lengths
+        return
+    lengths = indptr[1:] - indptr[:-1] if lengths is None else lengths
+    real = np.arange(terms.shape[1]) < lengths[:, None]  # row-major order of the real slots is CSR order
+    terms[real] = indices
+    weights[real] = values
 
 
 def _batch_from_csr(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, device: torch.device) -> QueryBatch:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
 from ...config import engine_config
@@ -22,7 +21,7 @@ from ...queries import QueryBatch
 from ...topk import top_keys
 from . import waves
 from .fixed_point import FixedPoint, fixed_point_device, kernel_scale, match_floor
-from .graphs import HostResults, graphed
+from .graphs import HostBatch, HostResults, graphed, padded_batch
 from .waves import candidate_lows
 
 # Candidate slots per query kept for the final selection on the synchronisation-free path:
@@ -67,7 +66,8 @@ def device_search(
     if terms.shape[0] <= engine_config().graph_max_batch:
         cutoff = None
         host_terms, host_weights, _ = batch.host_arrays()
-        out = graphed_steps(index, layout, host_terms, host_weights, k, acc=acc, int_weights=int_weights, n_sm=n_sm)
+        out = graphed_steps(index, layout, padded_batch(host_terms, host_weights), k, acc=acc,
+                            int_weights=int_weights, n_sm=n_sm)  # fmt: skip
         if out is not None:
             return out  # type: ignore[return-value]
     return _device_steps(index, layout, terms.contiguous(), weights.contiguous(), fp, lb, k, acc, int_weights, n_sm,
@@ -148,8 +148,7 @@ def dense_lists(
 def graphed_steps(
     index: PostingLists,
     layout: TiledIndex,
-    terms: np.ndarray,
-    weights: np.ndarray,
+    batch: HostBatch,
     k: int,
     *,
     acc: str,
@@ -157,8 +156,9 @@ def graphed_steps(
     n_sm: int,
     to_host: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | HostResults | None:
-    """:func:`_device_steps` by the CUDA graph of this shape (:mod:`.graphs`), from the padded
-    batch on the host; the fixed-point parameters are computed in the graph
+    """:func:`_device_steps` by the CUDA graph of this shape (:mod:`.graphs`), from the batch on
+    the host (:class:`~.graphs.HostBatch`: written padded into the graph's staging buffer); the
+    fixed-point parameters are computed in the graph
     (:func:`~.fixed_point.fixed_point_device`; rows it cannot serve are flagged in ``redo``,
     as are, with ``int_weights``, rows whose weights are not integers at their scale).
     ``None`` where it could not be captured (the caller runs the steps themselves).
@@ -173,7 +173,7 @@ def graphed_steps(
     key = (id(layout), k, acc, int_weights)
 
     def nbytes() -> int:
-        return waves.search_bytes(layout.n_tiles, terms.shape[0], k, n_sm)
+        return waves.search_bytes(layout.n_tiles, batch.rows, k, n_sm)
 
-    return graphed(index.derived.graphs, key, steps, terms, weights, layout.seg.device, nbytes,  # type: ignore[return-value]
+    return graphed(index.derived.graphs, key, steps, batch, layout.seg.device, nbytes,  # type: ignore[return-value]
                    to_host=to_host)  # fmt: skip

@@ -28,13 +28,13 @@ from ...layout.layout_only import LayoutOnly
 from ...layout.order import order_clusters
 from ...layout.postings import PostingLists
 from ...layout.tiled import AUTO, TiledIndex, default_layout, tiled_layout
-from ...queries import QueryBatch, batch_rows, padded_host, query_batch
+from ...queries import QueryBatch, batch_rows, longest_row, pad_into, query_batch
 from ..base import DEFAULT_MEMORY_BUDGET, POSTING_BYTES, BatchResult, SearchPlan, plan_chunks
 from ..reference import reference_search
 from .device import device_search, graphed_steps
 from .emulation import torch_tiled_candidates
 from .fixed_point import choose_acc, exact_margin, fixed_point, integer_weights, out_of_range
-from .graphs import query_width
+from .graphs import HostBatch, query_width
 from .layout_fallback import layout_reference_search
 from .ranking import rank_candidates
 from .waves import candidate_lows, candidates, compact_cuda, compact_torch
@@ -92,8 +92,8 @@ def graphed_batch_search(
     repeat = b <= config.graph_repeat_batch and cutoff is None and config.device_memory_limit is None
     if b > config.graph_max_batch and not repeat:
         return None
-    terms, weights, _ = padded_host(queries, query_width)  # the graph's width: no padding later
-    if b > config.graph_max_batch and not _seen_before(index, (b, terms.shape[1], k)):
+    longest = longest_row(queries)
+    if b > config.graph_max_batch and not _seen_before(index, (b, query_width(longest), k)):
         return None
     acc = choose_acc(None)
     layout = layout_for_search(index, acc=acc)
@@ -103,7 +103,9 @@ def graphed_batch_search(
     # terms; a row where it does not (a query not prepared) is flagged in the graph.
     int_w = layout.quantized and acc == "u32"
     n_sm = _sm_count(cupy_launch.device_index(dev))
-    out = graphed_steps(index, layout, terms, weights, k, acc=acc, int_weights=int_w, n_sm=n_sm, to_host=to_host)
+    # the batch is written padded straight into the graph's staging buffer
+    host = HostBatch(b, longest, functools.partial(pad_into, queries))
+    out = graphed_steps(index, layout, host, k, acc=acc, int_weights=int_w, n_sm=n_sm, to_host=to_host)
     if out is None:
         return None
 

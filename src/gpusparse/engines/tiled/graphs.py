@@ -182,12 +182,29 @@ def _fill(views: Mapping[str, np.ndarray], terms: np.ndarray, weights: np.ndarra
             view[:, : src.shape[1]] = src
 
 
+@dataclass(frozen=True)
+class HostBatch:
+    """A batch for :func:`graphed`: ``rows`` queries, the longest of ``longest`` terms, and
+    ``fill(terms, weights)``, which writes it padded into a staging buffer's int64 terms and
+    float32 weights ``[rows, width]`` (``width`` at least ``longest``; ``-1`` and ``0`` after each
+    row's end)."""
+
+    rows: int
+    longest: int
+    fill: Callable[[np.ndarray, np.ndarray], None]
+
+
+def padded_batch(terms: np.ndarray, weights: np.ndarray) -> HostBatch:
+    """A :class:`HostBatch` of a batch already padded on the host (int64 ``terms`` and float32
+    ``weights`` ``[B, t]``), copied into the staging buffer."""
+    return HostBatch(terms.shape[0], terms.shape[1], lambda t, w: _fill({"terms": t, "weights": w}, terms, weights))
+
+
 def graphed(
     cache: OrderedDict,
     key: tuple,
     steps: Steps,
-    terms: np.ndarray,
-    weights: np.ndarray,
+    batch: HostBatch,
     device: torch.device,
     nbytes: Callable[[], int] = lambda: 0,
     *,
@@ -201,15 +218,15 @@ def graphed(
     :data:`HOST_COPY_MAX_BYTES` and results use page-locked memory
     (:attr:`~gpusparse.config.EngineConfig.pinned_results`); otherwise, a copy of each on the device.
 
-    ``terms`` (int64) and ``weights`` (float32) ``[B, t]`` are the padded batch on the host.
-    ``steps`` reads them from the tensors it is given, under those names, with the query width
-    padded (:func:`query_width`). ``nbytes()``: the device bytes the steps allocate (their
-    buffers stay with the graph; asked only before a capture); the cache holds at most
+    ``batch`` writes the padded batch into the graph's staging buffer (:class:`HostBatch`):
+    ``steps`` reads it from the tensors it is given, ``terms`` (int64) and ``weights`` (float32)
+    ``[B, width]``, the query width padded (:func:`query_width` of the longest row).
+    ``nbytes()``: the device bytes the steps allocate (their buffers stay with the graph;
+    asked only before a capture); the cache holds at most
     :attr:`~gpusparse.config.EngineConfig.graph_cache_bytes` of them, and a graph larger than
     that is not captured.
     """
-    b, t = terms.shape
-    width = query_width(t)
+    b, width = batch.rows, query_width(batch.longest)
     full_key = (*key, b, width)
     entry = cache.get(full_key)
     if entry is False:
@@ -229,7 +246,7 @@ def graphed(
     else:
         cache.move_to_end(full_key)
     slot = entry.slot()
-    captured = _capture(entry, steps, terms, weights) if slot is None else None  # filled with this batch
+    captured = _capture(entry, steps, batch) if slot is None else None  # filled with this batch
     if captured is not None:
         entry.slots.append(captured)
         if len(entry.slots) > 1:  # the second slot's own outputs (the pool and the inputs are shared)
@@ -244,7 +261,7 @@ def graphed(
         entry.room = len(entry.slots)  # a second one (memory, say): the first slot serves alone
         slot = entry.slot()
     if captured is None:
-        _fill(slot.views, terms, weights)  # type: ignore[union-attr]
+        batch.fill(slot.views["terms"], slot.views["weights"])  # type: ignore[union-attr]
     return entry.run(slot, to_host and config.pinned_results)  # type: ignore[arg-type]
 
 
@@ -276,14 +293,14 @@ def _bytes(cache: Mapping) -> int:
     return sum(e.nbytes for e in cache.values() if e)
 
 
-def _capture(entry: GraphEntry, steps: Steps, terms, weights) -> _Slot | None:
+def _capture(entry: GraphEntry, steps: Steps, batch: HostBatch) -> _Slot | None:
     """A new slot of ``entry``, its staging buffer holding this batch (the caller replays it:
     a capture runs nothing); ``None`` where capture is unsupported here."""
     dev = entry.dev_in.device
     size = entry.dev_in.numel()
     staging = torch.empty(size, dtype=torch.uint8, pin_memory=True)
     views = {n: _numpy_view(staging.numpy(), spec) for n, spec in entry.inputs.items()}
-    _fill(views, terms, weights)
+    batch.fill(views["terms"], views["weights"])
     inputs = {n: _torch_view(entry.dev_in, spec) for n, spec in entry.inputs.items()}
     current = torch.cuda.current_stream(dev)
     side = capture_stream(dev)

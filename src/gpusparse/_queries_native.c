@@ -1,0 +1,204 @@
+/* A query batch's work per term on the host, one pass each (gpusparse._queries_native).
+ *
+ * quantize() gives each row's weights as levels of the row's own power-of-two step, as
+ * gpusparse.quantize.quantize_queries defines them: the smallest step 2**e with
+ * max / step <= 2**bits - 1 (e from the largest weight's binary exponent), each weight
+ * rounded half to even to a level, level * step stored as float32, terms of level 0 dropped
+ * (level * step is a float32 exactly: 0 only for level 0). pad() lays rows out as the
+ * tiled engine's CUDA graph reads a batch: int64 terms (-1 after a row's end) and float32
+ * weights (0 there), [rows, width]. Each is one pass in C instead of a dozen numpy calls: a
+ * batch's host time before its launch is on a single batch's latency.
+ *
+ * Limited API (abi3, CPython 3.11+): one binary for every later CPython. The passes run
+ * without the GIL.
+ */
+#define Py_LIMITED_API 0x030B0000
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef struct {
+    Py_buffer view;
+    int held;
+} Buf;
+
+static int get(PyObject *obj, Buf *b, int writable, Py_ssize_t itemsize, const char *name) {
+    if (PyObject_GetBuffer(obj, &b->view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) return -1;
+    b->held = 1;
+    if (b->view.len % itemsize != 0) {
+        PyErr_Format(PyExc_ValueError, "%s: not a whole number of %zd-byte items", name, itemsize);
+        return -1;
+    }
+    return 0;
+}
+
+static void release(Buf *b, int n) {
+    for (int i = 0; i < n; i++)
+        if (b[i].held) PyBuffer_Release(&b[i].view);
+}
+
+/* Row pointers [n + 1] that rise from indptr[0] and end at indptr[0] + nnz: 0, else -1 with an error. */
+static int check_rows(const int64_t *indptr, Py_ssize_t n, Py_ssize_t nnz) {
+    for (Py_ssize_t r = 0; r < n; r++)
+        if (indptr[r + 1] < indptr[r]) {
+            PyErr_SetString(PyExc_ValueError, "indptr must not decrease");
+            return -1;
+        }
+    if (indptr[n] - indptr[0] != nnz) {
+        PyErr_SetString(PyExc_ValueError, "indptr does not end at the number of values");
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(quantize_doc, "quantize(indptr, indices, values, bits, out_indptr, out_indices, out_values)\n--\n\n"
+                           "Each row (indptr int64, indices int32, values float32) with its weights as levels of "
+                           "its own\npower-of-two step, level * step (float32), terms of level 0 dropped, into the "
+                           "outputs (room for\nevery term); returns how many terms are kept.");
+
+static PyObject *quantize(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o_indptr, *o_indices, *o_values, *o_optr, *o_oind, *o_oval;
+    int bits;
+    if (!PyArg_ParseTuple(args, "OOOiOOO", &o_indptr, &o_indices, &o_values, &bits, &o_optr, &o_oind, &o_oval))
+        return NULL;
+    if (bits < 1 || bits > 16) {
+        PyErr_SetString(PyExc_ValueError, "bits must be in 1..16");
+        return NULL;
+    }
+    Buf b[6];
+    memset(b, 0, sizeof b);
+    PyObject *result = NULL;
+    if (get(o_indptr, &b[0], 0, 8, "indptr") < 0 || get(o_indices, &b[1], 0, 4, "indices") < 0 ||
+        get(o_values, &b[2], 0, 4, "values") < 0 || get(o_optr, &b[3], 1, 8, "out_indptr") < 0 ||
+        get(o_oind, &b[4], 1, 4, "out_indices") < 0 || get(o_oval, &b[5], 1, 4, "out_values") < 0)
+        goto done;
+    Py_ssize_t n = b[0].view.len / 8 - 1, nnz = b[2].view.len / 4;
+    if (n < 0 || b[1].view.len / 4 != nnz || b[3].view.len / 8 != n + 1 || b[4].view.len / 4 != nnz ||
+        b[5].view.len / 4 != nnz) {
+        PyErr_SetString(PyExc_ValueError, "indptr needs n + 1 entries, indices as many as values; outputs alike");
+        goto done;
+    }
+    const int64_t *indptr = b[0].view.buf;
+    const int32_t *indices = b[1].view.buf;
+    const float *values = b[2].view.buf;
+    int64_t *optr = b[3].view.buf;
+    int32_t *oind = b[4].view.buf;
+    float *oval = b[5].view.buf;
+    if (check_rows(indptr, n, nnz) < 0) goto done;
+    Py_ssize_t kept = 0;
+    const double top = (double)((1 << bits) - 1);
+    Py_BEGIN_ALLOW_THREADS
+    optr[0] = 0;
+    for (Py_ssize_t r = 0; r < n; r++) {
+        const int64_t a = indptr[r] - indptr[0], e = indptr[r + 1] - indptr[0];
+        /* the row's largest weight: four running maxima (one would wait on each compare) */
+        float m4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (a < e) m4[0] = m4[1] = m4[2] = m4[3] = values[a];
+        int64_t i = a;
+        for (; i + 4 <= e; i += 4)
+            for (int j = 0; j < 4; j++) m4[j] = values[i + j] > m4[j] ? values[i + j] : m4[j];
+        for (; i < e; i++) m4[0] = values[i] > m4[0] ? values[i] : m4[0];
+        const double m = (double)(m4[0] > m4[1] ? m4[0] : m4[1]) > (double)(m4[2] > m4[3] ? m4[2] : m4[3])
+                             ? (double)(m4[0] > m4[1] ? m4[0] : m4[1])
+                             : (double)(m4[2] > m4[3] ? m4[2] : m4[3]);
+        double step = 1.0;
+        if (m > 0) { /* quantize.power_of_two_steps: m = f * 2**x, f in [0.5, 1); e = x - bits, or one more */
+            int x;
+            frexp(m, &x);
+            x -= bits;
+            if (m > ldexp(top, x)) x += 1;
+            step = ldexp(1.0, x);
+        }
+        /* v / step as v * (1 / step): both the exact v * 2**-x rounded once, 1 / step being a
+         * power of two in float64's range for every float32 row maximum (2**-157 <= step <= 2**128) */
+        const double inv = 1.0 / step;
+        for (i = a; i < e; i++) {
+            const double y = (double)values[i] * inv;
+            /* half to even: y + 2**52 rounds y to an integer in the default rounding mode */
+            const double level = y >= 0 && y < 0x1p52 ? (y + 0x1p52) - 0x1p52 : rint(y);
+            const float q = (float)(level * step);
+            if (q > 0) {
+                oind[kept] = indices[i];
+                oval[kept] = q;
+                kept++;
+            }
+        }
+        optr[r + 1] = kept;
+    }
+    Py_END_ALLOW_THREADS
+    result = PyLong_FromSsize_t(kept);
+done:
+    release(b, 6);
+    return result;
+}
+
+PyDoc_STRVAR(pad_doc, "pad(indptr, indices, values, terms, weights)\n--\n\n"
+                      "Rows (indptr int64, indices int32, values float32) into terms (int64) and weights (float32),\n"
+                      "both [rows, width] C-contiguous: -1 and 0 after each row's end. A row longer than width is "
+                      "an error.");
+
+static PyObject *pad(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o_indptr, *o_indices, *o_values, *o_terms, *o_weights;
+    if (!PyArg_ParseTuple(args, "OOOOO", &o_indptr, &o_indices, &o_values, &o_terms, &o_weights)) return NULL;
+    Buf b[5];
+    memset(b, 0, sizeof b);
+    PyObject *result = NULL;
+    if (get(o_indptr, &b[0], 0, 8, "indptr") < 0 || get(o_indices, &b[1], 0, 4, "indices") < 0 ||
+        get(o_values, &b[2], 0, 4, "values") < 0 || get(o_terms, &b[3], 1, 8, "terms") < 0 ||
+        get(o_weights, &b[4], 1, 4, "weights") < 0)
+        goto done;
+    Py_ssize_t n = b[0].view.len / 8 - 1, nnz = b[1].view.len / 4, cells = b[3].view.len / 8;
+    if (n < 0 || b[2].view.len / 4 != nnz || b[4].view.len / 4 != cells || (n == 0 ? cells != 0 : cells % n != 0)) {
+        PyErr_SetString(PyExc_ValueError, "indices and values, terms and weights must match; terms [rows, width]");
+        goto done;
+    }
+    const int64_t *indptr = b[0].view.buf;
+    if (check_rows(indptr, n, nnz) < 0) goto done;
+    const Py_ssize_t width = n ? cells / n : 0;
+    for (Py_ssize_t r = 0; r < n; r++)
+        if (indptr[r + 1] - indptr[r] > width) {
+            PyErr_Format(PyExc_ValueError, "row %zd has %lld terms, more than the width %zd", r,
+                         (long long)(indptr[r + 1] - indptr[r]), width);
+            goto done;
+        }
+    const int32_t *indices = b[1].view.buf;
+    const float *values = b[2].view.buf;
+    int64_t *terms = b[3].view.buf;
+    float *weights = b[4].view.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < n; r++) {
+        const int64_t a = indptr[r] - indptr[0], len = indptr[r + 1] - indptr[r];
+        int64_t *t = terms + r * width;
+        float *w = weights + r * width;
+        for (int64_t i = 0; i < len; i++) {
+            t[i] = indices[a + i];
+            w[i] = values[a + i];
+        }
+        for (int64_t i = len; i < width; i++) {
+            t[i] = -1;
+            w[i] = 0.0f;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
+done:
+    release(b, 5);
+    return result;
+}
+
+static PyMethodDef methods[] = {{"quantize", quantize, METH_VARARGS, quantize_doc},
+                                {"pad", pad, METH_VARARGS, pad_doc},
+                                {NULL, NULL, 0, NULL}};
+
+static PyModuleDef_Slot slots[] = {{0, NULL}};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_queries_native", "A query batch's work per term on the host, one pass each.", 0, methods,
+    slots, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__queries_native(void) { return PyModuleDef_Init(&module); }
