@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -175,6 +177,24 @@ def test_scores_below_one_fixed_point_unit_are_not_lost(rng, acc, fixed, spread,
         ref_s, ref_i = reference_topk(scores, k)
         np.testing.assert_array_equal(i.cpu().numpy(), ref_i)
         np.testing.assert_array_equal(s.cpu().numpy(), ref_s)
+
+
+def test_wave_plan_covers_every_tile_once_in_growing_waves():
+    """The first wave fills the GPU about twice; later waves grow 16-fold, 8-fold for large k
+    (a better threshold sooner: fewer candidates from the big wave); small batches with few
+    candidates run in one wave."""
+    assert waves.wave_plan(1080, 256, 1000, 132) == [(0, 4), (4, 32), (36, 256), (292, 788)]
+    assert waves.wave_plan(1080, 256, 10, 132) == [(0, 4), (4, 64), (68, 1012)]
+    assert waves.wave_plan(1080, 1, 10, 132) == [(0, 1080)]
+    for n_tiles in (1, 5, 33, 1080, 70_000):
+        for b in (1, 9, 32, 256, 4096):
+            for k in (1, 10, 255, 256, 1000):
+                plan = waves.wave_plan(n_tiles, b, k, 132)
+                sizes = [n for _, n in plan]
+                assert [f for f, _ in plan] == [0, *np.cumsum(sizes)[:-1].tolist()]
+                assert sum(sizes) == n_tiles and min(sizes) > 0
+                grow = waves.WAVE_GROWTH_LARGE_K if k >= waves.LARGE_K else waves.WAVE_GROWTH
+                assert all(later <= max(grow * n, -(-4 * 132 // b)) for n, later in itertools.pairwise(sizes))
 
 
 def test_accumulator_choice():

@@ -24,6 +24,13 @@ SINGLE_WAVE_MAX_CANDIDATES = 1 << 16
 # Below this batch size the last wave's candidates go to the final selection without a
 # compaction pass (its ~15 small operations cost more host time than the few extra rescorings).
 FINAL_COMPACTION_MIN_BATCH = 9
+# Each wave after the first is this many times the one before; for k of at least LARGE_K a
+# threshold near the final one matters more (each block of the big wave emits more, and the
+# compactions read it all), and waves that grow 8-fold were faster: at 8.8M on an H200 (8-bit,
+# device time of the search) 4.06 against 4.16 ms at batch 256 and top-1000, 15.38 against
+# 15.80 at batch 1024, equal at batch 32; at top-10 equal, or 2 % slower at batch 32
+# (bench/results/2026-11-27-H200-wave-growth-1ab432c.json).
+WAVE_GROWTH, WAVE_GROWTH_LARGE_K, LARGE_K = 16, 8, 256
 
 
 def wave_plan(n_tiles: int, b: int, k: int, n_sm: int) -> list[tuple[int, int]]:
@@ -31,18 +38,20 @@ def wave_plan(n_tiles: int, b: int, k: int, n_sm: int) -> list[tuple[int, int]]:
 
     Small batches whose tiles emit few candidates run in one wave (no host sync between
     waves); otherwise the first wave fills the GPU about twice and each later one is 16
-    times larger (few waves: each costs a compaction and, on the host path, a sync).
+    times larger, 8 times for ``k`` of at least :data:`LARGE_K` (few waves: each costs a
+    compaction and, on the host path, a sync).
     """
     if b <= SINGLE_WAVE_MAX_BATCH and k * n_tiles <= SINGLE_WAVE_MAX_CANDIDATES:
         wave = n_tiles
     else:
         wave = max(4, min(32, -(-2 * n_sm // max(b, 1))))
+    growth = WAVE_GROWTH_LARGE_K if k >= LARGE_K else WAVE_GROWTH
     plan, done = [], 0
     while done < n_tiles:
         n = min(wave, n_tiles - done)
         plan.append((done, n))
         done += n
-        wave = max(16 * wave, -(-4 * n_sm // max(b, 1)))
+        wave = max(growth * wave, -(-4 * n_sm // max(b, 1)))
     return plan
 
 
