@@ -16,7 +16,7 @@ DEMO := .demo
 .PHONY: demo pipeline-demo quality test lint docs tables clean
 
 # (setup.py and the C sources: pip install -e . compiles the C modules, the JSONL reader's and the queries')
-$(VENV)/.installed: pyproject.toml setup.py src/gpusparse/_jsonl_native.c src/gpusparse/_queries_native.c
+$(VENV)/.installed: pyproject.toml setup.py src/gpusparse/_jsonl_native.c src/gpusparse/_queries_native.c src/gpusparse/_native_buffers.h
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[test,docs]"

@@ -14,6 +14,7 @@ setup(
         Extension(
             "gpusparse._jsonl_native",
             sources=["src/gpusparse/_jsonl_native.c"],
+            depends=["src/gpusparse/_native_buffers.h"],
             define_macros=[("Py_LIMITED_API", "0x030B0000")],
             py_limited_api=True,
             extra_compile_args=["-O3", "-std=c11"],
@@ -21,6 +22,7 @@ setup(
         Extension(
             "gpusparse._queries_native",
             sources=["src/gpusparse/_queries_native.c"],
+            depends=["src/gpusparse/_native_buffers.h"],
             define_macros=[("Py_LIMITED_API", "0x030B0000")],
             py_limited_api=True,
             extra_compile_args=["-O3", "-std=c11"],

@@ -32,6 +32,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "_native_buffers.h"
+
 #define KEY_BYTES 24
 #define MAX_NUMBER 400
 #define F32_MAX 3.4028234663852886e38
@@ -452,20 +454,6 @@ static int run(Pass *ps) {
     return OK;
 }
 
-typedef struct {
-    Py_buffer view;
-    int held;
-} Buf;
-
-static int get(PyObject *obj, Buf *b, int writable, Py_ssize_t itemsize, const char *name) {
-    if (PyObject_GetBuffer(obj, &b->view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) return -1;
-    b->held = 1;
-    if (itemsize > 1 && b->view.len % itemsize != 0) {
-        PyErr_Format(PyExc_ValueError, "%s: not a whole number of %zd-byte items", name, itemsize);
-        return -1;
-    }
-    return 0;
-}
 
 PyDoc_STRVAR(parse_doc,
              "parse(data, w0, w1, w2, tid, bits, probes, skip_unknown, lines, lengths, id_spans, terms, weights, "

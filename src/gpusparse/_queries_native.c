@@ -20,20 +20,7 @@
 #include <stdint.h>
 #include <string.h>
 
-typedef struct {
-    Py_buffer view;
-    int held;
-} Buf;
-
-static int get(PyObject *obj, Buf *b, int writable, Py_ssize_t itemsize, const char *name) {
-    if (PyObject_GetBuffer(obj, &b->view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) return -1;
-    b->held = 1;
-    if (b->view.len % itemsize != 0) {
-        PyErr_Format(PyExc_ValueError, "%s: not a whole number of %zd-byte items", name, itemsize);
-        return -1;
-    }
-    return 0;
-}
+#include "_native_buffers.h"
 
 static void release(Buf *b, int n) {
     for (int i = 0; i < n; i++)
