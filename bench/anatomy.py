@@ -161,7 +161,10 @@ def run(args) -> None:
     for path in [p for _, p in sources if p is not None]:
         source(path.name)  # refuses a name that is not a kernel source of the package
     for label, path in sources:
-        # A baseline compiles from its file, same launcher, for this label's searches only.
+        # A baseline compiles from its file, same launcher, for this label's searches only. The
+        # CUDA graphs captured for the label before are dropped: Index.search would replay their
+        # kernels.
+        index.derived.graphs.clear()
         scope = variant(path.name, code=path.read_text()) if path is not None else contextlib.nullcontext()
         with scope:
             measure(args, index, queries, batch, sync, out, label)
