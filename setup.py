@@ -12,21 +12,14 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "gpusparse._jsonl_native",
-            sources=["src/gpusparse/_jsonl_native.c"],
+            f"gpusparse.{name}",
+            sources=[f"src/gpusparse/{name}.c"],
             depends=["src/gpusparse/_native_buffers.h"],
             define_macros=[("Py_LIMITED_API", "0x030B0000")],
             py_limited_api=True,
             extra_compile_args=["-O3", "-std=c11"],
-        ),
-        Extension(
-            "gpusparse._queries_native",
-            sources=["src/gpusparse/_queries_native.c"],
-            depends=["src/gpusparse/_native_buffers.h"],
-            define_macros=[("Py_LIMITED_API", "0x030B0000")],
-            py_limited_api=True,
-            extra_compile_args=["-O3", "-std=c11"],
-        ),
+        )
+        for name in ("_jsonl_native", "_queries_native")
     ],
     options={"bdist_wheel": {"py_limited_api": "cp311"}},
 )
