@@ -101,7 +101,7 @@ static PyObject *quantize(PyObject *self, PyObject *args) {
             step = ldexp(1.0, x);
         }
         /* v / step as v * (1 / step): both the exact v * 2**-x rounded once, 1 / step being a
-         * power of two in float64's range for every float32 row maximum (2**-157 <= step <= 2**128) */
+         * power of two in float64's range for every float32 row maximum (2**-165 <= step <= 2**128) */
         const double inv = 1.0 / step;
         for (i = a; i < e; i++) {
             const double y = (double)values[i] * inv;
