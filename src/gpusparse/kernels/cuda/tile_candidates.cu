@@ -276,6 +276,14 @@ __device__ __forceinline__ void dense_pairs(const WT* __restrict__ dense_tile, i
 }
 #endif
 
+// One addition to a 32-bit sum in shared memory, as a reduction (no value returned) at the 32-bit
+// shared-window address `addr`. From a pointer into the dynamic shared array the compiler rebuilt
+// the array's base from the block's id before each atomic; the quads' loop computes each address
+// from one base instead.
+__device__ __forceinline__ void shared_add(unsigned int addr, unsigned int v)
+{
+    asm volatile("red.shared.add.u32 [%0], %1;" :: "r"(addr), "r"(v) : "memory");
+}
 // Sparse postings are assigned to segments through a map of NCHUNK equal pieces (each piece's
 // first segment, found by binary search once per block), so a thread's search for its
 // posting's segment starts next to it.
@@ -456,6 +464,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
 
     // One sparse posting (document offset o in the tile, stored weight wd) times the query
     // term's weight (wq: float64, wqi: integer) into the document's shared sum.
+    const unsigned int lo_s = (unsigned int)__cvta_generic_to_shared(lo);
     auto add_posting = [&](unsigned int o, WT wd, double wq, unsigned int wqi) {
         // float32 x float32 is exact in float64 (wq holds w_q * scale, a power of two);
         // one rounding to the integer unit.
@@ -472,7 +481,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
         const unsigned int add_hi = (unsigned int)(v >> 32) + (old + add_lo < old ? 1u : 0u);  // carry
         if (add_hi) atomicAdd(&hi[o], add_hi);
 #else
-        atomicAdd(&lo[o], (unsigned int)v);
+        shared_add(lo_s + (o << 2), (unsigned int)v);
 #endif
     };
 
@@ -586,9 +595,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
             }
 #pragma unroll
             for (int u = 0; u < UQ; ++u) {
+                if (!mk[u]) continue;
 #pragma unroll
                 for (int v = 0; v < 4; ++v) {
-                    if (!((mk[u] >> v) & 1u)) continue;
 #if PACKED
                     const unsigned int o = ol[u].v[v] >> PACK_SHIFT;
                     const WT wd = __uint_as_float((((ol[u].v[v] & PACK_FIELD) << 8) | (unsigned int)wl[u].v[v]) + p_bias);
@@ -596,7 +605,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
                     const unsigned int o = ol[u].v[v];
                     const WT wd = wl[u].v[v];
 #endif
-                    add_posting(o, wd, wq[u], wqi[u]);
+                    // A posting outside the segment (the mask's 0 bits: a neighbouring segment's, or
+                    // an array's padding) adds 0 to a document of the tile (its offset cut to the
+                    // tile, a no-op for the segment's own): no branch a posting.
+                    add_posting(o & (TILE - 1), (mk[u] >> v) & 1u ? wd : (WT)0, wq[u], wqi[u]);
                 }
             }
         }
