@@ -273,3 +273,47 @@ def test_a_failed_second_capture_leaves_the_first_slot_serving(rng, monkeypatch)
     ref_s, ref_i = reference_topk(dense_scores(docs, queries), 30)
     np.testing.assert_array_equal(res.ids.numpy(), ref_i)
     np.testing.assert_array_equal(res.scores.numpy(), ref_s)
+
+
+@pytest.mark.gpu
+def test_a_garbage_collection_due_during_a_capture_does_not_void_it(rng, monkeypatch):
+    """A dropped index whose captured graphs sit in a reference cycle is freed by the next
+    automatic garbage collection; one due while another index captures (forced here: the cycle
+    made and the collector's threshold passed inside the capture) would destroy those graphs
+    mid-capture and void it. The capture holds the collector off: the batch runs by its graph."""
+    require_cuda_kernels()
+    import gc
+
+    from gpusparse.engines.tiled import graphs
+
+    docs = random_collection(rng, 20_000, 300, 30)
+    dropped = Index.build(docs, device="cuda")
+    queries = _queries_of_width(rng, 2)
+    with graph_outcomes() as outcomes:
+        dropped.search(queries, 10)
+    assert outcomes == [True] and any(e for e in dropped.derived.graphs.values())
+    held = [dropped]
+    del dropped
+    real = graphs._capture
+
+    def with_garbage(entry, steps, batch):
+        def steps_then_collect(inputs):
+            out = steps(inputs)
+            if torch.cuda.is_current_stream_capturing() and held:
+                cycle = [held.pop()]
+                cycle.append(cycle)  # now only the cycle holds the dropped index
+                del cycle
+                _ = [[] for _ in range(10 * gc.get_threshold()[0])]  # tracked objects past the threshold
+            return out
+
+        return real(entry, steps_then_collect, batch)
+
+    monkeypatch.setattr(graphs, "_capture", with_garbage)
+    index = Index.build(docs, device="cuda")
+    with graph_outcomes() as outcomes:
+        res = index.search(queries, 20)
+    assert not held and outcomes == [True]
+    gc.collect()  # the dropped index goes now, outside any capture
+    ref_s, ref_i = reference_topk(dense_scores(docs, queries), 20)
+    np.testing.assert_array_equal(res.ids.numpy(), ref_i)
+    np.testing.assert_array_equal(res.scores.numpy(), ref_s)

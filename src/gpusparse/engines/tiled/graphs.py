@@ -20,6 +20,7 @@ share their input buffer and intermediates: their replays must be ordered, i.e. 
 
 from __future__ import annotations
 
+import gc
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -304,6 +305,11 @@ def _capture(entry: GraphEntry, steps: Steps, batch: HostBatch) -> _Slot | None:
     inputs = {n: _torch_view(entry.dev_in, spec) for n, spec in entry.inputs.items()}
     current = torch.cuda.current_stream(dev)
     side = capture_stream(dev)
+    # No automatic garbage collection during the capture: one that frees another CUDA graph (a
+    # dropped index's, say) destroys it while this stream captures, which voids the capture, and
+    # the shape would then never be captured again.
+    collecting = gc.isenabled()
+    gc.disable()
     try:
         side.wait_stream(current)
         with torch.cuda.stream(side):  # warm up: kernels compiled, allocations made, output shapes known
@@ -337,4 +343,7 @@ def _capture(entry: GraphEntry, steps: Steps, batch: HostBatch) -> _Slot | None:
         torch.cuda.set_stream(current)  # a failed capture leaves its stream current
         torch.cuda.synchronize(dev)
         return None
+    finally:
+        if collecting:
+            gc.enable()
     return _Slot(graph, staging, views, out_views, host_out, StreamEvent(entry.device_index))
