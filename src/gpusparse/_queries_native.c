@@ -103,16 +103,30 @@ static PyObject *quantize(PyObject *self, PyObject *args) {
         /* v / step as v * (1 / step): both the exact v * 2**-x rounded once, 1 / step being a
          * power of two in float64's range for every float32 row maximum (2**-165 <= step <= 2**128) */
         const double inv = 1.0 / step;
+        /* One branch-free pass over the row (the compiler vectorises it), then, only where a
+         * level is 0 (rare), the row's kept terms moved together. Half to even: y + 2**52 rounds
+         * y to an integer in the default rounding mode for 0 <= y < 2**52, and every y of a row
+         * is at most 2**bits - 1 (its largest weight over the step). A negative weight's y gives
+         * a level <= 0, and a NaN a NaN, whose q is not > 0: dropped, as rint's would be. */
+        int64_t zeros = 0;
         for (i = a; i < e; i++) {
             const double y = (double)values[i] * inv;
-            /* half to even: y + 2**52 rounds y to an integer in the default rounding mode */
-            const double level = y >= 0 && y < 0x1p52 ? (y + 0x1p52) - 0x1p52 : rint(y);
-            const float q = (float)(level * step);
-            if (q > 0) {
-                oind[kept] = indices[i];
-                oval[kept] = q;
-                kept++;
-            }
+            const float q = (float)(((y + 0x1p52) - 0x1p52) * step);
+            oind[kept + (i - a)] = indices[i];
+            oval[kept + (i - a)] = q;
+            zeros += !(q > 0);
+        }
+        if (zeros) {
+            Py_ssize_t w = kept;
+            for (Py_ssize_t j = kept; j < kept + (e - a); j++)
+                if (oval[j] > 0) {
+                    oind[w] = oind[j];
+                    oval[w] = oval[j];
+                    w++;
+                }
+            kept = w;
+        } else {
+            kept += e - a;
         }
         optr[r + 1] = kept;
     }
