@@ -233,6 +233,12 @@ __device__ __forceinline__ void dense_pairs(const WT* __restrict__ dense_tile, i
 {
     const uint2* rows = reinterpret_cast<const uint2*>(dense_tile);
     const int tid = threadIdx.x;
+    if (np == 0) {  // most blocks (the tile has no dense row of the query's terms): the sums start at 0
+        uint4* out = reinterpret_cast<uint4*>(acc);
+#pragma unroll
+        for (int i = 0; i < TILE / THREADS / 4; ++i) out[i * THREADS + tid] = make_uint4(0u, 0u, 0u, 0u);
+        return;
+    }
 #pragma unroll 1
     for (int g = 0; g < TILE / THREADS / 8; ++g) {
         unsigned int sum[8];
