@@ -219,7 +219,7 @@ def complete_later(
 
     def finish() -> tuple[torch.Tensor, torch.Tensor]:
         scores, ids, redo = taken()
-        if redo is not None and bool(redo.any()):
+        if redo is not None and bool(redo.numpy().any()):  # numpy: a few µs less than torch here
             rows = redo.nonzero().flatten().numpy()
             if result.redo_search is None:
                 raise RuntimeError("rows were flagged for another search, but no search was given")
