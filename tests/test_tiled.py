@@ -527,6 +527,38 @@ def test_cuda_small_batches_read_dense_terms_from_the_lists(rng, monkeypatch):
                 assert tops[0] == tops[1], (k, tile_bits, rows)
 
 
+def test_compaction_raises_theta_to_the_kth_values_leading_16_bits(rng):
+    """compact_torch's theta: the k-th candidate value with the bits below the two radix bytes
+    from its row's largest value's top byte cleared (a lower bound within 2**-8 of it, exact for
+    values below 2**16), never lowered; every candidate at or above the k-th value stays."""
+    from gpusparse.engines.tiled.fixed_point import FixedPoint
+    from gpusparse.engines.tiled.waves import compact_torch, top_bit
+
+    x = torch.tensor([0, 1, 255, 256, 2**31 - 1, 2**31, 2**53 + 1, 2**63 - 1])
+    assert top_bit(x).tolist() == [0, 0, 7, 8, 30, 31, 53, 62]
+    b, cap, k = 64, 500, 40
+    for spread in (2**8, 2**16, 2**31, 2**60):
+        count = rng.integers(k, cap + 1, b)
+        vals = rng.integers(1, spread, (b, cap), dtype=np.int64)
+        theta = np.zeros(b, np.int64)
+        theta[:8] = spread  # above every value: kept as it is
+        t, c, d, v = (
+            torch.from_numpy(a.copy())
+            for a in (theta, count.astype(np.int32), np.arange(b * cap, dtype=np.int32).reshape(b, cap), vals)
+        )
+        compact_torch(
+            t, c, d, v, cap, FixedPoint(torch.ones(b, dtype=torch.float64), torch.zeros(b, dtype=torch.int64)), k
+        )
+        for r in range(b):
+            row = np.sort(vals[r, : count[r]])[::-1]
+            kth, top = int(row[k - 1]), int(row[0]).bit_length() - 1
+            low = max(top // 8 * 8 - 8, 0)
+            assert int(t[r]) == max(int(theta[r]), kth >> low << low), (spread, r)
+            assert int(t[r]) <= max(int(theta[r]), kth) and (r < 8 or kth - int(t[r]) < 1 << low)
+            if r >= 8:  # theta below the k-th value: the candidates at or above it all stay
+                assert int(c[r]) >= int((row >= kth).sum())
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("cache", [0, 700, 3000])

@@ -1,7 +1,8 @@
 """The one-launch compaction of a tiled wave's candidates (``cuda/compact.cu``), a block per query.
 
-The block finds the k-th largest candidate value, raises the query's threshold ``theta`` to
-it, and drops in place the candidates below theta's margin; the rule is
+The block finds the k-th largest candidate value's leading 16 bits (a lower bound of it), raises
+the query's threshold ``theta`` to them, and drops in place the candidates below theta's margin;
+the rule is
 :func:`gpusparse.engines.tiled.waves.compact_torch`'s, which is its reference.
 """
 

@@ -82,7 +82,8 @@ def candidates(
     A block only knows its own tile's k-th score; the k-th of everything seen so far is a far
     better threshold. So tiles go in waves of growing size (at least enough blocks to fill the
     GPU): after each wave the candidates are reduced to the query's top k (with the margin)
-    and ``theta`` is raised to their k-th value, which the next wave's blocks start from.
+    and ``theta`` is raised to (a 16-bit lower bound of) their k-th value, which the next wave's
+    blocks start from.
     Candidates then stay near k per wave instead of near k per tile.
     """
     dev = layout.seg.device
@@ -126,6 +127,17 @@ def candidates(
     return docs, vals
 
 
+def top_bit(x: torch.Tensor) -> torch.Tensor:
+    """The index of each value's highest set bit (int64 ``x`` >= 0; 0 for 0), by integer steps."""
+    x = x.clone()
+    bit = torch.zeros_like(x)
+    for s in (32, 16, 8, 4, 2, 1):
+        up = (x >> s) > 0
+        bit += up * s
+        x = torch.where(up, x >> s, x)
+    return bit
+
+
 def compact_torch(
     theta: torch.Tensor,
     count: torch.Tensor,
@@ -135,7 +147,10 @@ def compact_torch(
     fp: FixedPoint,
     k: int,
 ) -> None:
-    """Raise ``theta`` to the k-th candidate value and drop candidates below its margin, in place."""
+    """Raise ``theta`` to a lower bound of the k-th candidate value and drop candidates below its
+    margin, in place. The bound is the k-th value's leading 16 bits, counted from the byte that
+    holds the top bit of the row's largest value (the bits below cleared: within 2**-8 of the
+    k-th value), as the CUDA kernel's two radix passes find it."""
     if most == 0:
         return
     cols = torch.arange(most, device=theta.device)
@@ -143,7 +158,8 @@ def compact_torch(
     vals = torch.where(present, cand_val[:, :most], torch.zeros_like(cand_val[:, :most]))
     if most >= k:
         kth = torch.topk(vals, k, dim=1, sorted=False).values.min(dim=1).values
-        theta.copy_(torch.maximum(theta, kth))
+        low = (top_bit(vals.max(dim=1).values) // 8 * 8 - 8).clamp_(min=0)
+        theta.copy_(torch.maximum(theta, kth >> low << low))
     keep = present & (vals >= emission_threshold(theta, fp.delta)[:, None])
     new_count = keep.sum(1)
     dest = torch.cumsum(keep, 1) - 1  # slot of each kept candidate

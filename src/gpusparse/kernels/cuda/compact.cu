@@ -2,9 +2,12 @@
 typedef unsigned long long u64;
 typedef long long i64;
 #define NT 512
-// One block per query: the k-th largest candidate value (MSB-first radix select, 8 bits a
-// pass) raises theta, then the candidates below theta's margin are dropped in place, the
-// kept ones in their order. The rule is gpusparse.engines.tiled.waves.compact_torch's, which is its reference.
+// One block per query: the k-th largest candidate value's leading 16 bits (two passes of an
+// MSB-first radix select, 8 bits a pass, from the byte holding the row's largest value's top
+// bit; the bits below are 0: a lower bound of the k-th value within 2**-8 of it) raise theta,
+// then the candidates below theta's margin are dropped in place, the kept ones in their order.
+// The passes that would resolve the lower bits cost their time and bought a threshold at most
+// ~0.4 % higher: a few more candidates kept, the same results. The rule is gpusparse.engines.tiled.waves.compact_torch's, which is its reference.
 // A row's first `cached` values are kept in shared memory (dynamic, 8 bytes each) by the first
 // pass, so that the radix passes do not wait on global loads: a small batch has one block a
 // query, whose passes are latency-bound. `overflow` (may be null): set for a row whose count
@@ -41,7 +44,7 @@ extern "C" __global__ void __launch_bounds__(NT) compact_candidates(
         }
         __syncthreads();
         const int top = s_max ? ((63 - __clzll((i64)s_max)) / 8) * 8 : 0;
-        for (int shift = top; shift >= 0; shift -= 8) {
+        for (int shift = top; shift >= 0 && shift >= top - 8; shift -= 8) {
             for (int i = tid; i < 256; i += NT) hist[i] = 0u;
             __syncthreads();
             const u64 prefix = s_prefix;
@@ -77,7 +80,7 @@ extern "C" __global__ void __launch_bounds__(NT) compact_candidates(
             }
             __syncthreads();
         }
-        th = max(th, s_prefix);  // the k-th largest value
+        th = max(th, s_prefix);  // the k-th largest value's leading 16 bits
         if (tid == 0) theta[q] = th;
     }
     const u64 d = (u64)q_delta[q] + (th >> 22);
