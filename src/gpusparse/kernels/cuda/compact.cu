@@ -7,7 +7,8 @@ typedef long long i64;
 // bit; the bits below are 0: a lower bound of the k-th value within 2**-8 of it) raise theta,
 // then the candidates below theta's margin are dropped in place, the kept ones in their order.
 // The passes that would resolve the lower bits cost their time and bought a threshold at most
-// ~0.4 % higher: a few more candidates kept, the same results. The rule is gpusparse.engines.tiled.waves.compact_torch's, which is its reference.
+// ~0.4 % higher: a few more candidates kept, the same results. The rule is
+// gpusparse.engines.tiled.waves.compact_torch's, which is its reference.
 // A row's first `cached` values are kept in shared memory (dynamic, 8 bytes each) by the first
 // pass, so that the radix passes do not wait on global loads: a small batch has one block a
 // query, whose passes are latency-bound. `overflow` (may be null): set for a row whose count

@@ -284,7 +284,7 @@ __device__ __forceinline__ void dense_pairs(const WT* __restrict__ dense_tile, i
 
 // One addition to a 32-bit sum in shared memory, as a reduction (no value returned) at the 32-bit
 // shared-window address `addr`. From a pointer into the dynamic shared array the compiler rebuilt
-// the array's base from the block's id before each atomic; the quads' loop computes each address
+// the array's base from the block's id before each atomic; the sparse loops compute each address
 // from one base instead.
 __device__ __forceinline__ void shared_add(unsigned int addr, unsigned int v)
 {
