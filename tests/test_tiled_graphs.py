@@ -275,6 +275,29 @@ def test_a_failed_second_capture_leaves_the_first_slot_serving(rng, monkeypatch)
     np.testing.assert_array_equal(res.scores.numpy(), ref_s)
 
 
+def test_collection_is_held_inside_the_block_and_restored_after():
+    """collection_held (both CUDA graph captures run in it): no automatic collection inside,
+    the collector enabled again after (also when the block raises), left off if it was off."""
+    import gc
+
+    from gpusparse.streams import collection_held
+
+    assert gc.isenabled()
+    with collection_held():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError), collection_held():
+        raise RuntimeError("capture failed")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collection_held():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 @pytest.mark.gpu
 def test_a_garbage_collection_due_during_a_capture_does_not_void_it(rng, monkeypatch):
     """A dropped index whose captured graphs sit in a reference cycle is freed by the next

@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from .encode_device import Forward, Pooling, splade_pool
-from .streams import capture_stream
+from .streams import capture_stream, collection_held
 
 DEFAULT_MAX_GRAPHS = 32  # every bucket up to 512 tokens
 CHECK_TOLERANCE = 0.05  # of the largest weight: a wrong mask changes vectors far more
@@ -241,7 +241,7 @@ class BucketedForward:
         length = ids.shape[1]
         ids_v, mask_v, out = self._views(length)
         self._fill(ids_v, mask_v, ids, mask)
-        with torch.cuda.device(self.device):
+        with torch.cuda.device(self.device), collection_held():  # a collection mid-capture may void it
             current = torch.cuda.current_stream()
             try:
                 side = capture_stream(self.device)

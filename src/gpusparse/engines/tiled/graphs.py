@@ -20,7 +20,6 @@ share their input buffer and intermediates: their replays must be ordered, i.e. 
 
 from __future__ import annotations
 
-import gc
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ import torch
 
 from ...config import engine_config
 from ...kernels.cupy_launch import StreamEvent, copy_async, raw_stream
-from ...streams import capture_stream
+from ...streams import capture_stream, collection_held
 
 Steps = Callable[[Mapping[str, torch.Tensor]], tuple[torch.Tensor, ...]]
 # (name, numpy dtype, what a row's unused slots hold) of each input, [B, width]
@@ -305,45 +304,40 @@ def _capture(entry: GraphEntry, steps: Steps, batch: HostBatch) -> _Slot | None:
     inputs = {n: _torch_view(entry.dev_in, spec) for n, spec in entry.inputs.items()}
     current = torch.cuda.current_stream(dev)
     side = capture_stream(dev)
-    # No automatic garbage collection during the capture: one that frees another CUDA graph (a
-    # dropped index's, say) destroys it while this stream captures, which voids the capture, and
-    # the shape would then never be captured again.
-    collecting = gc.isenabled()
-    gc.disable()
     try:
-        side.wait_stream(current)
-        with torch.cuda.stream(side):  # warm up: kernels compiled, allocations made, output shapes known
-            copy_async(entry.dev_in, staging, side.cuda_stream)
-            outs = steps(inputs)
-        small = sum(o.numel() * o.element_size() for o in outs) <= HOST_COPY_MAX_BYTES
-        packed = _packed(outs)
-        if not small:
-            host_base, host_out = None, []
-        elif packed is not None:  # one buffer, one copy (each copy is a node of its own)
-            host_base = torch.empty(packed[0].numel(), dtype=torch.uint8, pin_memory=True)
-            host_out = [_view_at(host_base, at, o) for at, o in zip(packed[1], outs, strict=True)]
-        else:
-            host_base, host_out = None, [torch.empty(o.shape, dtype=o.dtype, pin_memory=True) for o in outs]
-        current.wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: another thread's CUDA calls meanwhile (an encoder's tokenising thread
-        # allocating pinned memory) are no part of this capture and must not void it
-        with torch.cuda.graph(graph, pool=entry.pool, stream=side, capture_error_mode="thread_local"):
-            copy_async(entry.dev_in, staging, side.cuda_stream)
-            out_views = list(steps(inputs))
-            if host_base is not None:
-                again = _packed(out_views)
-                if again is None or again[1] != packed[1]:  # type: ignore[index]
-                    raise RuntimeError("the captured outputs are laid out unlike the warm-up's")
-                copy_async(host_base, again[0], side.cuda_stream)
+        # a collection mid-capture may void it (collection_held), and the shape would then never
+        # be captured again
+        with collection_held():
+            side.wait_stream(current)
+            with torch.cuda.stream(side):  # warm up: kernels compiled, allocations made, output shapes known
+                copy_async(entry.dev_in, staging, side.cuda_stream)
+                outs = steps(inputs)
+            small = sum(o.numel() * o.element_size() for o in outs) <= HOST_COPY_MAX_BYTES
+            packed = _packed(outs)
+            if not small:
+                host_base, host_out = None, []
+            elif packed is not None:  # one buffer, one copy (each copy is a node of its own)
+                host_base = torch.empty(packed[0].numel(), dtype=torch.uint8, pin_memory=True)
+                host_out = [_view_at(host_base, at, o) for at, o in zip(packed[1], outs, strict=True)]
             else:
-                for h, o in zip(host_out, out_views if host_out else [], strict=True):
-                    copy_async(h, o.contiguous(), side.cuda_stream)
+                host_base, host_out = None, [torch.empty(o.shape, dtype=o.dtype, pin_memory=True) for o in outs]
+            current.wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: another thread's CUDA calls meanwhile (an encoder's tokenising thread
+            # allocating pinned memory) are no part of this capture and must not void it
+            with torch.cuda.graph(graph, pool=entry.pool, stream=side, capture_error_mode="thread_local"):
+                copy_async(entry.dev_in, staging, side.cuda_stream)
+                out_views = list(steps(inputs))
+                if host_base is not None:
+                    again = _packed(out_views)
+                    if again is None or again[1] != packed[1]:  # type: ignore[index]
+                        raise RuntimeError("the captured outputs are laid out unlike the warm-up's")
+                    copy_async(host_base, again[0], side.cuda_stream)
+                else:
+                    for h, o in zip(host_out, out_views if host_out else [], strict=True):
+                        copy_async(h, o.contiguous(), side.cuda_stream)
     except RuntimeError:  # capture unsupported here: the caller runs the steps directly
         torch.cuda.set_stream(current)  # a failed capture leaves its stream current
         torch.cuda.synchronize(dev)
         return None
-    finally:
-        if collecting:
-            gc.enable()
     return _Slot(graph, staging, views, out_views, host_out, StreamEvent(entry.device_index))
