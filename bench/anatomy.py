@@ -43,6 +43,7 @@ from gpu_peaks import gpu_memory
 from gpusparse import Index, SparseCollection, Vocabulary
 from gpusparse.config import engine_config, override_config
 from gpusparse.engines.tiled.engine import layout_for_search, tiled_search
+from gpusparse.kernels import tile_candidates
 from gpusparse.kernels.cupy_launch import source, variant
 from gpusparse.layout.statistics import max_scores_host
 from gpusparse.queries import prepare_queries, query_batch
@@ -120,6 +121,13 @@ def main() -> None:
         default=[],
         help="older kernels/cuda/*.cu files (named as the file each replaces) to time the same way",
     )
+    p.add_argument(
+        "--meta-bytes",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also time the current kernel with these META record budgets (bytes; 0: no records)",
+    )
     args = p.parse_args()
     with override_config(doc_order=args.doc_order) if args.doc_order else contextlib.nullcontext():
         run(args)
@@ -168,6 +176,13 @@ def run(args) -> None:
         scope = variant(path.name, code=path.read_text()) if path is not None else contextlib.nullcontext()
         with scope:
             measure(args, index, queries, batch, sync, out, label)
+    for budget in args.meta_bytes:  # the record budget of the launches without selection
+        index.derived.graphs.clear()
+        saved, tile_candidates.META_MAX_BYTES = tile_candidates.META_MAX_BYTES, budget
+        try:
+            measure(args, index, queries, batch, sync, out, f"meta-{budget >> 20}MiB")
+        finally:
+            tile_candidates.META_MAX_BYTES = saved
     out["gpu_memory"] = gpu_memory() if args.device == "cuda" else None  # over every allocator, at the end
     (args.out / "anatomy.json").write_text(json.dumps(out, indent=2))
 

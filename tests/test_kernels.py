@@ -576,19 +576,43 @@ def test_tile_candidates_build_options() -> None:
     assert opts == (
         "--std=c++17", "-DTILE_BITS=13", "-DTHREADS=256", "-DUNROLL=4", "-DMIN_BLOCKS=4", "-DACC_MODE=1",
         "-DWT=unsigned_char", "-DINT_W=1", "-DFIXED_W=0", "-DFIXED_STORED=0", "-DPACKED=0", "-DSELECT=1",
-        "-DDENSE_LISTS=0", "-DQUADS=0",
+        "-DDENSE_LISTS=0", "-DQUADS=0", "-DMETA=0",
         "-DPROFILE_SKIP_DENSE",
     )  # fmt: skip
     fixed = compile_options(14, 512, 4, 3, "u32", "float", False, True)
-    assert fixed[-8:-3] == ("-DWT=float", "-DINT_W=0", "-DFIXED_W=1", "-DFIXED_STORED=0", "-DPACKED=0")
+    assert fixed[-9:-4] == ("-DWT=float", "-DINT_W=0", "-DFIXED_W=1", "-DFIXED_STORED=0", "-DPACKED=0")
     stored = compile_options(14, 512, 4, 3, "u32", "unsigned int", False, True)
-    assert stored[-8:-3] == ("-DWT=unsigned_int", "-DINT_W=0", "-DFIXED_W=1", "-DFIXED_STORED=1", "-DPACKED=0")
+    assert stored[-9:-4] == ("-DWT=unsigned_int", "-DINT_W=0", "-DFIXED_W=1", "-DFIXED_STORED=1", "-DPACKED=0")
     packed = compile_options(13, 256, 4, 4, "u32", "float", False, True, packed=True)
-    assert packed[-8:-2] == ("-DWT=float", "-DINT_W=0", "-DFIXED_W=1", "-DFIXED_STORED=0", "-DPACKED=1", "-DSELECT=1")
-    assert compile_options(13, 256, 4, 4, "u32", "float", False, True, select=False)[-3] == "-DSELECT=0"
+    assert packed[-9:-3] == ("-DWT=float", "-DINT_W=0", "-DFIXED_W=1", "-DFIXED_STORED=0", "-DPACKED=1", "-DSELECT=1")
+    assert compile_options(13, 256, 4, 4, "u32", "float", False, True, select=False)[-4] == "-DSELECT=0"
     lists = compile_options(13, 256, 4, 4, "u32", "unsigned int", False, True, dense_lists=True)
-    assert lists[-2] == "-DDENSE_LISTS=1"
-    assert compile_options(13, 256, 4, 4, "u32", "unsigned char", True, quads=True)[-1] == "-DQUADS=1"
+    assert lists[-3] == "-DDENSE_LISTS=1"
+    assert compile_options(13, 256, 4, 4, "u32", "unsigned char", True, quads=True)[-2] == "-DQUADS=1"
+    assert compile_options(13, 256, 4, 4, "u32", "unsigned char", True, quads=True, meta=True)[-1] == "-DMETA=1"
+
+
+def test_the_records_buffer_is_bounded_and_counted_in_the_search_bytes(monkeypatch) -> None:
+    """META's records take 16 bytes a (query, padded term + 1) a tile, for batches of at least
+    META_MIN_BATCH queries, at most META_MAX_BYTES (whole tiles); search_bytes counts them for
+    8-bit layouts (later waves' tiles, the graphs' widest padding)."""
+    from gpusparse.engines.tiled import waves
+    from gpusparse.kernels import tile_candidates as tc
+
+    b, width = tc.META_MIN_BATCH, 64
+    per_tile = b * (width + 1) * 16
+    assert tc.meta_bytes(b - 1, width, 10) == 0 and tc.meta_bytes(b, width, 0) == 0
+    assert tc.meta_bytes(b, width, 3) == 3 * per_tile
+    monkeypatch.setattr(tc, "META_MAX_BYTES", 5 * per_tile + 1)
+    assert tc.meta_bytes(b, width, 100) == 5 * per_tile
+    monkeypatch.setattr(tc, "META_MAX_BYTES", per_tile - 1)
+    assert tc.meta_bytes(b, width, 100) == 0
+    monkeypatch.setattr(tc, "META_MAX_BYTES", 1 << 40)
+    plan = waves.wave_plan(1000, 256, 10, 132)
+    later = max(n for first, n in plan if first > 0)
+    extra = waves.search_bytes(1000, 256, 10, 132, levels=True) - waves.search_bytes(1000, 256, 10, 132)
+    assert extra == later * 256 * (tc.SHORT_WIDTH + 1) * 16 > 0
+    assert waves.search_bytes(1000, 8, 10, 132, levels=True) == waves.search_bytes(1000, 8, 10, 132)
 
 
 def test_sparse_postings_are_read_by_quads_only_where_their_storage_allows() -> None:

@@ -174,7 +174,7 @@ def test_memory_reports_components_by_device():
 
     seen = []
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(index_module, "search_bytes", lambda n_tiles, *a: seen.append(n_tiles) or 1)
+        m.setattr(index_module, "search_bytes", lambda n_tiles, *a, **kw: seen.append(n_tiles) or 1)
         index.memory(batch_size=4, k=10)
     assert seen == [-(-index.n_docs // 16)]
 

@@ -360,9 +360,10 @@ def test_cuda_sparse_postings_by_quads_or_one_at_a_time_are_exact(rng, monkeypat
         monkeypatch.setattr(tc, "quads_readable", lambda x: False)
     built, real = [], tc._kernel
 
-    def spy(build, device, variant):
-        built.append(build[-1])  # the build's QUADS
-        return real(build, device, variant)
+    def spy(build, device, variant, name="tiled_candidates"):
+        if name == "tiled_candidates":
+            built.append(build[12])  # the build's QUADS
+        return real(build, device, variant, name)
 
     monkeypatch.setattr(tc, "_kernel", spy)
     raw = random_collection(rng, 30_000, 400, 30, skew=0.7)
@@ -453,6 +454,69 @@ def test_cuda_dense_rows_of_levels_two_at_a_time(rng):
             for r in w:
                 r = r[r > 0]
                 assert (r // np.bitwise_and(r, -r).min()).max() > 0xFFFF
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_later_waves_read_their_blocks_metadata_from_records(rng, monkeypatch):
+    """Batches of LARGE_BATCH queries or more on 8-bit levels: the launches after the first wave
+    read each block's term metadata from records that tile_meta writes just before (META), the
+    tiles taken as many at a time as the buffer holds. With the buffer poisoned, for budgets of one
+    tile, three tiles and all of them: exact against the float64 reference and bit for bit the
+    search without records. Blocks whose dense weights do not pair (above 16 bits after their
+    shift, or more than 64 pairs of rows) take the general path from their record's header."""
+    require_cuda_kernels()
+    from gpusparse.kernels import tile_candidates as tc
+    from gpusparse.quantize import quantize_collection, quantize_queries
+
+    docs, _ = quantize_collection(random_collection(rng, 40_000, 300, 40, skew=0.7), 8)
+    index = Index.build(docs, device="cuda", quantize=8)
+    prepared = quantize_queries(random_collection(rng, 150, 300, 20), 8).to_scipy()  # integer products
+    wide = sp.lil_matrix((10, 300), dtype=np.float32)  # integer weights, term 0 odd above 16 bits
+    for r in range(10):
+        wide[r, rng.choice(np.arange(1, 300), size=8, replace=False)] = rng.integers(1, 1 << 20, size=8)
+        wide[r, 0] = 65537
+    queries = SparseCollection.from_scipy(sp.vstack([prepared, wide.tocsr()]).tocsr())
+    scores, batch = dense_scores(docs, queries), query_batch(queries, index.device)
+    b, t = batch.padded_terms.shape
+    assert b >= tc.META_MIN_BATCH and t <= tc.SHORT_WIDTH
+    names, real_kernel, real_scratch = [], tc._kernel, tc.meta_scratch
+
+    def spy(build, device, variant, name="tiled_candidates"):
+        names.append((name, build[-1]))  # the build's META
+        return real_kernel(build, device, variant, name)
+
+    def poisoned(*args, **kwargs):
+        buf = real_scratch(*args, **kwargs)
+        if buf is not None:
+            buf.fill_(0x12345678)  # a header read before its record is written would be garbage
+        return buf
+
+    monkeypatch.setattr(tc, "_kernel", spy)
+    monkeypatch.setattr(tc, "meta_scratch", poisoned)
+    per_tile = b * (t + 1) * 16
+    for tile_bits, dense_min in ((11, 0.001), (11, 0.05)):
+        layout = layout_for_search(index, tile_bits, dense_min, "u32", False)
+        assert layout.quantized and layout.n_tiles > 8
+        if dense_min == 0.001:  # term 0 dense in every tile: the wide rows' blocks do not pair
+            assert bool((layout.dense_id.view(layout.n_tiles, -1)[:, 0] >= 0).all())
+        for k in (10, 300):
+            ref_s, ref_i = reference_topk(scores, k)
+            got = {}
+            for budget in (0, per_tile, 3 * per_tile, tc.META_MAX_BYTES):
+                names.clear()
+                monkeypatch.setattr(tc, "META_MAX_BYTES", budget)
+                s, i = tiled_search(index, batch, k, tile_bits=tile_bits, dense_min=dense_min, acc="u32").resolved()
+                what = str((tile_bits, dense_min, k, budget))
+                np.testing.assert_array_equal(i.cpu().numpy(), ref_i, err_msg=what)
+                np.testing.assert_array_equal(s.cpu().numpy(), ref_s, err_msg=what)
+                got[budget] = (s.cpu(), i.cpu())
+                metas = sum(name == "tile_meta" for name, _ in names)
+                main = [meta for name, meta in names if name == "tiled_candidates"]
+                assert (metas > 0) == (budget > 0) == any(main), what
+                if budget == per_tile:  # one tile a launch
+                    assert metas == main.count(True) >= 2, what
+            assert all(torch.equal(v[0], got[0][0]) and torch.equal(v[1], got[0][1]) for v in got.values())
 
 
 def test_dense_terms_come_from_the_lists_for_the_smallest_batches_of_a_float32_layout(rng):

@@ -238,7 +238,7 @@ def predict(
     bits, _, _ = layout_choice(shape, config)
     kk = max(1, min(k, shape.n_docs))
     n_tiles = max(1, -(-shape.n_docs >> bits))
-    batch = search_bytes(n_tiles, batch_size, kk, n_sm)
+    batch = search_bytes(n_tiles, batch_size, kk, n_sm, levels=shape.quantized)
     lists = list_parts(shape.n_padded, shape.n_terms)
     slab = min(TILED_CHUNK, shape.n_padded)
     before = n_tiles * shape.n_terms * TILED_COUNT_BYTES  # where list_pos is kept

@@ -377,7 +377,7 @@ class Index(PostingLists):
         built = [key[0] for d in (self.derived, *(v.derived for v in self.derived.views.values())) for key in d.layouts]
         bits = built[0] if built else default_layout(self, engine_config().fixed_point)[0]
         n_tiles = max(1, -(-self.n_docs >> bits))
-        temp = search_bytes(n_tiles, batch_size, k, n_sm)
+        temp = search_bytes(n_tiles, batch_size, k, n_sm, levels=self.quantization is not None)
         peak = {dev: n + temp for dev, n in by_device.items() if dev != "cpu"}
         shape = self.__dict__.get("_memory_shape")
         if shape is None:

@@ -44,6 +44,8 @@ __all__ = [
     "available",
     "block_shared_bytes",
     "launch_shape",
+    "meta_bytes",
+    "meta_scratch",
     "shared_bytes",
     "tiled_candidates",
 ]
@@ -59,6 +61,12 @@ ACC_MODES = {"carry": 0, "u32": 1}
 ACC_TOP = {"carry": 2.0**61, "u32": 2.0**31}
 # float32 weights; uint8 levels of a quantized index; int32 fixed-point integers.
 _WEIGHT_TYPES = {torch.float32: "float", torch.uint8: "unsigned char", torch.int32: "unsigned int"}
+# The records of META launches (see the CUDA source) take 16 bytes a query term (padded width + 1)
+# a (query, tile) block; a launch whose records would pass this many bytes is cut into launches of
+# as many tiles as fit.
+META_MAX_BYTES = 256 << 20
+META_TILES = 8  # tiles a warp of tile_meta takes (META_TILES in the CUDA source)
+META_MIN_BATCH = LARGE_BATCH  # the META build is a six-block one (launch_shape): batches of LARGE_BATCH or more
 
 
 def launch_shape(
@@ -145,6 +153,7 @@ def compile_options(
     select: bool = True,
     dense_lists: bool = False,
     quads: bool = False,
+    meta: bool = False,
 ) -> tuple[str, ...]:
     """The NVRTC options of one build of the kernel (``defines``: extra ``-D`` names, profiling only)."""
     return (
@@ -162,19 +171,56 @@ def compile_options(
         f"-DSELECT={int(select)}",
         f"-DDENSE_LISTS={int(dense_lists)}",
         f"-DQUADS={int(quads)}",
+        f"-DMETA={int(meta)}",
         *(f"-D{d}" for d in defines),
     )
 
 
 @functools.cache
-def _kernel(build: tuple, device: int, variant: tuple[str, tuple[str, ...]]):  # -> cupy.RawKernel
-    # One look-up per launch instead of building the options and the compile cache's key
-    # (the launch is on the host's critical path, several times a search); ``variant`` (what
-    # variant_of says here) is part of the key so that a benchmark's variant builds its own.
+def _kernel(build: tuple, device: int, variant: tuple[str, tuple[str, ...]], name: str = "tiled_candidates"):
+    # -> cupy.RawKernel. One look-up per launch instead of building the options and the compile
+    # cache's key (the launch is on the host's critical path, several times a search); ``variant``
+    # (what variant_of says here) is part of the key so that a benchmark's variant builds its own.
     options = compile_options(*build)
-    return load_kernel(
-        SOURCE, "tiled_candidates", options=options, device=device, max_dynamic_shared=shared_bytes(build[0], build[4])
-    )
+    shared = shared_bytes(build[0], build[4]) if name == "tiled_candidates" else 0
+    return load_kernel(SOURCE, name, options=options, device=device, max_dynamic_shared=shared)
+
+
+def _meta_build(
+    layout: TiledIndex, width: int, *, acc: str, int_weights: bool, dense_lists: bool, threads: int, min_blocks: int
+) -> bool:
+    """Whether a launch without selection takes the META build (the kernel's PAIRS and QUADS
+    conditions, and queries of at most the build's MAXT terms)."""
+    pairs = acc == "u32" and int_weights and layout.weight_bits is None and not dense_lists
+    pairs = pairs and layout.dense.dtype == torch.uint8 and (1 << layout.tile_bits) // threads >= 8
+    quads = quads_readable(layout.offs) and quads_readable(layout.wts)
+    return pairs and quads and min_blocks >= 6 and width <= 128
+
+
+def meta_bytes(b: int, width: int, tiles: int) -> int:
+    """Bytes of the records' buffer (:func:`meta_scratch`) for launches of ``tiles`` tiles of ``b``
+    queries padded to ``width`` terms where they take the META build: at most
+    :data:`META_MAX_BYTES`; 0 for batches of fewer than :data:`META_MIN_BATCH` queries."""
+    per_tile = b * (width + 1) * 16
+    if b < META_MIN_BATCH or tiles == 0 or width == 0 or per_tile > META_MAX_BYTES:
+        return 0
+    return min(tiles, META_MAX_BYTES // per_tile) * per_tile
+
+
+def meta_scratch(
+    layout: TiledIndex, q_terms: torch.Tensor, tiles: int, *, acc: str, int_weights: bool, dense_lists: bool = False
+) -> torch.Tensor | None:
+    """The records' buffer for launches of ``tiles`` tiles without selection over this batch
+    (``q_terms`` ``[B, T]``), bounded by :data:`META_MAX_BYTES` (longer launches are cut); ``None``
+    where such launches do not take the META build."""
+    b, t = q_terms.shape
+    threads, min_blocks = launch_shape(layout.tile_bits, acc, batch=b, levels=layout.quantized, width=t)
+    nbytes = meta_bytes(b, t, tiles)
+    if not nbytes or not _meta_build(
+        layout, t, acc=acc, int_weights=int_weights, dense_lists=dense_lists, threads=threads, min_blocks=min_blocks
+    ):
+        return None
+    return torch.empty(nbytes // 4, dtype=torch.int32, device=q_terms.device)
 
 
 def tiled_candidates(
@@ -199,6 +245,7 @@ def tiled_candidates(
     min_blocks: int | None = None,
     defines: Sequence[str] = (),
     lists: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    meta: torch.Tensor | None = None,
 ) -> None:
     """Launch ``cuda/tile_candidates.cu``'s kernel over ``layout`` on the current PyTorch stream
     (see the module docstring).
@@ -224,6 +271,11 @@ def tiled_candidates(
     on the device) for a fixed-point layout with :attr:`~gpusparse.layout.tiled.TiledIndex.list_pos`:
     the dense terms' postings are then read from their lists instead of the dense rows (the same
     sums; fewer bytes where a row serves few queries, as at batch 1).
+
+    ``meta``: a buffer from :func:`meta_scratch`, for a launch without selection: each block then
+    reads its terms' metadata from a record that the ``tile_meta`` kernel writes just before (the
+    META build; the same sums), the tiles taken as many at a time as the buffer holds. Ignored
+    where that build does not apply.
 
     Build knobs, for profiling: ``threads`` and ``min_blocks`` (default: :func:`launch_shape`'s
     choice), ``unroll`` (sparse postings per thread and step), ``defines`` (extra ``-D`` names:
@@ -294,8 +346,16 @@ def tiled_candidates(
     )
     shared = shared_bytes(tile_bits, acc)
     quads = quads_readable(layout.offs) and quads_readable(layout.wts)
+    use_meta = meta is not None and not select and _meta_build(
+        layout, t, acc=acc, int_weights=int_weights, dense_lists=lists is not None, threads=threads,
+        min_blocks=min_blocks,
+    )  # fmt: skip
+    if use_meta:
+        check_tensors({"meta": (meta, torch.int32)}, dev)
+        if meta.numel() < 4 * b * (t + 1):
+            raise ValueError(f"meta holds {meta.numel()} int32, fewer than one tile's records ({4 * b * (t + 1)})")
     build = (tile_bits, threads, unroll, min_blocks, acc, _WEIGHT_TYPES[wdtype], int_weights, fixed, tuple(defines),
-             packed, bool(select), lists is not None, quads)  # fmt: skip
+             packed, bool(select), lists is not None, quads, use_meta)  # fmt: skip
     kernel = _kernel(build, device_index(dev), variant_of(SOURCE))
     if dense.numel() == 0:  # CuPy wants real memory behind every pointer
         dense = torch.zeros((1, 1 << tile_bits), dtype=wdtype, device=dev)
@@ -307,5 +367,20 @@ def tiled_candidates(
     null = np.uint64(0)
     from_lists = [pointer(x) for x in (*lists, layout.list_pos)] if lists is not None else [null] * 5
     doc_of = pointer(layout.doc_of) if layout.doc_of is not None else null
-    tail = (np.int32(cap), *from_lists, np.int32(n_tiles), doc_of)
-    launch(kernel, (b, count), (threads,), (*args, *ints, *outs, *tail), device=dev, shared_mem=shared)
+    if not use_meta:
+        tail = (np.int32(cap), *from_lists, np.int32(n_tiles), doc_of, null)
+        launch(kernel, (b, count), (threads,), (*args, *ints, *outs, *tail), device=dev, shared_mem=shared)
+        return
+    # META: records for as many tiles as the buffer holds, then those tiles' blocks
+    meta_kernel = _kernel(build, device_index(dev), variant_of(SOURCE), "tile_meta")
+    most = meta.numel() // (4 * b * (t + 1))
+    per = -(-count // -(-count // most))  # slices of equal size, as few as the buffer allows
+    tail = (np.int32(cap), *from_lists, np.int32(n_tiles), doc_of, pointer(meta))
+    head = (pointer(layout.seg), pointer(layout.tile_start), pointer(layout.dense_id), pointer(q_terms),
+            pointer(q_weights), pointer(q_scale), np.int32(t), np.int32(n_terms), np.int32(b))  # fmt: skip
+    for f in range(first, first + count, per):
+        n = min(per, first + count - f)
+        grid = ((b + 3) // 4, (n + META_TILES - 1) // META_TILES)
+        launch(meta_kernel, grid, (128,), (*head, np.int32(f), np.int32(n), pointer(meta)), device=dev)
+        ints[4] = np.int32(f)
+        launch(kernel, (b, n), (threads,), (*args, *ints, *outs, *tail), device=dev, shared_mem=shared)

@@ -103,11 +103,15 @@ def _device_steps(
     cand_val = torch.empty((b, cap), dtype=torch.int64, device=dev)
     redo = torch.zeros(b, dtype=torch.bool, device=dev) if redo is None else redo
     dense_from = dense_lists(index, layout, b)  # None: the dense rows
+    # the waves after the first read their blocks' term metadata from records (8-bit levels)
+    later = max((n for first, n in plan if first > 0), default=0)
+    meta = tile_candidates.meta_scratch(layout, terms32, later, acc=acc, int_weights=int_weights,
+                                        dense_lists=dense_from is not None)  # fmt: skip
     for first, n in plan:
         tile_candidates.tiled_candidates(
             layout, terms32, weights, q_scale, fp.delta, k=k, tiles=(first, n), select=first == 0,
             acc=acc, int_weights=int_weights, q_shift=fp.shift,
-            theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val, lists=dense_from,
+            theta=theta, cand_count=count, cand_doc=cand_doc, cand_val=cand_val, lists=dense_from, meta=meta,
         )  # fmt: skip
         # rows whose candidates past the capacity were counted, not stored, flagged in redo
         compact_candidates(theta, count, cand_doc, cand_val, fp.delta, k, cap, overflow=redo)
@@ -173,7 +177,7 @@ def graphed_steps(
     key = (id(layout), k, acc, int_weights)
 
     def nbytes() -> int:
-        return waves.search_bytes(layout.n_tiles, batch.rows, k, n_sm)
+        return waves.search_bytes(layout.n_tiles, batch.rows, k, n_sm, levels=layout.quantized)
 
     return graphed(index.derived.graphs, key, steps, batch, layout.seg.device, nbytes,  # type: ignore[return-value]
                    to_host=to_host)  # fmt: skip

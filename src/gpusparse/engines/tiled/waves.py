@@ -13,6 +13,7 @@ from collections.abc import Callable
 import torch
 
 from ...kernels.compact import compact_candidates
+from ...kernels.tile_candidates import SHORT_WIDTH, meta_bytes
 from ...layout.tiled import TiledIndex
 from ...queries import QueryBatch
 from .fixed_point import FixedPoint, emission_threshold, kernel_scale
@@ -199,12 +200,17 @@ def candidate_lows(
     return torch.where(present, low, torch.zeros_like(low))
 
 
-def search_bytes(n_tiles: int, b: int, k: int, n_sm: int) -> int:
+def search_bytes(n_tiles: int, b: int, k: int, n_sm: int, *, levels: bool = False) -> int:
     """Device bytes a batch of ``b`` queries at ``k`` allocates on the synchronisation-free
     path beyond the layout (:func:`~.device.device_search`): candidate slots (int32 doc +
     int64 value each) at the first wave's capacity, the ranking keys and their top-k, and
-    the results; an estimate within a few percent (per-row scalars left out)."""
+    the results; an estimate within a few percent (per-row scalars left out). ``levels``: a
+    layout of 8-bit levels, whose later waves may also hold their blocks' metadata records
+    (:func:`~gpusparse.kernels.tile_candidates.meta_bytes`, queries of the graphs' widest
+    padding counted)."""
     plan = wave_plan(n_tiles, b, k, n_sm)
     cap = initial_capacity(k, plan[0][1] if plan else 1)
     width = min(cap, 2 * k + 1024)
-    return b * (cap * 12 + width * 8 * 2 + k * 12 * 2)
+    later = max((n for first, n in plan if first > 0), default=0)
+    records = meta_bytes(b, SHORT_WIDTH, later) if levels else 0
+    return b * (cap * 12 + width * 8 * 2 + k * 12 * 2) + records

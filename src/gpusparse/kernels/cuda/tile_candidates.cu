@@ -126,6 +126,21 @@ typedef long long i64;
 #ifndef UQ
 #define UQ 2
 #endif
+// META (PAIRS and QUADS builds without selection, T <= MAXT): each block reads its terms' metadata
+// (the compacted sparse segments with their quads' prefix sums, and the pairs' table of its dense
+// rows) from a record that tile_meta wrote in the launch before, one warp a block, instead of
+// building it itself: one coalesced read and one barrier instead of the term ids' and the
+// segments' dependent loads, the ballots' exchange, the one-warp prefix pass and four barriers.
+// A record's layout (int4 entries; T + 1 of them a block, at ((tile - first) * B + q) * (T + 1)):
+//   [0]                      (np, ns, quads, shift); np < 0: the block builds them itself
+//   [1, 1 + ns)              sparse segments (start, length, integer weight, first quad)
+//   [1 + ns, 1 + ns + np)    pairs of dense rows, as dense_pairs reads them
+#ifndef META
+#define META 0
+#endif
+#if META && !(PAIRS && QUADS && !SELECT)
+#error "META needs a PAIRS and QUADS build without selection"
+#endif
 
 // Dense rows are read VEC weights at a time (one vector load).
 #define VEC (PER >= 4 ? 4 : PER)
@@ -324,7 +339,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     const int n_tiles,
     // optional [n_docs]: the document at each position (a layout in an order of its own);
     // candidates are written as documents
-    const int* __restrict__ doc_of)
+    const int* __restrict__ doc_of,
+    // META: the launch's records (see above)
+    const int4* __restrict__ meta_rec)
 {
     extern __shared__ unsigned int smem[];
     unsigned int* lo = smem;
@@ -434,9 +451,36 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
             }
         }
     };
+    // META: the block's metadata from its record (every thread reads its entry beside the header:
+    // one round trip)
+    bool from_rec = false;
+    int rec_ns = 0;
+#if META && !defined(PROFILE_SKIP_DENSE)
+    {
+        const int4* rec_b = meta_rec + ((i64)blockIdx.y * gridDim.x + q) * (T + 1);
+        const int4 hdr = rec_b[0];
+        const int4 e = tid < T ? rec_b[1 + tid] : make_int4(0, 0, 0, 0);
+        if (hdr.x >= 0) {
+            from_rec = true;
+            rec_ns = hdr.y;
+            int4* pairs = reinterpret_cast<int4*>(hist);
+            if (tid < rec_ns) {
+                s_start[tid] = e.x;
+                s_len[tid] = e.y;
+                s_wi[tid] = (unsigned int)e.z;
+                s_pref[tid] = e.w;
+            } else if (tid < rec_ns + hdr.x) {
+                pairs[tid - rec_ns] = e;
+            }
+            if (tid == 0) s_pref[rec_ns] = hdr.z;
+            __syncthreads();
+            dense_pairs(dense_tile, hdr.x, pairs, hdr.w, lo);
+        }
+    }
+#endif
 #if PAIRS && !defined(PROFILE_SKIP_DENSE)
-    bool paired = false;
-    if (T <= MAXT) {
+    bool paired = from_rec;
+    if (!from_rec && T <= MAXT) {
         load_terms(terms, qw, T, scale, did_tile, seg_tile, meta);
         // Every weight of a prepared query is a level times one power of two: with s the fewest
         // trailing zeros among the tile's dense weights, (Σ (wi >> s) · level) << s is
@@ -465,7 +509,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     }
     if (!paired) dense_registers();
 #else
-    dense_registers();
+    if (!from_rec) dense_registers();
 #endif
 
     // One sparse posting (document offset o in the tile, stored weight wd) times the query
@@ -496,9 +540,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     for (int j0 = 0; j0 < T; j0 += MAXT) {
         // one chunk (the usual case): its metadata is still there from the dense phase
         if (T > MAXT) load_terms(terms + j0, qw + j0, min(MAXT, T - j0), scale, did_tile, seg_tile, meta);
-        const int ns = meta.ns;
-        // Exclusive prefix sums of the segment lengths, in place, by the first warp.
-        if (tid < WL) {
+        const int ns = from_rec ? rec_ns : meta.ns;
+        // Exclusive prefix sums of the segment lengths, in place, by the first warp (META: read).
+        if (tid < WL && !from_rec) {
             int carry = 0;
             for (int c = 0; c < ns; c += WL) {
 #if QUADS
@@ -874,3 +918,119 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     }
 #endif
 }
+
+#if META
+// The records META blocks read (see META above). One warp a query and META_TILES consecutive tiles
+// (four queries a CUDA block): the query's term ids and weights are loaded once, and each tile's
+// segments and dense rows are loaded before the previous tile's record is written (one round trip a
+// tile, overlapped). The same metadata as load_terms and the prefix pass build (term order, the same
+// integer weights, the same quads), and the pairs' table as the PAIRS phase builds it; np = -1 where
+// that phase would not be paired (a weight above 16 bits after the shift, or more pairs than the
+// table holds).
+#define META_TILES 8
+extern "C" __global__ void __launch_bounds__(128) tile_meta(
+    const int* __restrict__ seg, const i64* __restrict__ tile_start, const short* __restrict__ dense_id,
+    const int* __restrict__ q_terms, const float* __restrict__ q_weights, const double* __restrict__ q_scale,
+    const int T, const int V, const int B, const int tile0, const int n_tiles, int4* __restrict__ rec)
+{
+    __shared__ int st_row[4][MAXT];
+    __shared__ unsigned int st_wi[4][MAXT];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int q = blockIdx.x * 4 + warp;
+    if (q >= B) return;  // the warp's own work only: no barrier below
+    const int r0 = blockIdx.y * META_TILES, r1 = min(n_tiles, r0 + META_TILES);  // tiles after tile0
+    const unsigned int below = (1u << lane) - 1u;
+    constexpr int NC = MAXT / 32;
+    int tc[NC];
+    unsigned int wic[NC];
+    {
+        const int* terms = q_terms + (i64)q * T;
+        const float* qw = q_weights + (i64)q * T;
+        const double scale = q_scale[q];
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            const int j = c * 32 + lane;
+            tc[c] = -1;
+            wic[c] = 0u;
+            if (j < T) {
+                tc[c] = terms[j];
+                wic[c] = (unsigned int)((double)qw[j] * scale);  // as load_terms: exact (INT_W, checked by the caller)
+            }
+        }
+    }
+    int did[NC], start[NC], end[NC], phase = 0;
+    auto fetch = [&](int r) {
+        const int tile = tile0 + r;
+        const int* seg_tile = seg + (i64)tile * (V + 1);
+        const short* did_tile = dense_id + (i64)tile * V;
+        phase = (int)(tile_start[tile] & 3);
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            did[c] = -1;
+            start[c] = end[c] = 0;
+            if (tc[c] >= 0) {
+                did[c] = did_tile[tc[c]];
+                start[c] = seg_tile[tc[c]];
+                end[c] = seg_tile[tc[c] + 1];
+            }
+        }
+    };
+    if (r0 < r1) fetch(r0);
+    for (int r = r0; r < r1; ++r) {
+        int n[NC], dd[NC], st[NC];
+        const int ph = phase;
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            n[c] = end[c] - start[c];
+            dd[c] = did[c];
+            st[c] = start[c];
+        }
+        if (r + 1 < r1) fetch(r + 1);  // the next tile's loads in flight while this one's record is written
+        int4* out = rec + ((i64)r * B + q) * (T + 1);
+        int nd = 0, ns = 0, quads = 0;
+        unsigned int any = 0u, top = 0u;
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            const bool dense = dd[c] >= 0, sparse = !dense && n[c] > 0;
+            const unsigned int bd = __ballot_sync(0xffffffffu, dense), bs = __ballot_sync(0xffffffffu, sparse);
+            if ((bd | bs) == 0u) continue;
+            int nq = 0;  // the segment's quads, as the prefix pass counts them
+            if (sparse) {
+                const int a = ph + st[c];
+                nq = ((a + n[c] - 1) >> 2) - (a >> 2) + 1;
+            }
+            int incl = nq;
+            for (int o = 1; o < 32; o <<= 1) {
+                const int up = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += up;
+            }
+            if (sparse) out[1 + ns + __popc(bs & below)] = make_int4(st[c], n[c], (int)wic[c], quads + incl - nq);
+            if (dense) {
+                const int at = nd + __popc(bd & below);
+                st_row[warp][at] = dd[c];
+                st_wi[warp][at] = wic[c];
+                any |= wic[c];
+                top = max(top, wic[c]);
+            }
+            quads += __shfl_sync(0xffffffffu, incl, 31);
+            nd += __popc(bd);
+            ns += __popc(bs);
+        }
+        any = __reduce_or_sync(0xffffffffu, any);
+        top = __reduce_max_sync(0xffffffffu, top);
+        const int s = any ? __ffs(any) - 1 : 0, np = (nd + 1) >> 1;
+        const bool paired = (top >> s) <= 0xffffu && np <= 64;
+        __syncwarp();
+        if (paired) {
+            for (int p = lane; p < np; p += 32) {
+                const int d = 2 * p, two = d + 1 < nd;
+                const unsigned int w = (st_wi[warp][d] >> s) | (two ? (st_wi[warp][d + 1] >> s) << 16 : 0u);
+                out[1 + ns + p] =
+                    make_int4(st_row[warp][d] * (TILE / 8), two ? st_row[warp][d + 1] * (TILE / 8) : -1, (int)w, 0);
+            }
+        }
+        if (lane == 0) out[0] = make_int4(paired ? np : -1, ns, quads, s);
+        __syncwarp();  // the staged rows are read before the next tile rewrites them
+    }
+}
+#endif
