@@ -480,11 +480,15 @@ def test_cuda_later_waves_read_their_blocks_metadata_from_records(rng, monkeypat
     scores, batch = dense_scores(docs, queries), query_batch(queries, index.device)
     b, t = batch.padded_terms.shape
     assert b >= tc.META_MIN_BATCH and t <= tc.SHORT_WIDTH
-    names, real_kernel, real_scratch = [], tc._kernel, tc.meta_scratch
+    names, launches, real_kernel, real_scratch, real_launch = [], [], tc._kernel, tc.meta_scratch, tc.launch
 
     def spy(build, device, variant, name="tiled_candidates"):
         names.append((name, build[-1]))  # the build's META
         return real_kernel(build, device, variant, name)
+
+    def launch(kernel, grid, block, args, **kwargs):
+        launches.append(block[0] == 128)  # tile_meta's blocks (the search's have 256 threads here)
+        return real_launch(kernel, grid, block, args, **kwargs)
 
     def poisoned(*args, **kwargs):
         buf = real_scratch(*args, **kwargs)
@@ -494,7 +498,9 @@ def test_cuda_later_waves_read_their_blocks_metadata_from_records(rng, monkeypat
 
     monkeypatch.setattr(tc, "_kernel", spy)
     monkeypatch.setattr(tc, "meta_scratch", poisoned)
+    monkeypatch.setattr(tc, "launch", launch)
     per_tile = b * (t + 1) * 16
+    n_sm = torch.cuda.get_device_properties(index.device).multi_processor_count
     for tile_bits, dense_min in ((11, 0.001), (11, 0.05)):
         layout = layout_for_search(index, tile_bits, dense_min, "u32", False)
         assert layout.quantized and layout.n_tiles > 8
@@ -505,6 +511,8 @@ def test_cuda_later_waves_read_their_blocks_metadata_from_records(rng, monkeypat
             got = {}
             for budget in (0, per_tile, 3 * per_tile, tc.META_MAX_BYTES):
                 names.clear()
+                launches.clear()
+                index.derived.graphs.clear()  # a captured graph would replay the budget it was captured with
                 monkeypatch.setattr(tc, "META_MAX_BYTES", budget)
                 s, i = tiled_search(index, batch, k, tile_bits=tile_bits, dense_min=dense_min, acc="u32").resolved()
                 what = str((tile_bits, dense_min, k, budget))
@@ -514,8 +522,10 @@ def test_cuda_later_waves_read_their_blocks_metadata_from_records(rng, monkeypat
                 metas = sum(name == "tile_meta" for name, _ in names)
                 main = [meta for name, meta in names if name == "tiled_candidates"]
                 assert (metas > 0) == (budget > 0) == any(main), what
-                if budget == per_tile:  # one tile a launch
-                    assert metas == main.count(True) >= 2, what
+                if budget == per_tile:  # one tile a launch: a records launch before each of the later tiles
+                    later = sum(n for first, n in waves.wave_plan(layout.n_tiles, b, k, n_sm) if first > 0)
+                    assert launches.count(True) == later >= 2, what
+                    assert launches.count(False) >= later + 1, what  # and the first wave's (and any redone rows')
             assert all(torch.equal(v[0], got[0][0]) and torch.equal(v[1], got[0][1]) for v in got.values())
 
 
