@@ -18,7 +18,9 @@ query's running threshold ``theta`` to it (a lower bound of the k-th best score 
 whole collection), and emits every document within the error margin ``delta`` of
 ``max(tau, theta)`` as a candidate. Triton cannot express shared-memory atomics, hence CUDA
 (``cuda/tile_candidates.cu``, compiled through CuPy's NVRTC by :mod:`.cupy_launch`, whose
-``available`` says whether it can run here). The compaction of a wave's candidates is
+``available`` says whether it can run here). In large 8-bit batches the launches without
+selection read each block's term metadata from records written by a second kernel of the same
+source (``tile_meta``, :func:`meta_scratch`). The compaction of a wave's candidates is
 :mod:`.compact`.
 """
 
@@ -189,12 +191,12 @@ def _kernel(build: tuple, device: int, variant: tuple[str, tuple[str, ...]], nam
 def _meta_build(
     layout: TiledIndex, width: int, *, acc: str, int_weights: bool, dense_lists: bool, threads: int, min_blocks: int
 ) -> bool:
-    """Whether a launch without selection takes the META build (the kernel's PAIRS and QUADS
-    conditions, and queries of at most the build's MAXT terms)."""
+    """Whether a launch without selection takes the META build: the kernel's PAIRS and QUADS
+    conditions, in the six-block build (measured there), whose MAXT (128) bounds the width."""
     pairs = acc == "u32" and int_weights and layout.weight_bits is None and not dense_lists
     pairs = pairs and layout.dense.dtype == torch.uint8 and (1 << layout.tile_bits) // threads >= 8
     quads = quads_readable(layout.offs) and quads_readable(layout.wts)
-    return pairs and quads and min_blocks >= 6 and width <= 128
+    return pairs and quads and min_blocks >= 6 and width <= SHORT_WIDTH
 
 
 def meta_bytes(b: int, width: int, tiles: int) -> int:

@@ -1,7 +1,9 @@
 // The tiled engine's kernel: on-chip accumulation per (document tile, query), candidates out.
 // Launched by gpusparse.kernels.tile_candidates.tiled_candidates, compiled by NVRTC with
 // -DTILE_BITS -DTHREADS -DUNROLL -DMIN_BLOCKS -DACC_MODE -DWT -DINT_W -DFIXED_W -DFIXED_STORED
-// -DPACKED -DSELECT (and, for profiling builds only, -DPROFILE_SKIP_DENSE / -DPROFILE_SKIP_SPARSE).
+// -DPACKED -DSELECT -DDENSE_LISTS -DQUADS -DMETA (and, for profiling builds only,
+// -DPROFILE_SKIP_DENSE / -DPROFILE_SKIP_SPARSE). META builds also hold tile_meta, the kernel
+// that writes their blocks' metadata records.
 // WT is passed as one token (-DWT=unsigned_char): these name the two-word types.
 typedef unsigned char unsigned_char;
 typedef unsigned int unsigned_int;
