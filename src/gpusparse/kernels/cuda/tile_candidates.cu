@@ -130,7 +130,7 @@ typedef long long i64;
 #endif
 // META (PAIRS and QUADS builds without selection, T <= MAXT): each block reads its terms' metadata
 // (the compacted sparse segments with their quads' prefix sums, and the pairs' table of its dense
-// rows) from a record that tile_meta wrote in the launch before, one warp a block, instead of
+// rows) from a record that tile_meta wrote in the launch before (one warp a query), instead of
 // building it itself: one coalesced read and one barrier instead of the term ids' and the
 // segments' dependent loads, the ballots' exchange, the one-warp prefix pass and four barriers.
 // A record's layout (int4 entries; T + 1 of them a block, at ((tile - first) * B + q) * (T + 1)):
