@@ -454,7 +454,6 @@ static int run(Pass *ps) {
     return OK;
 }
 
-
 PyDoc_STRVAR(parse_doc,
              "parse(data, w0, w1, w2, tid, bits, probes, skip_unknown, lines, lengths, id_spans, terms, weights, "
              "pending)\n--\n\n"
@@ -545,8 +544,7 @@ static PyObject *parse(PyObject *self, PyObject *args) {
     }
     result = Py_BuildValue("(NnnnnnNN)", ids, ps.records, ps.postings, ps.n_pending, ps.skipped, ps.newlines, neg, over);
 done:
-    for (int i = 0; i < 14; i++)
-        if (b[i].held) PyBuffer_Release(&b[i].view);
+    release(b, 14);
     return result;
 }
 

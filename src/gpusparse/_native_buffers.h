@@ -19,4 +19,10 @@ static int get(PyObject *obj, Buf *b, int writable, Py_ssize_t itemsize, const c
     return 0;
 }
 
+/* Release the held views of b[0 .. n). */
+static void release(Buf *b, int n) {
+    for (int i = 0; i < n; i++)
+        if (b[i].held) PyBuffer_Release(&b[i].view);
+}
+
 #endif

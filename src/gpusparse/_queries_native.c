@@ -22,11 +22,6 @@
 
 #include "_native_buffers.h"
 
-static void release(Buf *b, int n) {
-    for (int i = 0; i < n; i++)
-        if (b[i].held) PyBuffer_Release(&b[i].view);
-}
-
 /* Row pointers [n + 1] that rise from indptr[0] and end at indptr[0] + nnz: 0, else -1 with an error. */
 static int check_rows(const int64_t *indptr, Py_ssize_t n, Py_ssize_t nnz) {
     for (Py_ssize_t r = 0; r < n; r++)
