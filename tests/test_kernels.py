@@ -609,7 +609,8 @@ def test_the_records_buffer_is_bounded_and_counted_in_the_search_bytes(monkeypat
     assert tc.meta_bytes(b, width, 100) == 0
     monkeypatch.setattr(tc, "META_MAX_BYTES", 1 << 40)
     plan = waves.wave_plan(1000, 256, 10, 132)
-    later = max(n for first, n in plan if first > 0)
+    later = waves.largest_later_wave(plan)
+    assert later == max(n for first, n in plan if first > 0)
     extra = waves.search_bytes(1000, 256, 10, 132, levels=True) - waves.search_bytes(1000, 256, 10, 132)
     assert extra == later * 256 * (tc.SHORT_WIDTH + 1) * 16 > 0
     assert waves.search_bytes(1000, 8, 10, 132, levels=True) == waves.search_bytes(1000, 8, 10, 132)

@@ -104,9 +104,8 @@ def _device_steps(
     redo = torch.zeros(b, dtype=torch.bool, device=dev) if redo is None else redo
     dense_from = dense_lists(index, layout, b)  # None: the dense rows
     # the waves after the first read their blocks' term metadata from records (8-bit levels)
-    later = max((n for first, n in plan if first > 0), default=0)
-    meta = tile_candidates.meta_scratch(layout, terms32, later, acc=acc, int_weights=int_weights,
-                                        dense_lists=dense_from is not None)  # fmt: skip
+    meta = tile_candidates.meta_scratch(layout, terms32, waves.largest_later_wave(plan), acc=acc,
+                                        int_weights=int_weights, dense_lists=dense_from is not None)  # fmt: skip
     for first, n in plan:
         tile_candidates.tiled_candidates(
             layout, terms32, weights, q_scale, fp.delta, k=k, tiles=(first, n), select=first == 0,
