@@ -299,6 +299,30 @@ __device__ __forceinline__ void dense_pairs(const WT* __restrict__ dense_tile, i
 }
 #endif
 
+#if PAIRS
+// The pairs' table's rule, one for the block's own build and for tile_meta's records: the weights'
+// shift s is the fewest trailing zeros among the dense weights (`any`: their OR), and the rows pair
+// where the largest (`top`) fits 16 bits after it and the table holds the np pairs.
+__device__ __forceinline__ bool pairs_fit(unsigned int any, unsigned int top, int np, int& s)
+{
+    s = any ? __ffs(any) - 1 : 0;
+    return (top >> s) <= 0xffffu && np <= 64;
+}
+// Entry p of the pairs' table from the dense rows' ids and integer weights [0, nd), as dense_pairs
+// reads it.
+__device__ __forceinline__ int4 pair_entry(const int* row, const unsigned int* wi, int p, int nd, int s)
+{
+    const int d = 2 * p, two = d + 1 < nd;
+    const unsigned int w = (wi[d] >> s) | (two ? (wi[d + 1] >> s) << 16 : 0u);
+    return make_int4(row[d] * (TILE / 8), two ? row[d + 1] * (TILE / 8) : -1, (int)w, 0);
+}
+#endif
+#if QUADS
+// The quads of a segment of n >= 1 postings from place a (counted from the tile's aligned first
+// quad): from the one holding its first posting to its last's.
+__device__ __forceinline__ int quad_count(int a, int n) { return ((a + n - 1) >> 2) - (a >> 2) + 1; }
+#endif
+
 // One addition to a 32-bit sum in shared memory, as a reduction (no value returned) at the 32-bit
 // shared-window address `addr`. From a pointer into the dynamic shared array the compiler rebuilt
 // the array's base from the block's id before each atomic; the sparse loops compute each address
@@ -495,16 +519,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
             any |= d_wi[d];
             top = max(top, d_wi[d]);
         }
-        const int s = any ? __ffs(any) - 1 : 0;
-        paired = (top >> s) <= 0xffffu && np <= 64;
+        int s;
+        paired = pairs_fit(any, top, np, s);
         if (paired) {
             // the pairs' table lies in the selection's histogram (free until the sparse phase)
             int4* pairs = reinterpret_cast<int4*>(hist);
-            for (int p = tid; p < np; p += THREADS) {
-                const int d = 2 * p, two = d + 1 < nd;
-                const unsigned int w = (d_wi[d] >> s) | (two ? (d_wi[d + 1] >> s) << 16 : 0u);
-                pairs[p] = make_int4(d_row[d] * (TILE / 8), two ? d_row[d + 1] * (TILE / 8) : -1, (int)w, 0);
-            }
+            for (int p = tid; p < np; p += THREADS) pairs[p] = pair_entry(d_row, d_wi, p, nd, s);
             __syncthreads();
             dense_pairs(dense_tile, np, pairs, s, lo);
         }
@@ -548,12 +568,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
             int carry = 0;
             for (int c = 0; c < ns; c += WL) {
 #if QUADS
-                // the segment's quads: from the one holding its first posting to its last's
-                int len = 0;
+                int len = 0;  // the segment's quads
                 if (c + tid < ns) {
                     const int n = s_pref[c + tid], a = phase + s_start[c + tid];
                     s_len[c + tid] = n;
-                    len = ((a + n - 1) >> 2) - (a >> 2) + 1;
+                    len = quad_count(a, n);
                 }
 #else
                 const int len = c + tid < ns ? s_pref[c + tid] : 0;
@@ -996,11 +1015,7 @@ extern "C" __global__ void __launch_bounds__(128) tile_meta(
             const bool dense = dd[c] >= 0, sparse = !dense && n[c] > 0;
             const unsigned int bd = __ballot_sync(0xffffffffu, dense), bs = __ballot_sync(0xffffffffu, sparse);
             if ((bd | bs) == 0u) continue;
-            int nq = 0;  // the segment's quads, as the prefix pass counts them
-            if (sparse) {
-                const int a = ph + st[c];
-                nq = ((a + n[c] - 1) >> 2) - (a >> 2) + 1;
-            }
+            const int nq = sparse ? quad_count(ph + st[c], n[c]) : 0;  // as the prefix pass counts them
             int incl = nq;
             for (int o = 1; o < 32; o <<= 1) {
                 const int up = __shfl_up_sync(0xffffffffu, incl, o);
@@ -1020,17 +1035,12 @@ extern "C" __global__ void __launch_bounds__(128) tile_meta(
         }
         any = __reduce_or_sync(0xffffffffu, any);
         top = __reduce_max_sync(0xffffffffu, top);
-        const int s = any ? __ffs(any) - 1 : 0, np = (nd + 1) >> 1;
-        const bool paired = (top >> s) <= 0xffffu && np <= 64;
+        const int np = (nd + 1) >> 1;
+        int s;
+        const bool paired = pairs_fit(any, top, np, s);
         __syncwarp();
-        if (paired) {
-            for (int p = lane; p < np; p += 32) {
-                const int d = 2 * p, two = d + 1 < nd;
-                const unsigned int w = (st_wi[warp][d] >> s) | (two ? (st_wi[warp][d + 1] >> s) << 16 : 0u);
-                out[1 + ns + p] =
-                    make_int4(st_row[warp][d] * (TILE / 8), two ? st_row[warp][d + 1] * (TILE / 8) : -1, (int)w, 0);
-            }
-        }
+        if (paired)
+            for (int p = lane; p < np; p += 32) out[1 + ns + p] = pair_entry(st_row[warp], st_wi[warp], p, nd, s);
         if (lane == 0) out[0] = make_int4(paired ? np : -1, ns, quads, s);
         __syncwarp();  // the staged rows are read before the next tile rewrites them
     }
