@@ -128,13 +128,6 @@ def main() -> None:
         default=[],
         help="also time the current kernel with these META record budgets (bytes; 0: no records)",
     )
-    p.add_argument(
-        "--meta-configs",
-        nargs="*",
-        default=[],
-        help="time each source with each of these records' settings instead of the package's: "
-        "MiB,slots,priority (tile_candidates.META_MAX_BYTES in MiB, META_SLOTS, META_PRIORITY)",
-    )
     args = p.parse_args()
     with override_config(doc_order=args.doc_order) if args.doc_order else contextlib.nullcontext():
         run(args)
@@ -175,28 +168,14 @@ def run(args) -> None:
     sources = [("current", None)] + [(f"{Path(b).parent.name}/{Path(b).name}", Path(b)) for b in args.baseline]
     for path in [p for _, p in sources if p is not None]:
         source(path.name)  # refuses a name that is not a kernel source of the package
-    # each source with the package's records' settings, or with each of --meta-configs
-    configs = [tuple(int(x) for x in c.split(",")) for c in args.meta_configs] or [None]
-    names = ("META_MAX_BYTES", "META_SLOTS", "META_PRIORITY")
     for label, path in sources:
-        for config in configs:
-            # A baseline compiles from its file, same launcher, for this label's searches only. The
-            # CUDA graphs captured for the label before are dropped: Index.search would replay their
-            # kernels.
-            index.derived.graphs.clear()
-            scope = variant(path.name, code=path.read_text()) if path is not None else contextlib.nullcontext()
-            saved = [getattr(tile_candidates, n) for n in names]
-            if config is not None:
-                mib, slots, priority = config
-                for n, value in zip(names, (mib << 20, slots, priority), strict=True):
-                    setattr(tile_candidates, n, value)
-            try:
-                with scope:
-                    tag = "" if config is None else f"-meta-{mib}MiB-{slots}slots-p{priority}"
-                    measure(args, index, queries, batch, sync, out, label + tag)
-            finally:
-                for n, value in zip(names, saved, strict=True):
-                    setattr(tile_candidates, n, value)
+        # A baseline compiles from its file, same launcher, for this label's searches only. The
+        # CUDA graphs captured for the label before are dropped: Index.search would replay their
+        # kernels.
+        index.derived.graphs.clear()
+        scope = variant(path.name, code=path.read_text()) if path is not None else contextlib.nullcontext()
+        with scope:
+            measure(args, index, queries, batch, sync, out, label)
     for budget in args.meta_bytes:  # the record budget of the launches without selection
         index.derived.graphs.clear()
         saved, tile_candidates.META_MAX_BYTES = tile_candidates.META_MAX_BYTES, budget

@@ -594,35 +594,25 @@ def test_tile_candidates_build_options() -> None:
 
 def test_the_records_buffer_is_bounded_and_counted_in_the_search_bytes(monkeypatch) -> None:
     """META's records take 16 bytes a (query, padded term + 1) a tile, for batches of at least
-    META_MIN_BATCH queries: META_SLOTS slots of whole tiles within META_MAX_BYTES, each later wave
-    cut into as few launches of equal size as a slot holds, in order; search_bytes counts them
-    for 8-bit layouts (later waves' tiles, the graphs' widest padding)."""
+    META_MIN_BATCH queries, at most META_MAX_BYTES (whole tiles); search_bytes counts them for
+    8-bit layouts (later waves' tiles, the graphs' widest padding)."""
     from gpusparse.engines.tiled import waves
     from gpusparse.kernels import tile_candidates as tc
 
     b, width = tc.META_MIN_BATCH, 64
     per_tile = b * (width + 1) * 16
-    monkeypatch.setattr(tc, "META_SLOTS", 2)
-    assert tc.meta_bytes(b - 1, width, [(4, 10)]) == 0 and tc.meta_bytes(b, width, []) == 0
-    assert tc.meta_slices(b, width, [(4, 3)]) == (3, [(4, 3)])
-    assert tc.meta_bytes(b, width, [(4, 3)]) == 3 * per_tile  # one launch: one slot
-    assert tc.meta_bytes(b, width, [(4, 3), (7, 2)]) == 2 * 3 * per_tile  # two slots of the largest
-    monkeypatch.setattr(tc, "META_MAX_BYTES", 2 * 5 * per_tile + 1)  # 5 tiles a slot
-    slot, slices = tc.meta_slices(b, width, [(4, 3), (7, 12)])
-    assert slot == 5 and slices == [(4, 3), (7, 4), (11, 4), (15, 4)]  # 12 tiles: 3 launches of 4
-    assert tc.meta_bytes(b, width, [(4, 3), (7, 12)]) == 2 * 5 * per_tile <= tc.META_MAX_BYTES
-    monkeypatch.setattr(tc, "META_SLOTS", 1)
-    assert tc.meta_slices(b, width, [(4, 3), (7, 12)]) == (10, [(4, 3), (7, 6), (13, 6)])
-    assert tc.meta_bytes(b, width, [(4, 3), (7, 12)]) == 10 * per_tile
+    assert tc.meta_bytes(b - 1, width, 10) == 0 and tc.meta_bytes(b, width, 0) == 0
+    assert tc.meta_bytes(b, width, 3) == 3 * per_tile
+    monkeypatch.setattr(tc, "META_MAX_BYTES", 5 * per_tile + 1)
+    assert tc.meta_bytes(b, width, 100) == 5 * per_tile
     monkeypatch.setattr(tc, "META_MAX_BYTES", per_tile - 1)
-    assert tc.meta_bytes(b, width, [(4, 100)]) == 0 and tc.meta_slices(b, width, [(4, 100)]) == (0, [])
+    assert tc.meta_bytes(b, width, 100) == 0
     monkeypatch.setattr(tc, "META_MAX_BYTES", 1 << 40)
-    monkeypatch.setattr(tc, "META_SLOTS", 2)
     plan = waves.wave_plan(1000, 256, 10, 132)
-    later = waves.later_waves(plan)
-    assert later == plan[1:] and len(later) >= 2
+    later = waves.largest_later_wave(plan)
+    assert later == max(n for first, n in plan if first > 0)
     extra = waves.search_bytes(1000, 256, 10, 132, levels=True) - waves.search_bytes(1000, 256, 10, 132)
-    assert extra == 2 * max(n for _, n in later) * 256 * (tc.SHORT_WIDTH + 1) * 16 > 0
+    assert extra == later * 256 * (tc.SHORT_WIDTH + 1) * 16 > 0
     assert waves.search_bytes(1000, 8, 10, 132, levels=True) == waves.search_bytes(1000, 8, 10, 132)
 
 

@@ -460,13 +460,11 @@ def test_cuda_dense_rows_of_levels_two_at_a_time(rng):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_later_waves_read_their_blocks_metadata_from_records(rng, monkeypatch):
     """Batches of LARGE_BATCH queries or more on 8-bit levels: the launches after the first wave
-    read each block's term metadata from records that tile_meta writes (META), the tiles taken as
-    many at a time as a slot of the buffer holds; with one slot just before each launch, with two
-    ahead on a side stream. With the buffer poisoned, for slots of one tile, three tiles and all of
-    them: exact against the float64 reference and bit for bit the search without records, with
-    one records' launch for each later tile at one tile a slot. Blocks whose dense weights do not
-    pair (above 16 bits after their shift, or more than 64 pairs of rows) take the general path
-    from their record's header."""
+    read each block's term metadata from records that tile_meta writes just before (META), the
+    tiles taken as many at a time as the buffer holds. With the buffer poisoned, for budgets of one
+    tile, three tiles and all of them: exact against the float64 reference and bit for bit the
+    search without records. Blocks whose dense weights do not pair (above 16 bits after their
+    shift, or more than 64 pairs of rows) take the general path from their record's header."""
     require_cuda_kernels()
     from gpusparse.kernels import tile_candidates as tc
     from gpusparse.quantize import quantize_collection, quantize_queries
@@ -482,7 +480,7 @@ def test_cuda_later_waves_read_their_blocks_metadata_from_records(rng, monkeypat
     scores, batch = dense_scores(docs, queries), query_batch(queries, index.device)
     b, t = batch.padded_terms.shape
     assert b >= tc.META_MIN_BATCH and t <= tc.SHORT_WIDTH
-    names, launches, real_kernel, real_init, real_launch = [], [], tc._kernel, tc.MetaRecords.__init__, tc.launch
+    names, launches, real_kernel, real_scratch, real_launch = [], [], tc._kernel, tc.meta_scratch, tc.launch
 
     def spy(build, device, variant, name="tiled_candidates"):
         names.append((name, build[-1]))  # the build's META
@@ -492,12 +490,14 @@ def test_cuda_later_waves_read_their_blocks_metadata_from_records(rng, monkeypat
         launches.append(block[0] == 128)  # tile_meta's blocks (the search's have 256 threads here)
         return real_launch(kernel, grid, block, args, **kwargs)
 
-    def poisoned(self, buf, *args, **kwargs):
-        buf.fill_(0x12345678)  # a header read before its record is written would be garbage
-        real_init(self, buf, *args, **kwargs)
+    def poisoned(*args, **kwargs):
+        buf = real_scratch(*args, **kwargs)
+        if buf is not None:
+            buf.fill_(0x12345678)  # a header read before its record is written would be garbage
+        return buf
 
     monkeypatch.setattr(tc, "_kernel", spy)
-    monkeypatch.setattr(tc.MetaRecords, "__init__", poisoned)
+    monkeypatch.setattr(tc, "meta_scratch", poisoned)
     monkeypatch.setattr(tc, "launch", launch)
     per_tile = b * (t + 1) * 16
     n_sm = torch.cuda.get_device_properties(index.device).multi_processor_count
@@ -509,27 +509,24 @@ def test_cuda_later_waves_read_their_blocks_metadata_from_records(rng, monkeypat
         for k in (10, 300):
             ref_s, ref_i = reference_topk(scores, k)
             got = {}
-            for slots, tiles in ((1, 0), (1, 1), (1, 3), (1, None), (2, 1), (2, 3), (2, None)):
-                budget = tc.META_MAX_BYTES if tiles is None else slots * tiles * per_tile
+            for budget in (0, per_tile, 3 * per_tile, tc.META_MAX_BYTES):
                 names.clear()
                 launches.clear()
                 index.derived.graphs.clear()  # a captured graph would replay the budget it was captured with
                 monkeypatch.setattr(tc, "META_MAX_BYTES", budget)
-                monkeypatch.setattr(tc, "META_SLOTS", slots)
                 s, i = tiled_search(index, batch, k, tile_bits=tile_bits, dense_min=dense_min, acc="u32").resolved()
-                what = str((tile_bits, dense_min, k, slots, tiles))
+                what = str((tile_bits, dense_min, k, budget))
                 np.testing.assert_array_equal(i.cpu().numpy(), ref_i, err_msg=what)
                 np.testing.assert_array_equal(s.cpu().numpy(), ref_s, err_msg=what)
-                got[slots, tiles] = (s.cpu(), i.cpu())
+                got[budget] = (s.cpu(), i.cpu())
                 metas = sum(name == "tile_meta" for name, _ in names)
                 main = [meta for name, meta in names if name == "tiled_candidates"]
                 assert (metas > 0) == (budget > 0) == any(main), what
-                if tiles == 1:  # one tile a launch: a records' launch for each of the later tiles
+                if budget == per_tile:  # one tile a launch: a records launch before each of the later tiles
                     later = sum(n for first, n in waves.wave_plan(layout.n_tiles, b, k, n_sm) if first > 0)
                     assert launches.count(True) == later >= 2, what
                     assert launches.count(False) >= later + 1, what  # and the first wave's (and any redone rows')
-            plain = got[1, 0]
-            assert all(torch.equal(v[0], plain[0]) and torch.equal(v[1], plain[1]) for v in got.values())
+            assert all(torch.equal(v[0], got[0][0]) and torch.equal(v[1], got[0][1]) for v in got.values())
 
 
 def test_dense_terms_come_from_the_lists_for_the_smallest_batches_of_a_float32_layout(rng):

@@ -25,16 +25,6 @@ def capture_stream(device: torch.device) -> torch.cuda.Stream:
         return torch.cuda.Stream()
 
 
-@functools.cache
-def records_stream(device: torch.device, priority: int = -1) -> torch.cuda.Stream:
-    """The side stream of ``device`` on which the tiled kernel's metadata records are written
-    ahead of the launches that read them (:class:`~gpusparse.kernels.tile_candidates.MetaRecords`).
-    ``priority`` (PyTorch's: lower is higher; -1 the highest): its blocks are then dispatched
-    as soon as the search's kernel leaves room, not only after all of that kernel's blocks."""
-    with torch.cuda.device(device):
-        return torch.cuda.Stream(priority=priority)
-
-
 @contextlib.contextmanager
 def collection_held() -> Iterator[None]:
     """No automatic garbage collection inside the block (a CUDA graph's warm-up and capture):

@@ -20,8 +20,8 @@ whole collection), and emits every document within the error margin ``delta`` of
 (``cuda/tile_candidates.cu``, compiled through CuPy's NVRTC by :mod:`.cupy_launch`, whose
 ``available`` says whether it can run here). In large 8-bit batches the launches without
 selection read each block's term metadata from records written by a second kernel of the same
-source (``tile_meta``, :func:`meta_records`), ahead of them on a side stream. The compaction of
-a wave's candidates is :mod:`.compact`.
+source (``tile_meta``, :func:`meta_scratch`). The compaction of a wave's candidates is
+:mod:`.compact`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import numpy as np
 import torch
 
 from ..layout.packing import kernel_bias
-from ..streams import records_stream
 from .cupy_launch import available, check_tensors, device_index, launch, load_kernel, pointer, variant_of
 
 if TYPE_CHECKING:
@@ -44,13 +43,11 @@ __all__ = [
     "ACC_MODES",
     "ACC_TOP",
     "SOURCE",
-    "MetaRecords",
     "available",
     "block_shared_bytes",
     "launch_shape",
     "meta_bytes",
-    "meta_records",
-    "meta_slices",
+    "meta_scratch",
     "shared_bytes",
     "tiled_candidates",
 ]
@@ -67,13 +64,9 @@ ACC_TOP = {"carry": 2.0**61, "u32": 2.0**31}
 # float32 weights; uint8 levels of a quantized index; int32 fixed-point integers.
 _WEIGHT_TYPES = {torch.float32: "float", torch.uint8: "unsigned char", torch.int32: "unsigned int"}
 # The records of META launches (see the CUDA source) take 16 bytes a query term (padded width + 1)
-# a (query, tile) block. Their buffer holds at most this many bytes, in META_SLOTS slots: while the
-# search's kernel reads one slot, tile_meta writes the next launch's records into another, on a
-# side stream (MetaRecords); a launch whose records pass a slot is cut into launches of as many
-# tiles as fit.
+# a (query, tile) block; a launch whose records would pass this many bytes is cut into launches of
+# as many tiles as fit.
 META_MAX_BYTES = 256 << 20
-META_SLOTS = 2
-META_PRIORITY = -1  # the side stream's (records_stream)
 META_TILES = 8  # tiles a warp of tile_meta takes (META_TILES in the CUDA source)
 META_MIN_BATCH = LARGE_BATCH  # the META build is a six-block one (launch_shape): batches of LARGE_BATCH or more
 
@@ -206,140 +199,30 @@ def _meta_build(
     return pairs and quads and min_blocks >= 6 and width <= SHORT_WIDTH
 
 
-def meta_slices(b: int, width: int, waves: Sequence[tuple[int, int]]) -> tuple[int, list[tuple[int, int]]]:
-    """``(tiles a slot holds, [(first tile, tiles)] of each META launch)`` for the launches without
-    selection ``waves`` (``(first tile, tiles)`` each, in order) of ``b`` queries padded to ``width``
-    terms: each wave cut into as few launches of equal size as a slot of :data:`META_MAX_BYTES` /
-    :data:`META_SLOTS` bytes allows. ``(0, [])``: no records (fewer than :data:`META_MIN_BATCH`
-    queries, or not one tile's records in a slot)."""
+def meta_bytes(b: int, width: int, tiles: int) -> int:
+    """Bytes of the records' buffer (:func:`meta_scratch`) for launches of ``tiles`` tiles of ``b``
+    queries padded to ``width`` terms where they take the META build: at most
+    :data:`META_MAX_BYTES`; 0 for batches of fewer than :data:`META_MIN_BATCH` queries."""
     per_tile = b * (width + 1) * 16
-    waves = [(f, n) for f, n in waves if n > 0]
-    if b < META_MIN_BATCH or width == 0 or not waves:
-        return 0, []
-    slot = min(max(n for _, n in waves), META_MAX_BYTES // META_SLOTS // per_tile)
-    if slot == 0:
-        return 0, []
-    slices = []
-    for first, n in waves:
-        per = -(-n // -(-n // slot))  # as few launches of equal size as the slot allows
-        slices += [(f, min(per, first + n - f)) for f in range(first, first + n, per)]
-    return slot, slices
+    if b < META_MIN_BATCH or tiles == 0 or width == 0 or per_tile > META_MAX_BYTES:
+        return 0
+    return min(tiles, META_MAX_BYTES // per_tile) * per_tile
 
 
-def meta_bytes(b: int, width: int, waves: Sequence[tuple[int, int]]) -> int:
-    """Bytes of the records' buffer (:func:`meta_records`) for the launches without selection
-    ``waves`` (``(first tile, tiles)`` each) of ``b`` queries padded to ``width`` terms where they
-    take the META build: a slot of records for each of the first :data:`META_SLOTS` launches
-    (:func:`meta_slices`), at most :data:`META_MAX_BYTES`; 0 for batches of fewer than
-    :data:`META_MIN_BATCH` queries."""
-    slot, slices = meta_slices(b, width, waves)
-    return min(META_SLOTS, len(slices)) * slot * b * (width + 1) * 16
-
-
-class MetaRecords:
-    """The records of a search's launches without selection (the META build), and the
-    ``tile_meta`` launches that write them: launch i's records go to slot ``i % slots`` of one
-    buffer. With one slot, each is written on the search's stream just before its launch. With
-    more, on a side stream (:func:`~gpusparse.streams.records_stream`), ahead: the first
-    ``slots`` at once (beside the first wave, which reads none), and launch i + slots's as soon
-    as launch i has run, beside the launches in between; each launch waits for its own records
-    by an event. :func:`tiled_candidates` takes its launches' records in order (:meth:`take`);
-    :meth:`join` makes the search's stream wait for any records not taken (a CUDA graph's
-    capture must join every stream it forked)."""
-
-    def __init__(
-        self, buf: torch.Tensor, slot_bytes: int, slices: list[tuple[int, int]], kernel, head: tuple, b: int
-    ) -> None:
-        self.buf, self.slot_bytes, self.slices = buf, slot_bytes, slices
-        self.kernel, self.head, self.b = kernel, head, b
-        self.dev = buf.device
-        self.slots = max(1, min(META_SLOTS, len(slices)))
-        self.side = records_stream(self.dev, META_PRIORITY) if self.slots > 1 else None
-        self.written: list[torch.cuda.Event | None] = [None] * len(slices)
-        self.next = 0  # the next launch to take its records
-        if self.side is not None:
-            self.side.wait_stream(torch.cuda.current_stream(self.dev))  # the queries and their scales
-            for i in range(self.slots):
-                self._write(i)
-
-    def address(self, i: int) -> np.uint64:
-        """Device address of launch i's records (its slot)."""
-        return np.uint64(self.buf.data_ptr() + (i % self.slots) * self.slot_bytes)
-
-    def _write(self, i: int) -> None:
-        first, n = self.slices[i]
-        grid = ((self.b + 3) // 4, (n + META_TILES - 1) // META_TILES)
-        args = (*self.head, np.int32(first), np.int32(n), self.address(i))
-        if self.side is None:
-            launch(self.kernel, grid, (128,), args, device=self.dev)
-            return
-        with torch.cuda.stream(self.side):
-            launch(self.kernel, grid, (128,), args, device=self.dev)
-            done = torch.cuda.Event()
-            done.record(self.side)
-        self.written[i] = done
-
-    def take(self, first: int, count: int):
-        """``(first tile, tiles, records' address)`` of each META launch of the tiles
-        ``[first, first + count)``, in order (the next ones not taken; the caller launches each
-        before it asks for the next): its records are written, or will be before any work the
-        caller then puts on its stream."""
-        stream = torch.cuda.current_stream(self.dev)
-        end = first + count
-        while first < end:
-            i = self.next
-            if i >= len(self.slices) or self.slices[i][0] != first or sum(self.slices[i]) > end:
-                raise ValueError(f"tiles {first}..{end} are not the records' next launch ({self.slices[i : i + 1]})")
-            if self.side is None:
-                self._write(i)
-            else:
-                stream.wait_event(self.written[i])
-            yield (*self.slices[i], self.address(i))
-            self.next = i + 1
-            if self.side is not None and i + self.slots < len(self.slices):
-                self.side.wait_stream(stream)  # launch i has read its slot
-                self._write(i + self.slots)
-            first += self.slices[i][1]
-
-    def join(self) -> None:
-        """The caller's stream waits for every records' launch made (the side stream joined)."""
-        if self.side is not None:
-            torch.cuda.current_stream(self.dev).wait_stream(self.side)
-
-
-def meta_records(
-    layout: TiledIndex,
-    q_terms: torch.Tensor,
-    q_weights: torch.Tensor,
-    q_scale: torch.Tensor,
-    waves: Sequence[tuple[int, int]],
-    *,
-    acc: str,
-    int_weights: bool,
-    dense_lists: bool = False,
-) -> MetaRecords | None:
-    """The records of this batch's launches without selection, ``waves`` (``(first tile, tiles)``
-    each, in the order they will be launched; see :class:`MetaRecords`), their first ones being
-    written from now on; ``None`` where such launches do not take the META build. The buffer takes
-    :func:`meta_bytes` (at most :data:`META_MAX_BYTES`). ``q_terms``, ``q_weights``, ``q_scale``: as
-    :func:`tiled_candidates` takes them (the scales computed on the current stream)."""
+def meta_scratch(
+    layout: TiledIndex, q_terms: torch.Tensor, tiles: int, *, acc: str, int_weights: bool, dense_lists: bool = False
+) -> torch.Tensor | None:
+    """The records' buffer for launches of ``tiles`` tiles without selection over this batch
+    (``q_terms`` ``[B, T]``), bounded by :data:`META_MAX_BYTES` (longer launches are cut); ``None``
+    where such launches do not take the META build."""
     b, t = q_terms.shape
     threads, min_blocks = launch_shape(layout.tile_bits, acc, batch=b, levels=layout.quantized, width=t)
-    slot, slices = meta_slices(b, t, waves)
-    if not slices or not _meta_build(
+    nbytes = meta_bytes(b, t, tiles)
+    if not nbytes or not _meta_build(
         layout, t, acc=acc, int_weights=int_weights, dense_lists=dense_lists, threads=threads, min_blocks=min_blocks
     ):
         return None
-    check_tensors({"q_terms": (q_terms, torch.int32), "q_weights": (q_weights, torch.float32),
-                   "q_scale": (q_scale, torch.float64)}, layout.seg.device)  # fmt: skip
-    slot_bytes = slot * b * (t + 1) * 16
-    buf = torch.empty(meta_bytes(b, t, waves) // 4, dtype=torch.int32, device=q_terms.device)
-    build = (layout.tile_bits, threads, UNROLL, min_blocks, acc, _WEIGHT_TYPES[layout.dense.dtype], int_weights,
-             False, (), False, False, False, True, True)  # fmt: skip
-    kernel = _kernel(build, device_index(buf.device), variant_of(SOURCE), "tile_meta")
-    head = (pointer(layout.seg), pointer(layout.tile_start), pointer(layout.dense_id), pointer(q_terms),
-            pointer(q_weights), pointer(q_scale), np.int32(t), np.int32(layout.n_terms), np.int32(b))  # fmt: skip
-    return MetaRecords(buf, slot_bytes, slices, kernel, head, b)
+    return torch.empty(nbytes // 4, dtype=torch.int32, device=q_terms.device)
 
 
 def tiled_candidates(
@@ -364,7 +247,7 @@ def tiled_candidates(
     min_blocks: int | None = None,
     defines: Sequence[str] = (),
     lists: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-    meta: MetaRecords | None = None,
+    meta: torch.Tensor | None = None,
 ) -> None:
     """Launch ``cuda/tile_candidates.cu``'s kernel over ``layout`` on the current PyTorch stream
     (see the module docstring).
@@ -391,10 +274,10 @@ def tiled_candidates(
     the dense terms' postings are then read from their lists instead of the dense rows (the same
     sums; fewer bytes where a row serves few queries, as at batch 1).
 
-    ``meta``: the batch's records (:func:`meta_records`), for a launch without selection: each
-    block then reads its terms' metadata from a record that the ``tile_meta`` kernel wrote (the
-    META build; the same sums), the tiles taken in the records' launches (:meth:`MetaRecords.take`:
-    ``tiles`` must be their next ones). Ignored where that build does not apply.
+    ``meta``: a buffer from :func:`meta_scratch`, for a launch without selection: each block then
+    reads its terms' metadata from a record that the ``tile_meta`` kernel writes just before (the
+    META build; the same sums), the tiles taken as many at a time as the buffer holds. Ignored
+    where that build does not apply.
 
     Build knobs, for profiling: ``threads`` and ``min_blocks`` (default: :func:`launch_shape`'s
     choice), ``unroll`` (sparse postings per thread and step), ``defines`` (extra ``-D`` names:
@@ -469,8 +352,10 @@ def tiled_candidates(
         layout, t, acc=acc, int_weights=int_weights, dense_lists=lists is not None, threads=threads,
         min_blocks=min_blocks,
     )  # fmt: skip
-    if use_meta and (meta.head[3], meta.buf.device) != (pointer(q_terms), dev):
-        raise ValueError("meta holds the records of another batch (q_terms) or device")
+    if use_meta:
+        check_tensors({"meta": (meta, torch.int32)}, dev)
+        if meta.numel() < 4 * b * (t + 1):
+            raise ValueError(f"meta holds {meta.numel()} int32, fewer than one tile's records ({4 * b * (t + 1)})")
     build = (tile_bits, threads, unroll, min_blocks, acc, _WEIGHT_TYPES[wdtype], int_weights, fixed, tuple(defines),
              packed, bool(select), lists is not None, quads, use_meta)  # fmt: skip
     kernel = _kernel(build, device_index(dev), variant_of(SOURCE))
@@ -488,8 +373,16 @@ def tiled_candidates(
         tail = (np.int32(cap), *from_lists, np.int32(n_tiles), doc_of, null)
         launch(kernel, (b, count), (threads,), (*args, *ints, *outs, *tail), device=dev, shared_mem=shared)
         return
-    # META: each launch of the records' (as many tiles as a slot holds) after its records
-    for f, n, records in meta.take(first, count):
+    # META: records for as many tiles as the buffer holds, then those tiles' blocks
+    meta_kernel = _kernel(build, device_index(dev), variant_of(SOURCE), "tile_meta")
+    most = meta.numel() // (4 * b * (t + 1))
+    per = -(-count // -(-count // most))  # slices of equal size, as few as the buffer allows
+    tail = (np.int32(cap), *from_lists, np.int32(n_tiles), doc_of, pointer(meta))
+    head = (pointer(layout.seg), pointer(layout.tile_start), pointer(layout.dense_id), pointer(q_terms),
+            pointer(q_weights), pointer(q_scale), np.int32(t), np.int32(n_terms), np.int32(b))  # fmt: skip
+    for f in range(first, first + count, per):
+        n = min(per, first + count - f)
+        grid = ((b + 3) // 4, (n + META_TILES - 1) // META_TILES)
+        launch(meta_kernel, grid, (128,), (*head, np.int32(f), np.int32(n), pointer(meta)), device=dev)
         ints[4] = np.int32(f)
-        tail = (np.int32(cap), *from_lists, np.int32(n_tiles), doc_of, records)
         launch(kernel, (b, n), (threads,), (*args, *ints, *outs, *tail), device=dev, shared_mem=shared)

@@ -104,8 +104,7 @@ def _device_steps(
     redo = torch.zeros(b, dtype=torch.bool, device=dev) if redo is None else redo
     dense_from = dense_lists(index, layout, b)  # None: the dense rows
     # the waves after the first read their blocks' term metadata from records (8-bit levels)
-    # (written ahead, beside the launches before theirs: see MetaRecords)
-    meta = tile_candidates.meta_records(layout, terms32, weights, q_scale, waves.later_waves(plan), acc=acc,
+    meta = tile_candidates.meta_scratch(layout, terms32, waves.largest_later_wave(plan), acc=acc,
                                         int_weights=int_weights, dense_lists=dense_from is not None)  # fmt: skip
     for first, n in plan:
         tile_candidates.tiled_candidates(
@@ -115,8 +114,6 @@ def _device_steps(
         )  # fmt: skip
         # rows whose candidates past the capacity were counted, not stored, flagged in redo
         compact_candidates(theta, count, cand_doc, cand_val, fp.delta, k, cap, overflow=redo)
-    if meta is not None:
-        meta.join()
     width = min(cap, 2 * k + DEVICE_WIDTH_SLACK)
     floor = cutoff(candidate_lows(cand_val, count, fp.delta, fp.scale, width)) if cutoff is not None else None
     # rescoring reads the forward copy, the lists, or (their not being on the device) the layout

@@ -56,10 +56,10 @@ def wave_plan(n_tiles: int, b: int, k: int, n_sm: int) -> list[tuple[int, int]]:
     return plan
 
 
-def later_waves(plan: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The waves after the first of a :func:`wave_plan`: the launches without selection, whose
-    metadata records (8-bit levels) are sized by them."""
-    return [(first, n) for first, n in plan if first > 0]
+def largest_later_wave(plan: list[tuple[int, int]]) -> int:
+    """The tiles of the largest wave after the first in a :func:`wave_plan` (0 for none): the
+    launches without selection, whose metadata records (8-bit levels) are sized by it."""
+    return max((n for first, n in plan if first > 0), default=0)
 
 
 def initial_capacity(k: int, first_wave: int) -> int:
@@ -217,5 +217,5 @@ def search_bytes(n_tiles: int, b: int, k: int, n_sm: int, *, levels: bool = Fals
     plan = wave_plan(n_tiles, b, k, n_sm)
     cap = initial_capacity(k, plan[0][1] if plan else 1)
     width = min(cap, 2 * k + 1024)
-    records = meta_bytes(b, SHORT_WIDTH, later_waves(plan)) if levels else 0
+    records = meta_bytes(b, SHORT_WIDTH, largest_later_wave(plan)) if levels else 0
     return b * (cap * 12 + width * 8 * 2 + k * 12 * 2) + records

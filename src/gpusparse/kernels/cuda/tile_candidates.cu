@@ -335,29 +335,6 @@ __device__ __forceinline__ void shared_add(unsigned int addr, unsigned int v)
 // first segment, found by binary search once per block), so a thread's search for its
 // posting's segment starts next to it.
 #define NCHUNK 512
-__device__ __forceinline__ int chunk_shift(int total)
-{
-    int cs = 5;
-    while (total > 0 && ((total - 1) >> cs) >= NCHUNK) ++cs;
-    return cs;
-}
-// The chunk map: s_chunk[c] = the segment holding posting (or quad) c << cs of `total`, from the
-// exclusive prefix sums of the ns segments' lengths (segments are non-empty, so they increase
-// strictly). All threads.
-__device__ __forceinline__ void chunk_map(int total, int ns, const int* s_pref, unsigned short* s_chunk)
-{
-    const int cs = chunk_shift(total);
-    for (int c = threadIdx.x; total > 0 && c <= (total - 1) >> cs; c += THREADS) {
-        const int pos = c << cs;
-        int a = 0, b = ns - 1;
-        while (a < b) {
-            const int mid = (a + b + 1) >> 1;
-            if (s_pref[mid] <= pos) a = mid;
-            else b = mid - 1;
-        }
-        s_chunk[c] = (unsigned short)a;
-    }
-}
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidates(
     const int* __restrict__ seg,              // [n_tiles * (V + 1)] start of each sparse (tile, term) segment in its tile
     const i64* __restrict__ tile_start,       // [n_tiles + 1] first sparse posting of each tile
@@ -398,12 +375,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     // The radix histogram of the selection, and before it the sparse phase's chunk map.
     __shared__ __align__(16) unsigned int hist[256];  // 16: PAIRS reads int4 from it
     unsigned short* s_chunk = reinterpret_cast<unsigned short*>(hist);
-    // d_row and d_wi side by side: a META block's pairs' table lies there (64 int4 at most)
-    __shared__ __align__(16) int d_rw[2 * MAXT];
-    int* d_row = d_rw;
-    unsigned int* d_wi = reinterpret_cast<unsigned int*>(d_rw + MAXT);
-    __shared__ int s_pref[MAXT + 1], warp_counts[2 * NWARPS], d_term[DENSE_LISTS ? MAXT : 1];
-    __shared__ unsigned int s_wi[MAXT];
+    __shared__ int d_row[MAXT], s_pref[MAXT + 1], warp_counts[2 * NWARPS], d_term[DENSE_LISTS ? MAXT : 1];
+    __shared__ unsigned int d_wi[MAXT], s_wi[MAXT];
     __shared__ int s_start[MAXT];
     __shared__ int s_len[QUADS ? MAXT : 1];  // QUADS: segment lengths (s_pref then counts quads)
     __shared__ double d_w[WMAX], s_w[WMAX];
@@ -516,8 +489,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
         if (hdr.x >= 0) {
             from_rec = true;
             rec_ns = hdr.y;
-            // the pairs' table beside the chunk map (which the selection's histogram holds)
-            int4* pairs = reinterpret_cast<int4*>(d_rw);
+            int4* pairs = reinterpret_cast<int4*>(hist);
             if (tid < rec_ns) {
                 s_start[tid] = e.x;
                 s_len[tid] = e.y;
@@ -528,8 +500,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
             }
             if (tid == 0) s_pref[rec_ns] = hdr.z;
             __syncthreads();
-            // the sparse phase's chunk map now, so the barrier after the dense phase publishes it
-            chunk_map(hdr.z, rec_ns, s_pref, s_chunk);
             dense_pairs(dense_tile, hdr.x, pairs, hdr.w, lo);
         }
     }
@@ -623,11 +593,21 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
 #else
         const int total = s_pref[ns];
 #endif
-        const int cs = chunk_shift(total);
-        if (!from_rec) {  // META: built before the dense phase
-            chunk_map(total, ns, s_pref, s_chunk);
-            __syncthreads();
+        // Chunk map: s_chunk[c] = the segment holding posting c << cs (segments are non-empty,
+        // so the prefix sums increase strictly).
+        int cs = 5;
+        while (total > 0 && ((total - 1) >> cs) >= NCHUNK) ++cs;
+        for (int c = tid; total > 0 && c <= (total - 1) >> cs; c += THREADS) {
+            const int pos = c << cs;
+            int a = 0, b = ns - 1;
+            while (a < b) {
+                const int mid = (a + b + 1) >> 1;
+                if (s_pref[mid] <= pos) a = mid;
+                else b = mid - 1;
+            }
+            s_chunk[c] = (unsigned short)a;
         }
+        __syncthreads();
         // UNROLL postings per thread and step: all their loads are issued before the first
         // atomic, so several global loads are in flight per thread. A warp takes UNROLL * WL
         // consecutive postings a step, lane l those at l, l + WL, ... (each load coalesced
@@ -969,12 +949,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
 // that phase would not be paired (a weight above 16 bits after the shift, or more pairs than the
 // table holds).
 #define META_TILES 8
-#ifdef META_MIN_BLOCKS
-#define META_BOUNDS __launch_bounds__(128, META_MIN_BLOCKS)
-#else
-#define META_BOUNDS __launch_bounds__(128)
-#endif
-extern "C" __global__ void META_BOUNDS tile_meta(
+extern "C" __global__ void __launch_bounds__(128) tile_meta(
     const int* __restrict__ seg, const i64* __restrict__ tile_start, const short* __restrict__ dense_id,
     const int* __restrict__ q_terms, const float* __restrict__ q_weights, const double* __restrict__ q_scale,
     const int T, const int V, const int B, const int tile0, const int n_tiles, int4* __restrict__ rec)
