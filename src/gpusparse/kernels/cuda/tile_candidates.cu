@@ -335,6 +335,29 @@ __device__ __forceinline__ void shared_add(unsigned int addr, unsigned int v)
 // first segment, found by binary search once per block), so a thread's search for its
 // posting's segment starts next to it.
 #define NCHUNK 512
+__device__ __forceinline__ int chunk_shift(int total)
+{
+    int cs = 5;
+    while (total > 0 && ((total - 1) >> cs) >= NCHUNK) ++cs;
+    return cs;
+}
+// The chunk map: s_chunk[c] = the segment holding posting (or quad) c << cs of `total`, from the
+// exclusive prefix sums of the ns segments' lengths (segments are non-empty, so they increase
+// strictly). All threads.
+__device__ __forceinline__ void chunk_map(int total, int ns, const int* s_pref, unsigned short* s_chunk)
+{
+    const int cs = chunk_shift(total);
+    for (int c = threadIdx.x; total > 0 && c <= (total - 1) >> cs; c += THREADS) {
+        const int pos = c << cs;
+        int a = 0, b = ns - 1;
+        while (a < b) {
+            const int mid = (a + b + 1) >> 1;
+            if (s_pref[mid] <= pos) a = mid;
+            else b = mid - 1;
+        }
+        s_chunk[c] = (unsigned short)a;
+    }
+}
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidates(
     const int* __restrict__ seg,              // [n_tiles * (V + 1)] start of each sparse (tile, term) segment in its tile
     const i64* __restrict__ tile_start,       // [n_tiles + 1] first sparse posting of each tile
@@ -375,8 +398,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     // The radix histogram of the selection, and before it the sparse phase's chunk map.
     __shared__ __align__(16) unsigned int hist[256];  // 16: PAIRS reads int4 from it
     unsigned short* s_chunk = reinterpret_cast<unsigned short*>(hist);
-    __shared__ int d_row[MAXT], s_pref[MAXT + 1], warp_counts[2 * NWARPS], d_term[DENSE_LISTS ? MAXT : 1];
-    __shared__ unsigned int d_wi[MAXT], s_wi[MAXT];
+    // d_row and d_wi side by side: a META block's pairs' table lies there (64 int4 at most)
+    __shared__ __align__(16) int d_rw[2 * MAXT];
+    int* d_row = d_rw;
+    unsigned int* d_wi = reinterpret_cast<unsigned int*>(d_rw + MAXT);
+    __shared__ int s_pref[MAXT + 1], warp_counts[2 * NWARPS], d_term[DENSE_LISTS ? MAXT : 1];
+    __shared__ unsigned int s_wi[MAXT];
     __shared__ int s_start[MAXT];
     __shared__ int s_len[QUADS ? MAXT : 1];  // QUADS: segment lengths (s_pref then counts quads)
     __shared__ double d_w[WMAX], s_w[WMAX];
@@ -489,7 +516,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
         if (hdr.x >= 0) {
             from_rec = true;
             rec_ns = hdr.y;
-            int4* pairs = reinterpret_cast<int4*>(hist);
+            // the pairs' table beside the chunk map (which the selection's histogram holds)
+            int4* pairs = reinterpret_cast<int4*>(d_rw);
             if (tid < rec_ns) {
                 s_start[tid] = e.x;
                 s_len[tid] = e.y;
@@ -500,6 +528,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
             }
             if (tid == 0) s_pref[rec_ns] = hdr.z;
             __syncthreads();
+            // the sparse phase's chunk map now, so the barrier after the dense phase publishes it
+            chunk_map(hdr.z, rec_ns, s_pref, s_chunk);
             dense_pairs(dense_tile, hdr.x, pairs, hdr.w, lo);
         }
     }
@@ -593,21 +623,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
 #else
         const int total = s_pref[ns];
 #endif
-        // Chunk map: s_chunk[c] = the segment holding posting c << cs (segments are non-empty,
-        // so the prefix sums increase strictly).
-        int cs = 5;
-        while (total > 0 && ((total - 1) >> cs) >= NCHUNK) ++cs;
-        for (int c = tid; total > 0 && c <= (total - 1) >> cs; c += THREADS) {
-            const int pos = c << cs;
-            int a = 0, b = ns - 1;
-            while (a < b) {
-                const int mid = (a + b + 1) >> 1;
-                if (s_pref[mid] <= pos) a = mid;
-                else b = mid - 1;
-            }
-            s_chunk[c] = (unsigned short)a;
+        const int cs = chunk_shift(total);
+        if (!from_rec) {  // META: built before the dense phase
+            chunk_map(total, ns, s_pref, s_chunk);
+            __syncthreads();
         }
-        __syncthreads();
         // UNROLL postings per thread and step: all their loads are issued before the first
         // atomic, so several global loads are in flight per thread. A warp takes UNROLL * WL
         // consecutive postings a step, lane l those at l, l + WL, ... (each load coalesced
@@ -942,9 +962,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
 
 #if META
 // The records META blocks read (see META above). One warp a query and META_TILES consecutive tiles
-// (four queries a CUDA block): the query's term ids and weights are loaded once, and each tile's
-// segments and dense rows are loaded before the previous tile's record is written (one round trip a
-// tile, overlapped). The same metadata as load_terms and the prefix pass build (term order, the same
+// (four queries a CUDA block): the query's term ids and weights are loaded once, each tile's
+// segments before the previous tile's record is written and its dense rows' ids while it is (two
+// round trips a tile, overlapped). The same metadata as load_terms and the prefix pass build (term order, the same
 // integer weights, the same quads), and the pairs' table as the PAIRS phase builds it; np = -1 where
 // that phase would not be paired (a weight above 16 bits after the shift, or more pairs than the
 // table holds).
@@ -983,20 +1003,31 @@ extern "C" __global__ void __launch_bounds__(128) tile_meta(
     auto fetch = [&](int r) {
         const int tile = tile0 + r;
         const int* seg_tile = seg + (i64)tile * (V + 1);
-        const short* did_tile = dense_id + (i64)tile * V;
         phase = (int)(tile_start[tile] & 3);
 #pragma unroll
         for (int c = 0; c < NC; ++c) {
             did[c] = -1;
             start[c] = end[c] = 0;
             if (tc[c] >= 0) {
-                did[c] = did_tile[tc[c]];
                 start[c] = seg_tile[tc[c]];
                 end[c] = seg_tile[tc[c] + 1];
             }
         }
     };
-    if (r0 < r1) fetch(r0);
+    // A dense row's sparse segment is empty, so only terms with an empty segment (dense, or not
+    // in the tile) load their row id, once the segments' bounds are in: the loads were three
+    // quarters of this kernel's time, the row ids' alone ~30 % (measured), and most of a query's
+    // terms have a segment.
+    auto fetch_rows = [&](int r) {
+        const short* did_tile = dense_id + (i64)(tile0 + r) * V;
+#pragma unroll
+        for (int c = 0; c < NC; ++c)
+            if (tc[c] >= 0 && end[c] == start[c]) did[c] = did_tile[tc[c]];
+    };
+    if (r0 < r1) {
+        fetch(r0);
+        fetch_rows(r0);
+    }
     for (int r = r0; r < r1; ++r) {
         int n[NC], dd[NC], st[NC];
         const int ph = phase;
@@ -1033,6 +1064,7 @@ extern "C" __global__ void __launch_bounds__(128) tile_meta(
             nd += __popc(bd);
             ns += __popc(bs);
         }
+        if (r + 1 < r1) fetch_rows(r + 1);  // the next tile's segments arrived while this one's were compacted
         any = __reduce_or_sync(0xffffffffu, any);
         top = __reduce_max_sync(0xffffffffu, top);
         const int np = (nd + 1) >> 1;
