@@ -529,6 +529,23 @@ def test_cuda_later_waves_read_their_blocks_metadata_from_records(rng, monkeypat
             assert all(torch.equal(v[0], got[0][0]) and torch.equal(v[1], got[0][1]) for v in got.values())
 
 
+@pytest.mark.parametrize("quantize", [None, 8])
+def test_a_dense_row_leaves_its_sparse_segment_empty(rng, quantize):
+    """A (tile, term) stored as a dense row has an empty sparse segment, in every build (in
+    collection order and in an order of its own, in slabs): tile_meta loads a term's dense row id
+    only where its segment is empty (cuda/tile_candidates.cu)."""
+    docs = random_collection(rng, 3000, 2000, 30, skew=1.0)
+    index = Index.build(docs, quantize=quantize)
+    perm = torch.from_numpy(rng.permutation(3000))
+    for tile_bits, dense_min, order in ((8, 0.05, None), (10, 0.01, None), (8, 0.05, perm)):
+        tl = build_tiled(index, tile_bits, dense_min=dense_min, chunk=997, order=order)
+        seg = tl.seg.view(tl.n_tiles, tl.n_terms + 1)
+        lengths = (seg[:, 1:] - seg[:, :-1]).reshape(-1)
+        dense = tl.dense_id >= 0
+        assert int(dense.sum()) > 10 and bool((lengths > 0).any())
+        assert not bool((lengths[dense] != 0).any()), (tile_bits, dense_min, order is not None)
+
+
 def test_dense_terms_come_from_the_lists_for_the_smallest_batches_of_a_float32_layout(rng):
     """dense_lists: the lists for batches of up to DENSE_LISTS_MAX_BATCH queries on a fixed-point
     float32 layout with list positions; the dense rows otherwise (larger batches, 8-bit levels,

@@ -964,10 +964,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
 // The records META blocks read (see META above). One warp a query and META_TILES consecutive tiles
 // (four queries a CUDA block): the query's term ids and weights are loaded once, each tile's
 // segments before the previous tile's record is written and its dense rows' ids while it is (two
-// round trips a tile, overlapped). The same metadata as load_terms and the prefix pass build (term order, the same
-// integer weights, the same quads), and the pairs' table as the PAIRS phase builds it; np = -1 where
-// that phase would not be paired (a weight above 16 bits after the shift, or more pairs than the
-// table holds).
+// round trips a tile, overlapped). The same metadata as load_terms and the prefix pass build
+// (term order, the same integer weights, the same quads), and the pairs' table as the PAIRS phase
+// builds it; np = -1 where that phase would not be paired (a weight above 16 bits after the shift,
+// or more pairs than the table holds).
 #define META_TILES 8
 extern "C" __global__ void __launch_bounds__(128) tile_meta(
     const int* __restrict__ seg, const i64* __restrict__ tile_start, const short* __restrict__ dense_id,
