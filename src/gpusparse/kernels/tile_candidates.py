@@ -189,13 +189,21 @@ def _kernel(build: tuple, device: int, variant: tuple[str, tuple[str, ...]], nam
 
 
 def _meta_build(
-    layout: TiledIndex, width: int, *, acc: str, int_weights: bool, dense_lists: bool, threads: int, min_blocks: int
+    layout: TiledIndex,
+    width: int,
+    *,
+    acc: str,
+    int_weights: bool,
+    dense_lists: bool,
+    threads: int,
+    min_blocks: int,
+    quads: bool,
 ) -> bool:
     """Whether a launch without selection takes the META build: the kernel's PAIRS and QUADS
-    conditions, in the six-block build (measured there), whose MAXT (128) bounds the width."""
+    conditions (``quads``: :func:`quads_readable` of the layout's sparse arrays), in the
+    six-block build (measured there), whose MAXT (128) bounds the width."""
     pairs = acc == "u32" and int_weights and layout.weight_bits is None and not dense_lists
     pairs = pairs and layout.dense.dtype == torch.uint8 and (1 << layout.tile_bits) // threads >= 8
-    quads = quads_readable(layout.offs) and quads_readable(layout.wts)
     return pairs and quads and min_blocks >= 6 and width <= SHORT_WIDTH
 
 
@@ -218,9 +226,11 @@ def meta_scratch(
     b, t = q_terms.shape
     threads, min_blocks = launch_shape(layout.tile_bits, acc, batch=b, levels=layout.quantized, width=t)
     nbytes = meta_bytes(b, t, tiles)
+    quads = quads_readable(layout.offs) and quads_readable(layout.wts)
     if not nbytes or not _meta_build(
-        layout, t, acc=acc, int_weights=int_weights, dense_lists=dense_lists, threads=threads, min_blocks=min_blocks
-    ):
+        layout, t, acc=acc, int_weights=int_weights, dense_lists=dense_lists, threads=threads, min_blocks=min_blocks,
+        quads=quads,
+    ):  # fmt: skip
         return None
     return torch.empty(nbytes // 4, dtype=torch.int32, device=q_terms.device)
 
@@ -350,7 +360,7 @@ def tiled_candidates(
     quads = quads_readable(layout.offs) and quads_readable(layout.wts)
     use_meta = meta is not None and not select and _meta_build(
         layout, t, acc=acc, int_weights=int_weights, dense_lists=lists is not None, threads=threads,
-        min_blocks=min_blocks,
+        min_blocks=min_blocks, quads=quads,
     )  # fmt: skip
     if use_meta:
         check_tensors({"meta": (meta, torch.int32)}, dev)
