@@ -236,16 +236,18 @@ def test_an_outlier_document_weight_is_out_of_range_with_fixed_point_weights_onl
     assert integer_weights_host(layout, weights, scale, "u32")
 
 
-def test_score_bound_refusal_names_the_query_near_the_limit():
+@pytest.mark.parametrize("largest", [None, 2.0])
+def test_score_bound_refusal_names_the_query_near_the_limit(largest):
     """Weights near float32's largest fail the cheap proof and reach the exact sums: the first
-    query whose bound overflows is named, one just below the limit passes."""
+    query whose bound overflows is named, one just below the limit passes; the same with the
+    maxima's largest given (as a search passes the index's, kept with it)."""
     ms = np.ones(V)
     ms[3] = 2.0
     ok = np.float32(F32_MAX / 2) / 2
     q = SparseCollection([0, 1, 3, 3, 4], [0, 1, 2, 3], [1.0, ok, ok, 3e38], ids=["a", "b", "c", "d"], vocab=VOCAB)
     with pytest.raises(InputError, match="query 'd': its weights are too large"):
-        check_score_bound(q, ms)
-    check_score_bound(q[0:3], ms)
+        check_score_bound(q, ms, largest)
+    check_score_bound(q[0:3], ms, largest)
     assert not old_bad_rows(q[0:3], ms).any() and old_bad_rows(q, ms)[3]
 
 

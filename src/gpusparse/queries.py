@@ -49,15 +49,20 @@ def as_queries(queries: object, vocab: Vocabulary) -> SparseCollection:
 
 
 def prepare_queries(
-    queries: object, vocab: Vocabulary, quantization: Quantization | None, max_scores: np.ndarray
+    queries: object,
+    vocab: Vocabulary,
+    quantization: Quantization | None,
+    max_scores: np.ndarray,
+    largest: float | None = None,
 ) -> SparseCollection:
     """:func:`as_queries`, then quantized like the index's documents when they are, then
     refused if a score could overflow float32 (:func:`check_score_bound` with the index's
-    per-term largest weights ``max_scores``). Every search passes through here."""
+    per-term largest weights ``max_scores``, and ``largest``, their maximum, where the caller
+    has it). Every search passes through here."""
     q = as_queries(queries, vocab)
     if quantization is not None:
         q = quantize_queries(q, quantization.bits)
-    check_score_bound(q, max_scores)
+    check_score_bound(q, max_scores, largest)
     return q
 
 
@@ -69,9 +74,11 @@ def score_bounds(queries: SparseCollection, max_scores: np.ndarray) -> np.ndarra
     return np.bincount(rows, weights=products, minlength=len(queries)).astype(np.float64)
 
 
-def check_score_bound(queries: SparseCollection, max_scores: np.ndarray) -> None:
+def check_score_bound(queries: SparseCollection, max_scores: np.ndarray, largest: float | None = None) -> None:
     """Refuse (:class:`InputError`, naming the first query) a query whose score bound
     (:func:`score_bounds`) reaches float32's largest value: a document could score ``inf``.
+    ``largest``: ``max_scores``' maximum where the caller keeps it (else computed here, a
+    pass over the vocabulary).
 
     The bound is widened by the float32 rounding of a sum of that many terms
     (``(n + 1) · 2⁻²³`` relative), so a query that passes cannot round up to ``inf`` either.
@@ -84,8 +91,9 @@ def check_score_bound(queries: SparseCollection, max_scores: np.ndarray) -> None
     # rounding aside, below 2**-40 relative here) a bound widened by (n + 1) · 2⁻²³ (n < 2**40)
     # stays below 2**120 < F32_MAX: nothing to refuse, the sums below would find the same.
     # SPLADE's largest are ~1e4.
-    m = np.asarray(max_scores)
-    if float(values.max()) * float(m.max(initial=0.0)) * values.size <= 2.0**100:
+    if largest is None:
+        largest = float(np.asarray(max_scores).max(initial=0.0))
+    if float(values.max()) * largest * values.size <= 2.0**100:
         return
     bounds = score_bounds(queries, max_scores)
     lengths = np.diff(queries.indptr)

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from . import engines
 from .engines.base import DEFAULT_MEMORY_BUDGET, BatchResult, SearchPlan, plan_chunks
-from .layout.statistics import max_scores_host
+from .layout.statistics import max_score, max_scores_host
 from .queries import prepare_queries
 from .transfer import output_buffers, results_to_host, start_to_host
 
@@ -118,7 +118,7 @@ def search(
     (:meth:`~gpusparse.layout.postings.PostingLists.resident_on`)."""
     budget = check_search_args(k, batch_size, memory_budget)
     dev = index.device if device is None else torch.device(device)
-    q = prepare_queries(queries, index.vocab, index.quantization, max_scores_host(index))
+    q = prepare_queries(queries, index.vocab, index.quantization, max_scores_host(index), max_score(index))
     engine = engines.choose(kernel, dev)
     idx = index.resident_on(dev)
     kk = search_width(k, idx.n_docs)
