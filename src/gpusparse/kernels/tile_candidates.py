@@ -127,6 +127,12 @@ def quads_readable(x: torch.Tensor) -> bool:
     return x.data_ptr() + -(-x.numel() // 4) * 4 * size <= storage.data_ptr() + storage.nbytes()
 
 
+def layout_quads(layout: TiledIndex) -> bool:
+    """Whether the kernel may read the layout's sparse offsets and weights four at a time (the
+    QUADS build): :func:`quads_readable` of both."""
+    return quads_readable(layout.offs) and quads_readable(layout.wts)
+
+
 def block_shared_bytes(tile_bits: int, acc: str, min_blocks: int) -> int:
     """Shared memory one block holds on an SM, a bound: the tile's accumulators, the build's
     static arrays (at most 28 bytes a query term of its MAXT, which is 128 for builds of six
@@ -200,8 +206,8 @@ def _meta_build(
     quads: bool,
 ) -> bool:
     """Whether a launch without selection takes the META build: the kernel's PAIRS and QUADS
-    conditions (``quads``: :func:`quads_readable` of the layout's sparse arrays), in the
-    six-block build (measured there), whose MAXT (128) bounds the width."""
+    conditions (``quads``: :func:`layout_quads`), in the six-block build (measured there), whose
+    MAXT (128) bounds the width."""
     pairs = acc == "u32" and int_weights and layout.weight_bits is None and not dense_lists
     pairs = pairs and layout.dense.dtype == torch.uint8 and (1 << layout.tile_bits) // threads >= 8
     return pairs and quads and min_blocks >= 6 and width <= SHORT_WIDTH
@@ -226,7 +232,7 @@ def meta_scratch(
     b, t = q_terms.shape
     threads, min_blocks = launch_shape(layout.tile_bits, acc, batch=b, levels=layout.quantized, width=t)
     nbytes = meta_bytes(b, t, tiles)
-    quads = quads_readable(layout.offs) and quads_readable(layout.wts)
+    quads = layout_quads(layout)
     if not nbytes or not _meta_build(
         layout, t, acc=acc, int_weights=int_weights, dense_lists=dense_lists, threads=threads, min_blocks=min_blocks,
         quads=quads,
@@ -357,7 +363,7 @@ def tiled_candidates(
         tile_bits, acc, batch=b, levels=wdtype == torch.uint8, width=t, threads=threads, min_blocks=min_blocks
     )
     shared = shared_bytes(tile_bits, acc)
-    quads = quads_readable(layout.offs) and quads_readable(layout.wts)
+    quads = layout_quads(layout)
     use_meta = meta is not None and not select and _meta_build(
         layout, t, acc=acc, int_weights=int_weights, dense_lists=lists is not None, threads=threads,
         min_blocks=min_blocks, quads=quads,
