@@ -128,6 +128,13 @@ def main() -> None:
         default=[],
         help="also time the current kernel with these META record budgets (bytes; 0: no records)",
     )
+    p.add_argument(
+        "--dense-min",
+        type=float,
+        nargs="*",
+        default=[],
+        help="also time the current kernel on layouts of these dense thresholds (EngineConfig.dense_min)",
+    )
     args = p.parse_args()
     with override_config(doc_order=args.doc_order) if args.doc_order else contextlib.nullcontext():
         run(args)
@@ -183,6 +190,12 @@ def run(args) -> None:
             measure(args, index, queries, batch, sync, out, f"meta-{budget >> 20}MiB")
         finally:
             tile_candidates.META_MAX_BYTES = saved
+    for dense_min in args.dense_min:  # another layout each (built on first use, kept by the index)
+        index.derived.graphs.clear()
+        with override_config(dense_min=dense_min):
+            layout = layout_for_search(index)
+            out[f"layout-dense-{dense_min}"] = {"dense_rows": layout.dense.shape[0], "sparse_postings": layout.n_sparse}
+            measure(args, index, queries, batch, sync, out, f"dense-{dense_min}")
     out["gpu_memory"] = gpu_memory() if args.device == "cuda" else None  # over every allocator, at the end
     (args.out / "anatomy.json").write_text(json.dumps(out, indent=2))
 
