@@ -103,11 +103,6 @@ typedef long long i64;
 // not make it faster (measured); the registers freed let a sixth block reside (MIN_BLOCKS 6),
 // which the loop over 32 sums in registers could not afford (it spilled, 31 % slower).
 #define PAIRS (ACC_MODE == 1 && INT_W && !FIXED_W && !DENSE_LISTS && TILE / THREADS >= 8)
-// DENSE_FEW (PAIRS builds): blocks of one or two pairs of dense rows take dense_pairs_few, whose
-// loads for several groups of documents go out together.
-#ifndef DENSE_FEW
-#define DENSE_FEW 1
-#endif
 
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 2
@@ -251,65 +246,6 @@ __device__ __forceinline__ void load_terms(
 // loads are issued before the first of them is used: the phase waits on its loads, and eight
 // documents a step keep the registers in flight within the kernel's budget.
 #define PAIRS_AHEAD 4
-#define PAIR_GROUPS (TILE / THREADS / 8)  // a thread's groups of 8 documents
-// The products of one pair of rows (bytes of 8 documents each, weights w: 16 bits each) into the
-// sums of those 8 documents.
-__device__ __forceinline__ void pair_products(uint2 a, uint2 b, unsigned int w, unsigned int* sum)
-{
-    const unsigned int av[2] = {a.x, a.y}, bv[2] = {b.x, b.y};
-#pragma unroll
-    for (int v = 0; v < 2; ++v) {
-        // bytes (row a, row b) of documents 4v, 4v + 1, then of 4v + 2, 4v + 3
-        const unsigned int p01 = __byte_perm(av[v], bv[v], 0x5140), p23 = __byte_perm(av[v], bv[v], 0x7362);
-        sum[4 * v + 0] = __dp2a_lo(w, p01, sum[4 * v + 0]);
-        sum[4 * v + 1] = __dp2a_hi(w, p01, sum[4 * v + 1]);
-        sum[4 * v + 2] = __dp2a_lo(w, p23, sum[4 * v + 2]);
-        sum[4 * v + 3] = __dp2a_hi(w, p23, sum[4 * v + 3]);
-    }
-}
-// A block of NP (1 or 2) pairs: the loop below would wait one round trip per group of 8 documents
-// (four a thread) with only NP of its PAIRS_AHEAD loads in flight; here the loads of PAIRS_AHEAD / NP
-// groups go out together (the same registers: one round trip for one pair, two for two).
-template <int NP>
-__device__ __forceinline__ void dense_pairs_few(const uint2* __restrict__ rows, const int4* pairs, int sh, unsigned int* acc)
-{
-    constexpr int GB = PAIRS_AHEAD / NP < PAIR_GROUPS ? PAIRS_AHEAD / NP : PAIR_GROUPS;  // groups a batch
-    const int tid = threadIdx.x;
-    int ea[NP], eb[NP];
-    unsigned int w[NP];
-#pragma unroll
-    for (int p = 0; p < NP; ++p) {
-        const int4 e = pairs[p];
-        ea[p] = e.x;
-        eb[p] = e.y;
-        w[p] = (unsigned int)e.z;
-    }
-#pragma unroll 1
-    for (int g0 = 0; g0 < PAIR_GROUPS; g0 += GB) {
-        uint2 a[GB][NP], b[GB][NP];
-#pragma unroll
-        for (int j = 0; j < GB; ++j) {
-            const int at = (g0 + j) * THREADS + tid;  // in 8-byte words of a row
-#pragma unroll
-            for (int p = 0; p < NP; ++p) {
-                a[j][p] = __ldg(rows + (i64)ea[p] + at);
-                b[j][p] = eb[p] >= 0 ? __ldg(rows + (i64)eb[p] + at) : make_uint2(0u, 0u);
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < GB; ++j) {
-            unsigned int sum[8];
-#pragma unroll
-            for (int v = 0; v < 8; ++v) sum[v] = 0u;
-#pragma unroll
-            for (int p = 0; p < NP; ++p) pair_products(a[j][p], b[j][p], w[p], sum);
-            uint4* out = reinterpret_cast<uint4*>(acc) + 2 * ((g0 + j) * THREADS + tid);
-#pragma unroll
-            for (int v = 0; v < 2; ++v)
-                out[v] = make_uint4(sum[4 * v] << sh, sum[4 * v + 1] << sh, sum[4 * v + 2] << sh, sum[4 * v + 3] << sh);
-        }
-    }
-}
 __device__ __forceinline__ void dense_pairs(const WT* __restrict__ dense_tile, int np, const int4* pairs, int sh, unsigned int* acc)
 {
     const uint2* rows = reinterpret_cast<const uint2*>(dense_tile);
@@ -320,18 +256,8 @@ __device__ __forceinline__ void dense_pairs(const WT* __restrict__ dense_tile, i
         for (int i = 0; i < TILE / THREADS / 4; ++i) out[i * THREADS + tid] = make_uint4(0u, 0u, 0u, 0u);
         return;
     }
-#if DENSE_FEW
-    if (np == 1) {
-        dense_pairs_few<1>(rows, pairs, sh, acc);
-        return;
-    }
-    if (np == 2) {
-        dense_pairs_few<2>(rows, pairs, sh, acc);
-        return;
-    }
-#endif
 #pragma unroll 1
-    for (int g = 0; g < PAIR_GROUPS; ++g) {
+    for (int g = 0; g < TILE / THREADS / 8; ++g) {
         unsigned int sum[8];
 #pragma unroll
         for (int v = 0; v < 8; ++v) sum[v] = 0u;
@@ -352,7 +278,18 @@ __device__ __forceinline__ void dense_pairs(const WT* __restrict__ dense_tile, i
                 }
             }
 #pragma unroll
-            for (int u = 0; u < PAIRS_AHEAD; ++u) pair_products(a[u], b[u], w[u], sum);
+            for (int u = 0; u < PAIRS_AHEAD; ++u) {
+                const unsigned int av[2] = {a[u].x, a[u].y}, bv[2] = {b[u].x, b[u].y};
+#pragma unroll
+                for (int v = 0; v < 2; ++v) {
+                    // bytes (row a, row b) of documents 4v, 4v + 1, then of 4v + 2, 4v + 3
+                    const unsigned int p01 = __byte_perm(av[v], bv[v], 0x5140), p23 = __byte_perm(av[v], bv[v], 0x7362);
+                    sum[4 * v + 0] = __dp2a_lo(w[u], p01, sum[4 * v + 0]);
+                    sum[4 * v + 1] = __dp2a_hi(w[u], p01, sum[4 * v + 1]);
+                    sum[4 * v + 2] = __dp2a_lo(w[u], p23, sum[4 * v + 2]);
+                    sum[4 * v + 3] = __dp2a_hi(w[u], p23, sum[4 * v + 3]);
+                }
+            }
         }
         uint4* out = reinterpret_cast<uint4*>(acc) + 2 * at;
 #pragma unroll
