@@ -26,16 +26,12 @@ and sums by their rounding only).
 
 from __future__ import annotations
 
-import argparse
 import json
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
-import scipy.sparse as sp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -132,27 +128,16 @@ def query_blocks(
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--docs", type=int, default=1 << 20)
-    p.add_argument("--queries", type=int, default=256)
-    p.add_argument("--k", type=int, default=10)
-    p.add_argument("--alphas", type=float, nargs="+", default=[0.25, 0.5, 0.75, 0.9, 1.0])
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", required=True)
-    args = p.parse_args(argv)
-    from gpusparse.layout.order import cluster_order
-    from gpusparse.synthetic import SyntheticSpec, generate
+    from sub_tile_bounds import collection_parser, ordered_collection, run_header
 
+    p = collection_parser(__doc__)
+    p.add_argument("--alphas", type=float, nargs="+", default=[0.25, 0.5, 0.75, 0.9, 1.0])
+    args = p.parse_args(argv)
     t0 = time.time()
-    spec = SyntheticSpec()
-    (di, dt, dw), (qi, qt, qw) = generate(args.docs, args.queries, spec=spec, seed=args.seed)
-    perm = cluster_order((di, dt, dw), spec.n_terms, tile_bits=TILE_BITS).numpy()
-    docs = sp.csr_matrix((dw.numpy(), dt.numpy(), di.numpy()), shape=(args.docs, spec.n_terms))
-    del di, dt, dw
+    docs, queries, perm = ordered_collection(args.docs, args.queries, args.seed)
     # rows in the layout's order (perm[i]: the document at position i), then by term
     docs = docs[perm].tocsc()
     docs.sort_indices()
-    queries = sp.csr_matrix((qw.numpy(), qt.numpy(), qi.numpy()), shape=(args.queries, spec.n_terms))
     timing = {"generate_and_order_s": time.time() - t0}
     totals: dict = {}
     for q in range(args.queries):
@@ -180,13 +165,8 @@ def main(argv: list[str] | None = None) -> None:
             "dense_rows_unread": d["dense_rows_unread"] / max(1, totals["dense_rows"]),
             "dense_blocks_reading_no_row": d["dense_blocks_reading_none"] / max(1, totals["blocks_with_dense"]),
         }
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     out = {
-        "what": __doc__.split("\n")[0],
-        "command": "python bench/block_maxscore.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "commit": head,
-        "machine": f"CPU dev box ({platform.processor() or platform.machine()}, 2 shared cores)",
-        "date": time.strftime("%Y-%m-%d"),
+        **run_header(__doc__, "bench/block_maxscore.py", argv),
         "docs": args.docs,
         "queries": args.queries,
         "k": args.k,

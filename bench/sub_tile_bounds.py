@@ -40,6 +40,19 @@ TILE_BITS = 13
 FIRST_TILES = 68  # waves of 4 and 64 tiles at batch 256 and k < 256 (gpusparse.engines.tiled.waves)
 
 
+def run_header(doc: str, script: str, argv: list[str] | None) -> dict:
+    """What a CPU run's result file opens with: what it measures (``doc``'s first line), the
+    command, the commit, the machine and the date."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    return {
+        "what": doc.split("\n")[0],
+        "command": f"python {script} " + " ".join(sys.argv[1:] if argv is None else argv),
+        "commit": head,
+        "machine": f"CPU dev box ({platform.processor() or platform.machine()}, 2 shared cores)",
+        "date": time.strftime("%Y-%m-%d"),
+    }
+
+
 def thresholds(docs: sp.csr_matrix, queries: sp.csr_matrix, first: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """``(final, first_waves)`` θ per query: the exact ``k``-th score over every document (float64)
     and over the documents ``first`` only."""
@@ -91,22 +104,34 @@ def block_record(
     return rec
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def collection_parser(doc: str) -> argparse.ArgumentParser:
+    """The options of a run over the calibrated collection: ``--docs --queries --k --seed --out``."""
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
     p.add_argument("--docs", type=int, default=1 << 20)
     p.add_argument("--queries", type=int, default=256)
     p.add_argument("--k", type=int, default=10)
-    p.add_argument("--bits", type=int, nargs="+", default=[6, 8, 10, 13])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True)
+    return p
+
+
+def ordered_collection(n_docs: int, n_queries: int, seed: int) -> tuple[sp.csr_matrix, sp.csr_matrix, np.ndarray]:
+    """``(docs, queries, perm)``: the calibrated collection as CSR and the engine's cluster order
+    of its documents (``perm[i]``: the document at position ``i``; tiles of 2**13)."""
+    spec = SyntheticSpec()
+    (di, dt, dw), (qi, qt, qw) = generate(n_docs, n_queries, spec=spec, seed=seed)
+    docs = sp.csr_matrix((dw.numpy(), dt.numpy(), di.numpy()), shape=(n_docs, spec.n_terms))
+    queries = sp.csr_matrix((qw.numpy(), qt.numpy(), qi.numpy()), shape=(n_queries, spec.n_terms))
+    perm = cluster_order((di, dt, dw), spec.n_terms, tile_bits=TILE_BITS).numpy()
+    return docs, queries, perm
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = collection_parser(__doc__)
+    p.add_argument("--bits", type=int, nargs="+", default=[6, 8, 10, 13])
     args = p.parse_args(argv)
     t0 = time.time()
-    spec = SyntheticSpec()
-    (di, dt, dw), (qi, qt, qw) = generate(args.docs, args.queries, spec=spec, seed=args.seed)
-    docs = sp.csr_matrix((dw.numpy(), dt.numpy(), di.numpy()), shape=(args.docs, spec.n_terms))
-    queries = sp.csr_matrix((qw.numpy(), qt.numpy(), qi.numpy()), shape=(args.queries, spec.n_terms))
-    perm = cluster_order((di, dt, dw), spec.n_terms, tile_bits=TILE_BITS).numpy()
-    del di, dt, dw
+    docs, queries, perm = ordered_collection(args.docs, args.queries, args.seed)
     timing = {"generate_and_order_s": time.time() - t0}
     final, early = thresholds(docs, queries, perm[: FIRST_TILES << TILE_BITS], args.k)
     timing["thresholds_s"] = time.time() - t0
@@ -116,13 +141,8 @@ def main(argv: list[str] | None = None) -> None:
         records.append(block_record(queries, docs, perm, bits, theta))
         print(json.dumps(records[-1]), flush=True)
     timing["total_s"] = time.time() - t0
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     out = {
-        "what": __doc__.split("\n")[0],
-        "command": "python bench/sub_tile_bounds.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "commit": head,
-        "machine": f"CPU dev box ({platform.processor() or platform.machine()}, 2 shared cores)",
-        "date": time.strftime("%Y-%m-%d"),
+        **run_header(__doc__, "bench/sub_tile_bounds.py", argv),
         "docs": args.docs,
         "queries": args.queries,
         "k": args.k,
