@@ -576,7 +576,7 @@ def test_tile_candidates_build_options() -> None:
     assert opts == (
         "--std=c++17", "-DTILE_BITS=13", "-DTHREADS=256", "-DUNROLL=4", "-DMIN_BLOCKS=4", "-DACC_MODE=1",
         "-DWT=unsigned_char", "-DINT_W=1", "-DFIXED_W=0", "-DFIXED_STORED=0", "-DPACKED=0", "-DSELECT=1",
-        "-DDENSE_LISTS=0", "-DQUADS=0", "-DMETA=0",
+        "-DDENSE_LISTS=0", "-DOCTS=0", "-DMETA=0",
         "-DPROFILE_SKIP_DENSE",
     )  # fmt: skip
     fixed = compile_options(14, 512, 4, 3, "u32", "float", False, True)
@@ -588,8 +588,8 @@ def test_tile_candidates_build_options() -> None:
     assert compile_options(13, 256, 4, 4, "u32", "float", False, True, select=False)[-4] == "-DSELECT=0"
     lists = compile_options(13, 256, 4, 4, "u32", "unsigned int", False, True, dense_lists=True)
     assert lists[-3] == "-DDENSE_LISTS=1"
-    assert compile_options(13, 256, 4, 4, "u32", "unsigned char", True, quads=True)[-2] == "-DQUADS=1"
-    assert compile_options(13, 256, 4, 4, "u32", "unsigned char", True, quads=True, meta=True)[-1] == "-DMETA=1"
+    assert compile_options(13, 256, 4, 4, "u32", "unsigned char", True, octs=True)[-2] == "-DOCTS=1"
+    assert compile_options(13, 256, 4, 4, "u32", "unsigned char", True, octs=True, meta=True)[-1] == "-DMETA=1"
 
 
 def test_the_records_buffer_is_bounded_and_counted_in_the_search_bytes(monkeypatch) -> None:
@@ -616,22 +616,24 @@ def test_the_records_buffer_is_bounded_and_counted_in_the_search_bytes(monkeypat
     assert waves.search_bytes(1000, 8, 10, 132, levels=True) == waves.search_bytes(1000, 8, 10, 132)
 
 
-def test_sparse_postings_are_read_by_quads_only_where_their_storage_allows() -> None:
-    """The kernel's QUADS build reads a layout's sparse offsets and weights four at a time: only
-    where the data is aligned to four elements and its storage holds the last group of four;
+def test_sparse_postings_are_read_by_octs_only_where_their_storage_allows() -> None:
+    """The kernel's OCTS build reads a layout's sparse offsets and weights eight at a time: only
+    where the data is aligned to eight elements and its storage holds the last group of eight;
     the layout's builders allocate them so."""
-    from gpusparse.kernels.tile_candidates import quads_readable
+    from gpusparse.kernels.tile_candidates import octs_readable
     from gpusparse.layout.tiled import sparse_array
 
-    for n in (0, 1, 5, 10, 12):
+    for n in (0, 1, 5, 10, 12, 16, 17):
         for dtype in (torch.int16, torch.uint8, torch.int32, torch.float32):
             x = sparse_array(n, dtype, torch.device("cpu"))
-            assert x.shape == (n,) and x.dtype == dtype and quads_readable(x)
-    assert quads_readable(torch.empty(12, dtype=torch.int16))
-    assert not quads_readable(torch.empty(10, dtype=torch.int16))  # its last group ends past the storage
-    assert not quads_readable(torch.empty(13, dtype=torch.int16)[1:])  # not aligned to four elements
-    assert quads_readable(torch.empty(16, dtype=torch.uint8)[4:13])  # aligned; storage up to 16
-    assert not quads_readable(torch.empty(16, dtype=torch.uint8)[2:6])
+            assert x.shape == (n,) and x.dtype == dtype and octs_readable(x)
+    assert octs_readable(torch.empty(16, dtype=torch.int16))
+    assert not octs_readable(torch.empty(12, dtype=torch.int16))  # its last group ends past the storage
+    assert not octs_readable(torch.empty(17, dtype=torch.int16)[1:])  # not aligned to eight elements
+    assert not octs_readable(torch.empty(32, dtype=torch.int16)[4:12])  # aligned to four only
+    assert octs_readable(torch.empty(24, dtype=torch.uint8)[8:17])  # aligned; storage up to 24
+    assert octs_readable(torch.empty(16, dtype=torch.uint8)[8:10])  # its group ends at the storage's end
+    assert not octs_readable(torch.empty(16, dtype=torch.uint8)[4:10])
 
 
 def test_check_tensors_refuses_wrong_dtype_device_and_layout() -> None:

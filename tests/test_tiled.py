@@ -343,26 +343,26 @@ def test_cuda_kernel_with_long_queries_and_long_segments(rng):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("quads", [True, False])
-def test_cuda_sparse_postings_by_quads_or_one_at_a_time_are_exact(rng, monkeypatch, quads):
-    """The sparse loop reads aligned groups of four postings (the kernel's QUADS) where the
+@pytest.mark.parametrize("octs", [True, False])
+def test_cuda_sparse_postings_by_octs_or_one_at_a_time_are_exact(rng, monkeypatch, octs):
+    """The sparse loop reads aligned groups of eight postings (the kernel's OCTS) where the
     layout's arrays allow it, a group's postings of a neighbouring segment masked out at each
-    end of a segment, and one posting at a time otherwise (``quads_readable`` false). Both are
+    end of a segment, and one posting at a time otherwise (``octs_readable`` false). Both are
     exact against the float64 reference: 8-bit levels (integer and float64 products), float32
     fixed point (packed postings) and float64 products in 64-bit sums; segments of one to
-    hundreds of postings; tiles whose first posting lies at each of the four places of its
+    hundreds of postings; tiles whose first posting lies at each of the eight places of its
     group; tiles of 64 documents (blocks of fewer than 32 threads)."""
     require_cuda_kernels()
     from gpusparse.kernels import tile_candidates as tc
     from gpusparse.quantize import quantize_collection, quantize_queries
 
-    if not quads:
-        monkeypatch.setattr(tc, "quads_readable", lambda x: False)
+    if not octs:
+        monkeypatch.setattr(tc, "octs_readable", lambda x: False)
     built, real = [], tc._kernel
 
     def spy(build, device, variant, name="tiled_candidates"):
         if name == "tiled_candidates":
-            built.append(build[12])  # the build's QUADS
+            built.append(build[12])  # the build's OCTS
         return real(build, device, variant, name)
 
     monkeypatch.setattr(tc, "_kernel", spy)
@@ -381,7 +381,7 @@ def test_cuda_sparse_postings_by_quads_or_one_at_a_time_are_exact(rng, monkeypat
                 layout = layout_for_search(index, tile_bits, dense_min, acc, fixed)
                 packed |= layout.packed
                 if tile_bits == 6:
-                    assert set((layout.tile_start[:-1] % 4).tolist()) == {0, 1, 2, 3}
+                    assert set((layout.tile_start[:-1] % 8).tolist()) == set(range(8))
                 for k in (10, 700):
                     s, i = tiled_search(index, batch, k, tile_bits=tile_bits, dense_min=dense_min, acc=acc,
                                         fixed=fixed).resolved()  # fmt: skip
@@ -389,7 +389,7 @@ def test_cuda_sparse_postings_by_quads_or_one_at_a_time_are_exact(rng, monkeypat
                     what = str((quantize, acc, fixed, tile_bits, k))
                     np.testing.assert_array_equal(i.cpu().numpy(), ref_i, err_msg=what)
                     np.testing.assert_array_equal(s.cpu().numpy(), ref_s, err_msg=what)
-    assert packed and set(built) == {quads}
+    assert packed and set(built) == {octs}
 
 
 @pytest.mark.gpu

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from ..layout.packing import kernel_bias
+from ..layout.tiled import OCT
 from .cupy_launch import available, check_tensors, device_index, launch, load_kernel, pointer, variant_of
 
 if TYPE_CHECKING:
@@ -115,22 +116,22 @@ def launch_shape(
     return threads, min_blocks or blocks
 
 
-def quads_readable(x: torch.Tensor) -> bool:
+def octs_readable(x: torch.Tensor) -> bool:
     """Whether the kernel may read ``x`` (a layout's sparse offsets or weights) in aligned groups
-    of four elements (its QUADS build): the data aligned to four elements, and the storage
-    readable up to the end of the group holding the last element
+    of :data:`~gpusparse.layout.tiled.OCT` elements (its OCTS build): the data aligned to such a
+    group, and the storage readable up to the end of the group holding the last element
     (:func:`~gpusparse.layout.tiled.sparse_array` allocates them so)."""
     size = x.element_size()
-    if x.data_ptr() % (4 * size):
+    if x.data_ptr() % (OCT * size):
         return False
     storage = x.untyped_storage()
-    return x.data_ptr() + -(-x.numel() // 4) * 4 * size <= storage.data_ptr() + storage.nbytes()
+    return x.data_ptr() + -(-x.numel() // OCT) * OCT * size <= storage.data_ptr() + storage.nbytes()
 
 
-def layout_quads(layout: TiledIndex) -> bool:
-    """Whether the kernel may read the layout's sparse offsets and weights four at a time (the
-    QUADS build): :func:`quads_readable` of both."""
-    return quads_readable(layout.offs) and quads_readable(layout.wts)
+def layout_octs(layout: TiledIndex) -> bool:
+    """Whether the kernel may read the layout's sparse offsets and weights eight at a time (the
+    OCTS build): :func:`octs_readable` of both."""
+    return octs_readable(layout.offs) and octs_readable(layout.wts)
 
 
 def block_shared_bytes(tile_bits: int, acc: str, min_blocks: int) -> int:
@@ -160,7 +161,7 @@ def compile_options(
     packed: bool = False,
     select: bool = True,
     dense_lists: bool = False,
-    quads: bool = False,
+    octs: bool = False,
     meta: bool = False,
 ) -> tuple[str, ...]:
     """The NVRTC options of one build of the kernel (``defines``: extra ``-D`` names, profiling only)."""
@@ -178,7 +179,7 @@ def compile_options(
         f"-DPACKED={int(packed)}",
         f"-DSELECT={int(select)}",
         f"-DDENSE_LISTS={int(dense_lists)}",
-        f"-DQUADS={int(quads)}",
+        f"-DOCTS={int(octs)}",
         f"-DMETA={int(meta)}",
         *(f"-D{d}" for d in defines),
     )
@@ -203,14 +204,14 @@ def _meta_build(
     dense_lists: bool,
     threads: int,
     min_blocks: int,
-    quads: bool,
+    octs: bool,
 ) -> bool:
-    """Whether a launch without selection takes the META build: the kernel's PAIRS and QUADS
-    conditions (``quads``: :func:`layout_quads`), in the six-block build (measured there), whose
+    """Whether a launch without selection takes the META build: the kernel's PAIRS and OCTS
+    conditions (``octs``: :func:`layout_octs`), in the six-block build (measured there), whose
     MAXT (128) bounds the width."""
     pairs = acc == "u32" and int_weights and layout.weight_bits is None and not dense_lists
     pairs = pairs and layout.dense.dtype == torch.uint8 and (1 << layout.tile_bits) // threads >= 8
-    return pairs and quads and min_blocks >= 6 and width <= SHORT_WIDTH
+    return pairs and octs and min_blocks >= 6 and width <= SHORT_WIDTH
 
 
 def meta_bytes(b: int, width: int, tiles: int) -> int:
@@ -232,10 +233,10 @@ def meta_scratch(
     b, t = q_terms.shape
     threads, min_blocks = launch_shape(layout.tile_bits, acc, batch=b, levels=layout.quantized, width=t)
     nbytes = meta_bytes(b, t, tiles)
-    quads = layout_quads(layout)
+    octs = layout_octs(layout)
     if not nbytes or not _meta_build(
         layout, t, acc=acc, int_weights=int_weights, dense_lists=dense_lists, threads=threads, min_blocks=min_blocks,
-        quads=quads,
+        octs=octs,
     ):  # fmt: skip
         return None
     return torch.empty(nbytes // 4, dtype=torch.int32, device=q_terms.device)
@@ -363,17 +364,17 @@ def tiled_candidates(
         tile_bits, acc, batch=b, levels=wdtype == torch.uint8, width=t, threads=threads, min_blocks=min_blocks
     )
     shared = shared_bytes(tile_bits, acc)
-    quads = layout_quads(layout)
+    octs = layout_octs(layout)
     use_meta = meta is not None and not select and _meta_build(
         layout, t, acc=acc, int_weights=int_weights, dense_lists=lists is not None, threads=threads,
-        min_blocks=min_blocks, quads=quads,
+        min_blocks=min_blocks, octs=octs,
     )  # fmt: skip
     if use_meta:
         check_tensors({"meta": (meta, torch.int32)}, dev)
         if meta.numel() < 4 * b * (t + 1):
             raise ValueError(f"meta holds {meta.numel()} int32, fewer than one tile's records ({4 * b * (t + 1)})")
     build = (tile_bits, threads, unroll, min_blocks, acc, _WEIGHT_TYPES[wdtype], int_weights, fixed, tuple(defines),
-             packed, bool(select), lists is not None, quads, use_meta)  # fmt: skip
+             packed, bool(select), lists is not None, octs, use_meta)  # fmt: skip
     kernel = _kernel(build, device_index(dev), variant_of(SOURCE))
     if dense.numel() == 0:  # CuPy wants real memory behind every pointer
         dense = torch.zeros((1, 1 << tile_bits), dtype=wdtype, device=dev)

@@ -48,6 +48,7 @@ AUTO = "auto"
 MAX_TILE_BITS = 16  # offsets are 16-bit
 BUILD_CHUNK = 1 << 20  # postings per slab of build_tiled (~100 bytes of temporaries each)
 MAX_DENSE_PER_TILE = (1 << 15) - 1  # dense rows a tile may have (int16 ids, -1 for sparse)
+OCT = 8  # sparse arrays end on a whole group of this many elements (the kernel's OCTS reads)
 
 
 @dataclass(frozen=True)
@@ -177,9 +178,9 @@ def dense_segments(counts: torch.Tensor, n_terms: int, tile_bits: int, dense_min
 
 def sparse_array(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """An uninitialised ``[n]`` array of sparse postings (offsets or weights) whose storage
-    reaches the end of the last group of four elements: the kernel reads them four at a time
-    (:func:`~gpusparse.kernels.tile_candidates.quads_readable`)."""
-    return torch.empty(-(-n // 4) * 4, dtype=dtype, device=device)[:n]
+    reaches the end of the last group of :data:`OCT` elements: the kernel reads them eight at a
+    time (:func:`~gpusparse.kernels.tile_candidates.octs_readable`)."""
+    return torch.empty(-(-n // OCT) * OCT, dtype=dtype, device=device)[:n]
 
 
 def build_tiled(

@@ -1,7 +1,7 @@
 // The tiled engine's kernel: on-chip accumulation per (document tile, query), candidates out.
 // Launched by gpusparse.kernels.tile_candidates.tiled_candidates, compiled by NVRTC with
 // -DTILE_BITS -DTHREADS -DUNROLL -DMIN_BLOCKS -DACC_MODE -DWT -DINT_W -DFIXED_W -DFIXED_STORED
-// -DPACKED -DSELECT -DDENSE_LISTS -DQUADS -DMETA (and, for profiling builds only,
+// -DPACKED -DSELECT -DDENSE_LISTS -DOCTS -DMETA (and, for profiling builds only,
 // -DPROFILE_SKIP_DENSE / -DPROFILE_SKIP_SPARSE). META builds also hold tile_meta, the kernel
 // that writes their blocks' metadata records.
 // WT is passed as one token (-DWT=unsigned_char): these name the two-word types.
@@ -116,32 +116,38 @@ typedef long long i64;
 #ifndef UNROLL
 #define UNROLL 4
 #endif
-// QUADS: the sparse loop takes aligned groups of four postings of the layout's arrays ("quads")
-// instead of single postings: one vector load of four offsets and one of four weights, and each
-// thread UQ quads a step (up to 4 * UQ postings in flight instead of UNROLL). A quad may hold
+// OCTS: the sparse loop takes aligned groups of eight postings of the layout's arrays ("octs")
+// instead of single postings: one vector load of eight offsets and one of eight weights, and each
+// thread UO octs a step (up to 8 * UO postings in flight instead of UNROLL). An oct may hold
 // postings of a neighbouring segment at a segment's ends: a mask keeps only the segment's own.
-// The launcher sets it where both arrays are aligned to four elements and readable up to the end
-// of their last quad.
-#ifndef QUADS
-#define QUADS 0
+// A thread looks up an oct's segment once for its eight postings: groups of four (two a thread
+// and step) took 4 % more kernel time at 8.8M x 256 with 8-bit levels (measured), their look-ups
+// being most of the loop's instructions; two octs a thread and step spilled (+13 %).
+// The launcher sets it where both arrays are aligned to eight elements and readable up to the
+// end of their last oct.
+#ifndef OCTS
+#define OCTS 0
 #endif
-#ifndef UQ
-#define UQ 2
+#define OCT 8
+#define OCT_LOG 3
+#define OCT_MASK 0xffu
+#ifndef UO
+#define UO 1
 #endif
-// META (PAIRS and QUADS builds without selection, T <= MAXT): each block reads its terms' metadata
-// (the compacted sparse segments with their quads' prefix sums, and the pairs' table of its dense
+// META (PAIRS and OCTS builds without selection, T <= MAXT): each block reads its terms' metadata
+// (the compacted sparse segments with their octs' prefix sums, and the pairs' table of its dense
 // rows) from a record that tile_meta wrote in the launch before (one warp a query), instead of
 // building it itself: one coalesced read and one barrier instead of the term ids' and the
 // segments' dependent loads, the ballots' exchange, the one-warp prefix pass and four barriers.
 // A record's layout (int4 entries; T + 1 of them a block, at ((tile - first) * B + q) * (T + 1)):
-//   [0]                      (np, ns, quads, shift); np < 0: the block builds them itself
-//   [1, 1 + ns)              sparse segments (start, length, integer weight, first quad)
+//   [0]                      (np, ns, octs, shift); np < 0: the block builds them itself
+//   [1, 1 + ns)              sparse segments (start, length, integer weight, first oct)
 //   [1 + ns, 1 + ns + np)    pairs of dense rows, as dense_pairs reads them
 #ifndef META
 #define META 0
 #endif
-#if META && !(PAIRS && QUADS && !SELECT)
-#error "META needs a PAIRS and QUADS build without selection"
+#if META && !(PAIRS && OCTS && !SELECT)
+#error "META needs a PAIRS and OCTS build without selection"
 #endif
 
 // Dense rows are read VEC weights at a time (one vector load).
@@ -317,10 +323,10 @@ __device__ __forceinline__ int4 pair_entry(const int* row, const unsigned int* w
     return make_int4(row[d] * (TILE / 8), two ? row[d + 1] * (TILE / 8) : -1, (int)w, 0);
 }
 #endif
-#if QUADS
-// The quads of a segment of n >= 1 postings from place a (counted from the tile's aligned first
-// quad): from the one holding its first posting to its last's.
-__device__ __forceinline__ int quad_count(int a, int n) { return ((a + n - 1) >> 2) - (a >> 2) + 1; }
+#if OCTS
+// The octs of a segment of n >= 1 postings from place a (counted from the tile's aligned first
+// oct): from the one holding its first posting to its last's.
+__device__ __forceinline__ int oct_count(int a, int n) { return ((a + n - 1) >> OCT_LOG) - (a >> OCT_LOG) + 1; }
 #endif
 
 // One addition to a 32-bit sum in shared memory, as a reduction (no value returned) at the 32-bit
@@ -341,7 +347,7 @@ __device__ __forceinline__ int chunk_shift(int total)
     while (total > 0 && ((total - 1) >> cs) >= NCHUNK) ++cs;
     return cs;
 }
-// The chunk map: s_chunk[c] = the segment holding posting (or quad) c << cs of `total`, from the
+// The chunk map: s_chunk[c] = the segment holding posting (or oct) c << cs of `total`, from the
 // exclusive prefix sums of the ns segments' lengths (segments are non-empty, so they increase
 // strictly). All threads.
 __device__ __forceinline__ void chunk_map(int total, int ns, const int* s_pref, unsigned short* s_chunk)
@@ -405,7 +411,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     __shared__ int s_pref[MAXT + 1], warp_counts[2 * NWARPS], d_term[DENSE_LISTS ? MAXT : 1];
     __shared__ unsigned int s_wi[MAXT];
     __shared__ int s_start[MAXT];
-    __shared__ int s_len[QUADS ? MAXT : 1];  // QUADS: segment lengths (s_pref then counts quads)
+    __shared__ int s_len[OCTS ? MAXT : 1];  // OCTS: segment lengths (s_pref then counts octs)
     __shared__ double d_w[WMAX], s_w[WMAX];
     __shared__ u64 s_max, s_val, s_th0;
     __shared__ unsigned int s_above;
@@ -435,12 +441,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     const i64 t_first = tile_start[tile];
     const OT* offs_tile = offs + t_first;
     const ST* wts_tile = wts + t_first;
-#if QUADS
-    // quads are counted from the aligned quad holding the tile's first posting; `phase` is that
+#if OCTS
+    // octs are counted from the aligned oct holding the tile's first posting; `phase` is that
     // posting's place in it
-    const int phase = (int)(t_first & 3);
-    const Pack<OT, 4>* offs4 = reinterpret_cast<const Pack<OT, 4>*>(offs + (t_first - phase));
-    const Pack<ST, 4>* wts4 = reinterpret_cast<const Pack<ST, 4>*>(wts + (t_first - phase));
+    const int phase = (int)(t_first & (OCT - 1));
+    const Pack<OT, OCT>* offs8 = reinterpret_cast<const Pack<OT, OCT>*>(offs + (t_first - phase));
+    const Pack<ST, OCT>* wts8 = reinterpret_cast<const Pack<ST, OCT>*>(wts + (t_first - phase));
 #endif
     const WT* dense_tile = dense + (i64)dense_start[tile] * TILE;
 
@@ -597,12 +603,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
         if (tid < WL && !from_rec) {
             int carry = 0;
             for (int c = 0; c < ns; c += WL) {
-#if QUADS
-                int len = 0;  // the segment's quads
+#if OCTS
+                int len = 0;  // the segment's octs
                 if (c + tid < ns) {
                     const int n = s_pref[c + tid], a = phase + s_start[c + tid];
                     s_len[c + tid] = n;
-                    len = quad_count(a, n);
+                    len = oct_count(a, n);
                 }
 #else
                 const int len = c + tid < ns ? s_pref[c + tid] : 0;
@@ -635,20 +641,20 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
         // so that a posting in the same segment as the thread's previous one costs a compare,
         // and only a posting past it looks its segment up (the chunk map, then a short walk).
         const int lane_id = tid & 31, warp_id = tid >> 5;
-#if QUADS
-        // UQ quads per thread and step, lane l of a warp those at l, l + WL, ... of the warp's
-        // UQ * WL consecutive ones (each vector load coalesced across the warp); the segment is
-        // found as for single postings below, and a quad's mask keeps the postings in
-        // [a_lo, a_hi), the segment's own (counted from the tile's aligned first quad).
-        int j = 0, next = 0, q_off = 0, a_lo = 0, a_hi = 0;  // quad = q_off + f
+#if OCTS
+        // UO octs per thread and step, lane l of a warp those at l, l + WL, ... of the warp's
+        // UO * WL consecutive ones (each vector load coalesced across the warp); the segment is
+        // found as for single postings below, and an oct's mask keeps the postings in
+        // [a_lo, a_hi), the segment's own (counted from the tile's aligned first oct).
+        int j = 0, next = 0, q_off = 0, a_lo = 0, a_hi = 0;  // oct = q_off + f
         double wj = 0.0;
         unsigned int wij = 0u;
-        for (int f0 = warp_id * (UQ * WL) + lane_id; f0 < total; f0 += UQ * THREADS) {
-            int qd[UQ];
-            unsigned int mk[UQ], wqi[UQ];
-            double wq[UQ];
+        for (int f0 = warp_id * (UO * WL) + lane_id; f0 < total; f0 += UO * THREADS) {
+            int qd[UO];
+            unsigned int mk[UO], wqi[UO];
+            double wq[UO];
 #pragma unroll
-            for (int u = 0; u < UQ; ++u) {
+            for (int u = 0; u < UO; ++u) {
                 const int f = f0 + u * WL;
                 mk[u] = 0u;
                 qd[u] = 0;
@@ -661,34 +667,34 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
                         next = s_pref[j + 1];
                         a_lo = phase + s_start[j];
                         a_hi = a_lo + s_len[j];
-                        q_off = (a_lo >> 2) - s_pref[j];
+                        q_off = (a_lo >> OCT_LOG) - s_pref[j];
                         if (!INT_PRODUCTS) wj = s_w[j];
                         wij = s_wi[j];
                     }
-                    const int q4 = q_off + f, p = q4 << 2;
-                    unsigned int m = 0xfu;
-                    if (p < a_lo) m &= 0xfu << (a_lo - p);
-                    if (p + 4 > a_hi) m &= 0xfu >> (p + 4 - a_hi);
-                    mk[u] = m & 0xfu;
-                    qd[u] = q4;
+                    const int g = q_off + f, p = g << OCT_LOG;
+                    unsigned int m = OCT_MASK;
+                    if (p < a_lo) m &= OCT_MASK << (a_lo - p);
+                    if (p + OCT > a_hi) m &= OCT_MASK >> (p + OCT - a_hi);
+                    mk[u] = m & OCT_MASK;
+                    qd[u] = g;
                     wq[u] = wj;
                     wqi[u] = wij;
                 }
             }
-            Pack<OT, 4> ol[UQ];
-            Pack<ST, 4> wl[UQ];
+            Pack<OT, OCT> ol[UO];
+            Pack<ST, OCT> wl[UO];
 #pragma unroll
-            for (int u = 0; u < UQ; ++u) {
+            for (int u = 0; u < UO; ++u) {
                 if (mk[u]) {
-                    ol[u] = offs4[qd[u]];
-                    wl[u] = wts4[qd[u]];
+                    ol[u] = offs8[qd[u]];
+                    wl[u] = wts8[qd[u]];
                 }
             }
 #pragma unroll
-            for (int u = 0; u < UQ; ++u) {
+            for (int u = 0; u < UO; ++u) {
                 if (!mk[u]) continue;
 #pragma unroll
-                for (int v = 0; v < 4; ++v) {
+                for (int v = 0; v < OCT; ++v) {
 #if PACKED
                     const unsigned int o = ol[u].v[v] >> PACK_SHIFT;
                     const WT wd = __uint_as_float((((ol[u].v[v] & PACK_FIELD) << 8) | (unsigned int)wl[u].v[v]) + p_bias);
@@ -965,7 +971,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
 // (four queries a CUDA block): the query's term ids and weights are loaded once, each tile's
 // segments before the previous tile's record is written and its dense rows' ids while it is (two
 // round trips a tile, overlapped). The same metadata as load_terms and the prefix pass build
-// (term order, the same integer weights, the same quads), and the pairs' table as the PAIRS phase
+// (term order, the same integer weights, the same octs), and the pairs' table as the PAIRS phase
 // builds it; np = -1 where that phase would not be paired (a weight above 16 bits after the shift,
 // or more pairs than the table holds).
 #define META_TILES 8
@@ -1003,7 +1009,7 @@ extern "C" __global__ void __launch_bounds__(128) tile_meta(
     auto fetch = [&](int r) {
         const int tile = tile0 + r;
         const int* seg_tile = seg + (i64)tile * (V + 1);
-        phase = (int)(tile_start[tile] & 3);
+        phase = (int)(tile_start[tile] & (OCT - 1));
 #pragma unroll
         for (int c = 0; c < NC; ++c) {
             did[c] = -1;
@@ -1039,20 +1045,20 @@ extern "C" __global__ void __launch_bounds__(128) tile_meta(
         }
         if (r + 1 < r1) fetch(r + 1);  // the next tile's loads in flight while this one's record is written
         int4* out = rec + ((i64)r * B + q) * (T + 1);
-        int nd = 0, ns = 0, quads = 0;
+        int nd = 0, ns = 0, octs = 0;
         unsigned int any = 0u, top = 0u;
 #pragma unroll
         for (int c = 0; c < NC; ++c) {
             const bool dense = dd[c] >= 0, sparse = !dense && n[c] > 0;
             const unsigned int bd = __ballot_sync(0xffffffffu, dense), bs = __ballot_sync(0xffffffffu, sparse);
             if ((bd | bs) == 0u) continue;
-            const int nq = sparse ? quad_count(ph + st[c], n[c]) : 0;  // as the prefix pass counts them
+            const int nq = sparse ? oct_count(ph + st[c], n[c]) : 0;  // as the prefix pass counts them
             int incl = nq;
             for (int o = 1; o < 32; o <<= 1) {
                 const int up = __shfl_up_sync(0xffffffffu, incl, o);
                 if (lane >= o) incl += up;
             }
-            if (sparse) out[1 + ns + __popc(bs & below)] = make_int4(st[c], n[c], (int)wic[c], quads + incl - nq);
+            if (sparse) out[1 + ns + __popc(bs & below)] = make_int4(st[c], n[c], (int)wic[c], octs + incl - nq);
             if (dense) {
                 const int at = nd + __popc(bd & below);
                 st_row[warp][at] = dd[c];
@@ -1060,7 +1066,7 @@ extern "C" __global__ void __launch_bounds__(128) tile_meta(
                 any |= wic[c];
                 top = max(top, wic[c]);
             }
-            quads += __shfl_sync(0xffffffffu, incl, 31);
+            octs += __shfl_sync(0xffffffffu, incl, 31);
             nd += __popc(bd);
             ns += __popc(bs);
         }
@@ -1073,7 +1079,7 @@ extern "C" __global__ void __launch_bounds__(128) tile_meta(
         __syncwarp();
         if (paired)
             for (int p = lane; p < np; p += 32) out[1 + ns + p] = pair_entry(st_row[warp], st_wi[warp], p, nd, s);
-        if (lane == 0) out[0] = make_int4(paired ? np : -1, ns, quads, s);
+        if (lane == 0) out[0] = make_int4(paired ? np : -1, ns, octs, s);
         __syncwarp();  // the staged rows are read before the next tile rewrites them
     }
 }
