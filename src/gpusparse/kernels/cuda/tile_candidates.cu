@@ -140,7 +140,7 @@ typedef long long i64;
 #define EMIT_MAX_K 32
 // 8-bit levels multiplied as integers, 16-bit offsets (WT one byte, not PACKED): an oct's eight
 // offsets and eight levels are read as words, and its mask applied to the levels' word at once
-// (−1.2 % of the kernel at 8.8M x 256 against a select a posting, measured).
+// (-1.2 % of the kernel at 8.8M x 256 against a select a posting, measured).
 #define LEVEL_WORDS (!PACKED && INT_W && !FIXED_W && sizeof(WT) == 1)
 // META (PAIRS and OCTS builds without selection, T <= MAXT): each block reads its terms' metadata
 // (the compacted sparse segments with their octs' prefix sums, and the pairs' table of its dense
