@@ -7,8 +7,9 @@ A META search's ``tile_meta`` (``kernels/cuda/tile_candidates.cu``) gives each (
 its record: one warp a query walks eight consecutive tiles and, for each, gathers the query's
 terms' segment bounds from ``seg`` ([tile][term]) and some row ids from ``dense_id``. Nsight
 Compute found its loads using 4.7 of the 32 bytes of each sector they move (16th session). The
-variant (``bench/tile_meta_order.cu``) reads copies stored term-major ([term][tile]): a lane's eight
-tiles of one term then share one or two sectors.
+variant (:func:`term_major_variant`: the package's ``tile_meta`` with its loads' indexing changed)
+reads copies stored term-major ([term][tile]): a lane's eight tiles of one term then share one or
+two sectors.
 
 The script runs one 8-bit search (the anatomy's collection and queries) and, at each of its
 ``tile_meta`` launches, first launches both kernels on the same arguments into two poisoned
@@ -43,6 +44,29 @@ from gpusparse.queries import prepare_queries, query_batch
 from gpusparse.synthetic import generate
 
 POISON = 0x5A5A5A5A
+# tile_meta's text -> the variant's: the kernel's name, a last parameter (the layout's tiles, the
+# copies' row length), and the segment bounds and row ids indexed [term][tile]
+TERM_MAJOR = (
+    ("void __launch_bounds__(128) tile_meta(", "void __launch_bounds__(128) tile_meta_tm("),
+    ("int4* __restrict__ rec)", "int4* __restrict__ rec, const int NTT)"),
+    ("        const int* seg_tile = seg + (i64)tile * (V + 1);\n", ""),
+    ("start[c] = seg_tile[tc[c]];", "start[c] = seg[(i64)tc[c] * NTT + tile];"),
+    ("end[c] = seg_tile[tc[c] + 1];", "end[c] = seg[(i64)(tc[c] + 1) * NTT + tile];"),
+    ("const short* did_tile = dense_id + (i64)(tile0 + r) * V;", "const int tile = tile0 + r;"),
+    ("did[c] = did_tile[tc[c]];", "did[c] = dense_id[(i64)tc[c] * NTT + tile];"),
+)
+
+
+def term_major_variant(text: str) -> str:
+    """``tile_candidates.cu``'s text with ``tile_meta_tm`` appended: ``tile_meta`` reading ``seg``
+    as ``[V + 1, NTT]`` and ``dense_id`` as ``[V, NTT]`` (the same records)."""
+    kernel = text[text.index('extern "C" __global__ void __launch_bounds__(128) tile_meta(') :]
+    kernel = kernel[: kernel.index("\n}\n") + 3]
+    for old, new in TERM_MAJOR:
+        if kernel.count(old) != 1:
+            raise SystemExit(f"tile_meta changed: {old!r} is not in it once")
+        kernel = kernel.replace(old, new)
+    return text + "\n" + kernel
 
 
 def main() -> None:
@@ -67,7 +91,7 @@ def main() -> None:
     seg_t = tl.seg.view(nt, v + 1).T.contiguous()  # [V + 1, n_tiles]
     did_t = tl.dense_id.view(nt, v).T.contiguous()  # [V, n_tiles]
     copy_bytes = seg_t.numel() * seg_t.element_size() + did_t.numel() * did_t.element_size()
-    tail = source(tc.SOURCE) + "\n" + (Path(__file__).parent / "tile_meta_order.cu").read_text()
+    tail = term_major_variant(source(tc.SOURCE))
 
     builds: list[tuple] = []
     real_kernel, real_launch = tc._kernel, tc.launch
