@@ -616,6 +616,21 @@ def test_the_records_buffer_is_bounded_and_counted_in_the_search_bytes(monkeypat
     assert waves.search_bytes(1000, 8, 10, 132, levels=True) == waves.search_bytes(1000, 8, 10, 132)
 
 
+def test_the_kernels_group_sizes_match_the_launchers() -> None:
+    """Two sizes are written in both the CUDA source and Python: the postings of an oct (the
+    layout pads its sparse arrays to them, the kernel reads them) and the tiles a warp of
+    tile_meta takes (the launcher sizes its grid by them). A change to one side alone must fail."""
+    import re
+
+    from gpusparse.kernels import tile_candidates as tc
+    from gpusparse.kernels.cupy_launch import source
+    from gpusparse.layout.tiled import OCT
+
+    text = source(tc.SOURCE)
+    defined = dict(re.findall(r"^#define (OCT|META_TILES) (\d+)", text, flags=re.M))
+    assert defined == {"OCT": str(OCT), "META_TILES": str(tc.META_TILES)}
+
+
 def test_sparse_postings_are_read_by_octs_only_where_their_storage_allows() -> None:
     """The kernel's OCTS build reads a layout's sparse offsets and weights eight at a time: only
     where the data is aligned to eight elements and its storage holds the last group of eight;
