@@ -345,31 +345,26 @@ __device__ __forceinline__ void shared_add(unsigned int addr, unsigned int v)
 {
     asm volatile("red.shared.add.u32 [%0], %1;" :: "r"(addr), "r"(v) : "memory");
 }
-// Sparse postings are assigned to segments through a map of NCHUNK equal pieces (each piece's
-// first segment, found by binary search once per block), so a thread's search for its
-// posting's segment starts next to it.
+// Sparse postings are assigned to segments through a map of at most NCHUNK equal pieces (each
+// piece's segment), so a thread's search for its posting's (or oct's) segment starts at it; where
+// the block has at most NCHUNK octs (most blocks), a piece is one oct and the map is exact.
 #define NCHUNK 512
 __device__ __forceinline__ int chunk_shift(int total)
 {
-    int cs = 5;
+    int cs = 0;
     while (total > 0 && ((total - 1) >> cs) >= NCHUNK) ++cs;
     return cs;
 }
 // The chunk map: s_chunk[c] = the segment holding posting (or oct) c << cs of `total`, from the
-// exclusive prefix sums of the ns segments' lengths (segments are non-empty, so they increase
-// strictly). All threads.
+// exclusive prefix sums of the ns segments' lengths, s_pref[0, ns] (s_pref[ns] = total; segments
+// are non-empty). Each segment writes the pieces that start in it: a thread a segment, a few
+// stores each, instead of a binary search a piece. All threads.
 __device__ __forceinline__ void chunk_map(int total, int ns, const int* s_pref, unsigned short* s_chunk)
 {
-    const int cs = chunk_shift(total);
-    for (int c = threadIdx.x; total > 0 && c <= (total - 1) >> cs; c += THREADS) {
-        const int pos = c << cs;
-        int a = 0, b = ns - 1;
-        while (a < b) {
-            const int mid = (a + b + 1) >> 1;
-            if (s_pref[mid] <= pos) a = mid;
-            else b = mid - 1;
-        }
-        s_chunk[c] = (unsigned short)a;
+    const int cs = chunk_shift(total), up = (1 << cs) - 1;
+    for (int j = threadIdx.x; j < ns; j += THREADS) {
+        const int c1 = (s_pref[j + 1] + up) >> cs;
+        for (int c = (s_pref[j] + up) >> cs; c < c1; ++c) s_chunk[c] = (unsigned short)j;
     }
 }
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidates(
