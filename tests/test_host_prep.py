@@ -26,7 +26,7 @@ from gpusparse.errors import InputError
 from gpusparse.kernels.tile_candidates import ACC_TOP
 from gpusparse.layout.statistics import max_score, max_scores_host, min_weight
 from gpusparse.quantize import power_of_two_step, power_of_two_steps, quantize_queries
-from gpusparse.queries import F32_MAX, check_score_bound, padded_host, prepare_queries
+from gpusparse.queries import F32_MAX, check_score_bound, padded_host, prepare_queries, prepare_queries_deferred
 
 V = 64  # terms
 VOCAB = Vocabulary.integer(V)
@@ -258,6 +258,34 @@ def test_quantized_weight_that_rounds_to_inf_is_refused():
     index = Index.from_csr(np.array([0, 1]), np.array([3], np.int32), np.ones(1, np.float32), VOCAB, quantize=8)
     with pytest.raises(InputError, match="query 'big'"), np.errstate(over="ignore"):
         prepare_queries(q, VOCAB, index.quantization, np.ones(V))
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e10, 1e20, 1e30, 3.4e38 / 255, 1.7e38])
+def test_deferred_quantization_refuses_exactly_what_the_host_quantization_refuses(rng, scale):
+    """An engine that quantizes queries itself gets them unquantized only where no quantized
+    query could be refused (the proof from the raw weights); otherwise they are quantized and
+    checked here: refused where prepare_queries refuses, the same queries where it passes. With
+    ``defer`` off, or an index not quantized, nothing is deferred."""
+    ms = rng.uniform(0.5, 2.0, size=V)
+    index = Index.from_csr(np.array([0, 1]), np.array([3], np.int32), np.ones(1, np.float32), VOCAB, quantize=8)
+    vals = (rng.uniform(0.01, 1.0, size=12) * scale).astype(np.float32)
+    q = SparseCollection(np.arange(0, 13, 3), rng.choice(V, size=12, replace=False).reshape(4, 3).ravel() % V,
+                         vals, vocab=VOCAB)  # fmt: skip
+    try:
+        want = prepare_queries(q, VOCAB, index.quantization, ms)
+    except InputError:
+        with pytest.raises(InputError):
+            prepare_queries_deferred(q, VOCAB, index.quantization, ms, defer=True)
+        return
+    got, bits = prepare_queries_deferred(q, VOCAB, index.quantization, ms, defer=True)
+    if bits is None:  # not proven: quantized here
+        assert scale > 1e10
+        np.testing.assert_array_equal(got.values, want.values)
+    else:
+        assert bits == 8 and got is q and scale <= 1e20
+        np.testing.assert_array_equal(quantize_queries(got, bits).values, want.values)
+    assert prepare_queries_deferred(q, VOCAB, index.quantization, ms)[1] is None
+    assert prepare_queries_deferred(q, VOCAB, None, ms, defer=True)[1] is None
 
 
 @pytest.mark.parametrize("bits", [1, 2, 4, 7, 8])

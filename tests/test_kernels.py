@@ -440,6 +440,7 @@ CUDA_KERNELS = {  # .cu file -> the kernels its launchers look up in it
     "rowsort.cu": ["top_keys", "pack_results", "merge_gathered"],
     "finish.cu": ["finish_rows"],
     "query_params.cu": ["query_params"],
+    "query_rows.cu": ["query_rows"],
 }
 
 
@@ -449,12 +450,21 @@ def test_cuda_sources_are_package_data() -> None:
     from importlib import resources
     from pathlib import Path
 
-    from gpusparse.kernels import compact, cupy_launch, finish, query_params, rescore, rowsort, tile_candidates
+    from gpusparse.kernels import (
+        compact,
+        cupy_launch,
+        finish,
+        query_params,
+        query_rows,
+        rescore,
+        rowsort,
+        tile_candidates,
+    )
 
     folder = resources.files("gpusparse.kernels").joinpath("cuda")
     on_disk = sorted(p.name for p in folder.iterdir() if p.name.endswith(".cu"))
     assert on_disk == sorted(CUDA_KERNELS)
-    launchers = (compact, finish, query_params, rescore, rowsort, tile_candidates)
+    launchers = (compact, finish, query_params, query_rows, rescore, rowsort, tile_candidates)
     assert {m.SOURCE for m in launchers} == set(CUDA_KERNELS)
     for name, kernels in CUDA_KERNELS.items():
         text = cupy_launch.source(name)

@@ -11,7 +11,10 @@ import torch
 from gpusparse import Index
 from gpusparse.config import override_config
 from gpusparse.engines.tiled import engine as engine_mod
-from gpusparse.engines.tiled.graphs import INPUTS, _fields, _fill, _numpy_view, _packed, _view_at, query_width
+from gpusparse.engines.tiled.graphs import _numpy_view, _packed, _view_at, csr_batch, padded_batch, query_width
+from gpusparse.kernels.query_rows import csr_fields
+from gpusparse.quantize import quantize_queries
+from gpusparse.queries import padded_host
 
 from .conftest import require_cuda_kernels
 from .reference import dense_scores, random_collection, reference_topk
@@ -21,27 +24,30 @@ def test_query_width_is_a_power_of_two_of_at_least_8():
     assert [query_width(t) for t in (0, 1, 8, 9, 16, 17, 100)] == [8, 8, 8, 16, 16, 32, 128]
 
 
-def test_staged_inputs_are_aligned_and_padded_like_a_batch():
-    """Every field starts 8-byte aligned; rows' unused slots hold term -1 and weight 0, written
-    over a poisoned buffer; a batch as wide as the view fills it whole."""
+def test_staged_rows_are_aligned_and_hold_the_batch_rebased(rng):
+    """Every field of the staging layout starts 8-byte aligned; a batch whose row pointers do not
+    start at 0 is written over a poisoned buffer with its
+    pointers from 0 and its terms and weights as they are; a batch padded on the host comes back
+    to the same rows."""
     b, width = 3, 8
-    fields, size = _fields([(n, d, (b, width)) for n, d, _ in INPUTS])
+    fields, size = csr_fields(b, b * width)
     assert all(start % 8 == 0 for start, *_ in fields.values())
     assert size >= sum(nbytes for _, nbytes, _, _ in fields.values())
-    buf = np.full(size, 0xAB, dtype=np.uint8)
-    views = {n: _numpy_view(buf, spec) for n, spec in fields.items()}
-    terms = np.array([[3, 7, -1], [1, -1, -1], [0, 2, 5]], dtype=np.int64)
-    weights = np.array([[0.5, 1.5, 0.0], [2.0, 0.0, 0.0], [1.0, 1.0, 3.0]], dtype=np.float32)
-    _fill(views, terms, weights)
-    t, w = views["terms"], views["weights"]
-    np.testing.assert_array_equal(t[:, :3], terms)
-    assert (t[:, 3:] == -1).all()
-    np.testing.assert_array_equal(w[:, :3], weights)
-    assert (w[:, 3:] == 0).all()
-    wide_t, wide_w = np.arange(b * width).reshape(b, width), np.ones((b, width), dtype=np.float32)
-    _fill(views, wide_t, wide_w)
-    np.testing.assert_array_equal(t, wide_t)
-    np.testing.assert_array_equal(w, wide_w)
+    assert [fields[n][3] for n in ("indptr", "indices", "values")] == [(b + 1,), (b * width,), (b * width,)]
+    part = random_collection(rng, 3, 50, 6)
+    shifted = part.indptr + 11  # the rows' pointers as a view into a larger collection has them
+    for batch in (csr_batch(shifted, part.indices, part.values, 8), padded_batch(*padded_host(part)[:2])):
+        buf = np.full(size, 0xAB, dtype=np.uint8)
+        views = {n: _numpy_view(buf, spec) for n, spec in fields.items()}
+        batch.fill(views["indptr"], views["indices"], views["values"])
+        nnz = int(part.indptr[-1] - part.indptr[0])
+        assert (batch.rows, batch.nnz, batch.longest) == (3, nnz, int(np.diff(part.indptr).max()))
+        np.testing.assert_array_equal(views["indptr"], part.indptr)
+        np.testing.assert_array_equal(views["indices"][:nnz], part.indices)
+        np.testing.assert_array_equal(views["values"][:nnz], part.values)
+        assert (views["values"][nnz:].view(np.uint8) == 0xAB).all()  # nothing past the rows written
+    assert csr_batch(part.indptr, part.indices, part.values, 8).bits == 8
+    assert padded_batch(*padded_host(part)[:2]).bits == 0
 
 
 @contextlib.contextmanager
@@ -76,8 +82,6 @@ def test_small_batches_through_the_graph_are_exact_pipelined_and_repeated(rng, q
         for _ in range(3):
             queries = random_collection(rng, 9, 300, 10)
             if quantize:
-                from gpusparse.quantize import quantize_queries
-
                 scores = dense_scores(docs_q(index, docs), quantize_queries(queries, quantize))
             else:
                 scores = dense_scores(docs, queries)
@@ -92,6 +96,31 @@ def test_small_batches_through_the_graph_are_exact_pipelined_and_repeated(rng, q
                 del calls[n:]
                 assert torch.equal(general.ids, res.ids) and torch.equal(general.scores, res.scores)
     assert calls and all(calls)  # every small batch ran the graph, none fell back
+    entries = [e for e in index.derived.graphs.values() if e]
+    # the rows went in as they are: quantized in the graph, read from mapped host memory
+    assert entries and all(e.bits == (quantize or 0) and e.dev_in is None for e in entries)
+
+
+@pytest.mark.gpu
+def test_unmapped_staging_is_copied_to_the_device_first(rng, monkeypatch):
+    """Where the staging buffer has no device address, the graph copies it over before its
+    first kernel: the same exact results."""
+    require_cuda_kernels()
+    from gpusparse.engines.tiled import graphs
+
+    monkeypatch.setattr(graphs, "mapped_pointer", lambda host: None)
+    docs = random_collection(rng, 20_000, 300, 30)
+    index = Index.build(docs, device="cuda", quantize=8)
+    queries = random_collection(rng, 6, 300, 10)
+    scores = dense_scores(docs_q(index, docs), quantize_queries(queries, 8))
+    with graph_outcomes() as calls:
+        res = index.search(queries, 30, batch_size=2)
+    assert calls == [True, True, True]
+    entries = [e for e in index.derived.graphs.values() if e]
+    assert entries and all(e.dev_in is not None and e.bits == 8 for e in entries)
+    ref_s, ref_i = reference_topk(scores, 30)
+    np.testing.assert_array_equal(res.ids.numpy(), ref_i)
+    np.testing.assert_array_equal(res.scores.numpy(), ref_s)
 
 
 def docs_q(index: Index, docs):

@@ -3,7 +3,8 @@
 :func:`as_queries` accepts a :class:`~gpusparse.collection.SparseCollection`, a scipy sparse
 matrix, a torch sparse tensor (COO or CSR) or a list of ``{token: weight}`` dicts and checks
 the vocabulary against the index's;
-:func:`prepare_queries` also quantizes them like a quantized index's documents;
+:func:`prepare_queries` also quantizes them like a quantized index's documents
+(:func:`prepare_queries_deferred`: or leaves that to an engine that does it itself);
 :func:`query_batch` lays a batch out on a device (:class:`QueryBatch`).
 """
 
@@ -64,6 +65,37 @@ def prepare_queries(
         q = quantize_queries(q, quantization.bits)
     check_score_bound(q, max_scores, largest)
     return q
+
+
+def prepare_queries_deferred(
+    queries: object,
+    vocab: Vocabulary,
+    quantization: Quantization | None,
+    max_scores: np.ndarray,
+    largest: float | None = None,
+    *,
+    defer: bool = False,
+) -> tuple[SparseCollection, int | None]:
+    """:func:`prepare_queries` as ``(queries, None)``; with ``defer`` (an engine that quantizes
+    queries itself) and a quantized index, the queries still unquantized and the bits to
+    quantize them to, where no quantized query can be refused: every quantized weight is below
+    twice its row's largest (its power-of-two step ``s`` has ``(2**bits - 1) · s / 2 <`` that
+    weight), so ``2 · max w · largest · nnz ≤ 2**100`` with ``2 · max w`` within float32 passes
+    :func:`check_score_bound`'s first test for the quantized queries too. Else they are
+    quantized and checked here: ``(queries, None)``."""
+    if not defer or quantization is None:
+        return prepare_queries(queries, vocab, quantization, max_scores, largest), None
+    q = as_queries(queries, vocab)
+    values = q.values
+    if largest is None:
+        largest = float(np.asarray(max_scores).max(initial=0.0))
+    if values.size:
+        top = 2.0 * float(values.max())
+        if not (top <= F32_MAX and top * largest * values.size <= 2.0**100):
+            q = quantize_queries(q, quantization.bits)
+            check_score_bound(q, max_scores, largest)
+            return q, None
+    return q, quantization.bits
 
 
 def score_bounds(queries: SparseCollection, max_scores: np.ndarray) -> np.ndarray:

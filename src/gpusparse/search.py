@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from . import engines
 from .engines.base import DEFAULT_MEMORY_BUDGET, BatchResult, SearchPlan, plan_chunks
 from .layout.statistics import max_score, max_scores_host
-from .queries import prepare_queries
+from .queries import prepare_queries_deferred
 from .transfer import output_buffers, results_to_host, start_to_host
 
 if TYPE_CHECKING:
@@ -118,13 +118,18 @@ def search(
     (:meth:`~gpusparse.layout.postings.PostingLists.resident_on`)."""
     budget = check_search_args(k, batch_size, memory_budget)
     dev = index.device if device is None else torch.device(device)
-    q = prepare_queries(queries, index.vocab, index.quantization, max_scores_host(index), max_score(index))
     engine = engines.choose(kernel, dev)
+    # an engine that quantizes the queries itself (the tiled engine: on the device) gets them as they are
+    q, bits = prepare_queries_deferred(
+        queries, index.vocab, index.quantization, max_scores_host(index), max_score(index),
+        defer=getattr(engine, "quantizes_queries", False),
+    )  # fmt: skip
     idx = index.resident_on(dev)
     kk = search_width(k, idx.n_docs)
     res = search_batches(
         lambda part, plan: engine.search_batch(idx, part, kk, plan),
         q, kk, idx.n_docs, dev, budget=budget, batch_size=batch_size, progress=progress, engine=engine.name,
+        query_bits=bits,
     )  # fmt: skip
     return padded(res, result_width(k, idx.n_docs))
 
@@ -140,12 +145,14 @@ def search_batches(
     batch_size: int | None,
     progress: bool = False,
     engine: str = "",
+    query_bits: int | None = None,
 ) -> SearchResults:
     """Prepared ``queries`` in batches (:func:`~gpusparse.engines.base.plan_chunks` for
     ``n_docs`` documents and ``budget`` bytes), each searched by ``search_batch(part, plan)``
-    and brought to the host pipelined (:func:`run_batches`); ``engine`` names it in the results."""
+    and brought to the host pipelined (:func:`run_batches`); ``engine`` names it in the results.
+    ``query_bits``: the queries are still to be quantized (:attr:`SearchPlan.query_bits`)."""
     bq, dc = plan_chunks(len(queries), n_docs, budget, batch_size)
-    plan = SearchPlan(doc_chunk=dc, memory_budget=budget, to_host=True)
+    plan = SearchPlan(doc_chunk=dc, memory_budget=budget, to_host=True, query_bits=query_bits)
 
     def launch(a: int, b: int, into: Sequence[torch.Tensor]) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
         part = queries if (a, b) == (0, len(queries)) else queries[a:b]

@@ -34,12 +34,16 @@ class SearchPlan:
     that turns its candidates' lower bounds into a bound the merged k-th score reaches (see
     :func:`gpusparse.engines.tiled.engine.tiled_search`); other engines ignore it.
     ``to_host``: the caller takes the results to the host (:func:`gpusparse.search.complete_later`),
-    so an engine may deliver them there itself (:attr:`BatchResult.host`)."""
+    so an engine may deliver them there itself (:attr:`BatchResult.host`). ``query_bits``: the
+    queries are not yet quantized like the index's documents; the engine quantizes them to that
+    many bits (:func:`gpusparse.quantize.quantize_queries`) before searching. Only for engines
+    that say so (:attr:`Engine.quantizes_queries`)."""
 
     doc_chunk: int
     memory_budget: int = DEFAULT_MEMORY_BUDGET
     cutoff: Callable[[torch.Tensor], torch.Tensor] | None = None
     to_host: bool = False
+    query_bits: int | None = None
 
 
 class HostDelivery(Protocol):
@@ -86,11 +90,14 @@ class Engine(Protocol):
     """A search engine: a way to compute one batch's exact top-k.
 
     ``name`` is what ``kernel=`` and ``--kernel`` accept; ``auto_rank`` orders the engines
-    ``kernel="auto"`` considers (the highest usable wins; 0: never chosen automatically).
+    ``kernel="auto"`` considers (the highest usable wins; 0: never chosen automatically);
+    ``quantizes_queries``: it takes a plan's unquantized queries (:attr:`SearchPlan.query_bits`)
+    and quantizes them itself (the tiled engine: on the device, in its CUDA graph).
     """
 
     name: ClassVar[str]
     auto_rank: ClassVar[int]
+    quantizes_queries: ClassVar[bool]
 
     def unavailable(self, device: torch.device, *, auto: bool = False) -> str | None:
         """``None`` when the engine can run on ``device``, else the reason (a sentence).

@@ -26,6 +26,7 @@ class ReferenceEngine:
 
     name: ClassVar[str] = "reference"
     auto_rank: ClassVar[int] = 10
+    quantizes_queries: ClassVar[bool] = False
 
     def unavailable(self, device: torch.device, *, auto: bool = False) -> str | None:
         """Always usable."""

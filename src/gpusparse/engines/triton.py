@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 class _TritonEngine:
     name: ClassVar[str]
     auto_rank: ClassVar[int]
+    quantizes_queries: ClassVar[bool] = False
 
     def unavailable(self, device: torch.device, *, auto: bool = False) -> str | None:
         """Why the kernel cannot run on ``device`` (``None``: it can). Automatically only on a

@@ -39,6 +39,7 @@ __all__ = [
     "kernel_key",
     "launch",
     "load_kernel",
+    "mapped_pointer",
     "pointer",
     "raw_stream",
     "source",
@@ -202,6 +203,20 @@ def copy_async(dst: torch.Tensor, src: torch.Tensor, stream: int) -> None:
         raise ValueError("copy_async needs two contiguous tensors of the same size in bytes")
     if nbytes:
         cp.cuda.runtime.memcpyAsync(dst.data_ptr(), src.data_ptr(), nbytes, cp.cuda.runtime.memcpyDefault, stream)
+
+
+def mapped_pointer(host: torch.Tensor) -> int | None:
+    """The device address of page-locked host memory ``host`` (a kernel then reads it across the
+    bus itself, with no copy before it), or ``None`` where it has none (not page-locked, or not
+    mapped into the device's address space)."""
+    import cupy as cp
+
+    try:
+        attributes = cp.cuda.runtime.pointerGetAttributes(host.data_ptr())
+    except Exception:  # CuPy's CUDARuntimeError, or a call CuPy lacks: no mapping
+        return None
+    address = int(getattr(attributes, "devicePointer", 0) or 0)
+    return address or None
 
 
 def raw_stream(device_index: int) -> int:

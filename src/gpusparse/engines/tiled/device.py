@@ -87,12 +87,14 @@ def _device_steps(
     n_sm: int,
     cutoff: Callable[[torch.Tensor], torch.Tensor] | None = None,
     redo: torch.Tensor | None = None,
+    terms32: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`device_search`'s device work, from tensors only (so that it can be captured);
-    ``redo``: rows flagged already (bool ``[B]``; written, and included in the flags returned)."""
+    ``redo``: rows flagged already (bool ``[B]``; written, and included in the flags returned);
+    ``terms32``: ``terms`` as int32 where the caller has them."""
     dev = layout.seg.device
     b = terms.shape[0]
-    terms32 = terms.to(torch.int32)
+    terms32 = terms.to(torch.int32) if terms32 is None else terms32
     q_scale = kernel_scale(layout, fp)
     plan = waves.wave_plan(layout.n_tiles, b, k, n_sm)
     cap = waves.initial_capacity(k, plan[0][1] if plan else 1)
@@ -171,7 +173,8 @@ def graphed_steps(
 
     def steps(inp):
         fp, lb, redo = fixed_point_device(index, inp["terms"], inp["weights"], acc, layout.weight_bits, step)
-        return _device_steps(index, layout, inp["terms"], inp["weights"], fp, lb, k, acc, int_weights, n_sm, redo=redo)
+        return _device_steps(index, layout, inp["terms"], inp["weights"], fp, lb, k, acc, int_weights, n_sm, redo=redo,
+                             terms32=inp["terms32"])  # fmt: skip
 
     key = (id(layout), k, acc, int_weights)
 

@@ -28,13 +28,14 @@ from ...layout.layout_only import LayoutOnly
 from ...layout.order import order_clusters
 from ...layout.postings import PostingLists
 from ...layout.tiled import AUTO, TiledIndex, default_layout, tiled_layout
-from ...queries import QueryBatch, batch_rows, longest_row, pad_into, query_batch
+from ...quantize import quantize_queries
+from ...queries import QueryBatch, batch_rows, query_batch
 from ..base import DEFAULT_MEMORY_BUDGET, POSTING_BYTES, BatchResult, SearchPlan, plan_chunks
 from ..reference import reference_search
 from .device import device_search, graphed_steps
 from .emulation import torch_tiled_candidates
 from .fixed_point import choose_acc, exact_margin, fixed_point, integer_weights, out_of_range
-from .graphs import HostBatch, query_width
+from .graphs import csr_batch, query_width
 from .layout_fallback import layout_reference_search
 from .ranking import rank_candidates
 from .waves import candidate_lows, candidates, compact_cuda, compact_torch
@@ -56,21 +57,35 @@ class TiledEngine:
             return "the tiled engine's CUDA kernel needs a CUDA device and CuPy (elsewhere it is an emulation)"
         return None
 
+    # Queries of a plan with ``query_bits`` arrive unquantized: a batch that replays a CUDA graph
+    # is quantized there, any other on the host first.
+    quantizes_queries: ClassVar[bool] = True
+
     def search_batch(self, index: PostingLists, queries: SparseCollection, k: int, plan: SearchPlan) -> BatchResult:
         """Exact top-``k`` of the batch, before the GPU path's host sync (see :func:`tiled_search`;
         a batch that replays a CUDA graph: :func:`graphed_batch_search`)."""
-        graphed = graphed_batch_search(index, queries, k, cutoff=plan.cutoff, to_host=plan.to_host)
+        bits = plan.query_bits or 0
+        graphed = graphed_batch_search(index, queries, k, cutoff=plan.cutoff, to_host=plan.to_host, bits=bits)
         if graphed is not None:
             return graphed
+        if bits:
+            queries = quantize_queries(queries, bits)
         return tiled_search(index, query_batch(queries, index.device), k, cutoff=plan.cutoff)
 
 
 def graphed_batch_search(
-    index: PostingLists, queries: SparseCollection, k: int, *, cutoff: Callable | None = None, to_host: bool = False
+    index: PostingLists,
+    queries: SparseCollection,
+    k: int,
+    *,
+    cutoff: Callable | None = None,
+    to_host: bool = False,
+    bits: int = 0,
 ) -> BatchResult | None:
     """:func:`tiled_search` of a batch on a GPU by the CUDA graph of its shape
-    (:func:`~.device.graphed_steps`), from the host arrays: the batch is laid out on the host
-    and moved by the graph's first copy; its fixed-point parameters are computed in the graph,
+    (:func:`~.device.graphed_steps`), from the host arrays: the batch's rows are copied as they
+    are into the graph's staging buffer, and its first kernel pads them on the device (and
+    quantizes them, with ``bits``); its fixed-point parameters are computed in the graph,
     whose one launch replays every device operation of the search. For batches of at most
     :attr:`~gpusparse.config.EngineConfig.graph_max_batch` queries (``cutoff`` then unused, as
     in :func:`~.device.device_search`), and for larger ones up to
@@ -82,7 +97,9 @@ def graphed_batch_search(
     the caller searches the general way. Flagged rows are searched again as
     :func:`tiled_search` does. ``to_host``: the results delivered to the host by the graph
     (:attr:`~gpusparse.engines.base.BatchResult.host`) where they are small enough
-    (:func:`~.graphs.graphed`), not as device tensors."""
+    (:func:`~.graphs.graphed`), not as device tensors. ``bits``: the queries are not yet
+    quantized; the graph quantizes them to that many bits
+    (:func:`gpusparse.quantize.quantize_queries`'s rule, on the device)."""
     dev = index.device
     b = len(queries)
     config = engine_config()
@@ -92,8 +109,9 @@ def graphed_batch_search(
     repeat = b <= config.graph_repeat_batch and cutoff is None and config.device_memory_limit is None
     if b > config.graph_max_batch and not repeat:
         return None
-    longest = longest_row(queries)
-    if b > config.graph_max_batch and not _seen_before(index, (b, query_width(longest), k)):
+    # the rows as they are: the graph's first kernel pads (and quantizes) them
+    host = csr_batch(queries.indptr, queries.indices, queries.values, bits)
+    if b > config.graph_max_batch and not _seen_before(index, (b, query_width(host.longest), k, bits)):
         return None
     acc = choose_acc(None)
     layout = layout_for_search(index, acc=acc)
@@ -103,14 +121,13 @@ def graphed_batch_search(
     # terms; a row where it does not (a query not prepared) is flagged in the graph.
     int_w = layout.quantized and acc == "u32"
     n_sm = _sm_count(cupy_launch.device_index(dev))
-    # the batch is written padded straight into the graph's staging buffer
-    host = HostBatch(b, longest, functools.partial(pad_into, queries))
     out = graphed_steps(index, layout, host, k, acc=acc, int_weights=int_w, n_sm=n_sm, to_host=to_host)
     if out is None:
         return None
 
     def again(rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = batch_rows(query_batch(queries, dev), rows, dev)
+        prepared = quantize_queries(queries, bits) if bits else queries
+        batch = batch_rows(query_batch(prepared, dev), rows, dev)
         return tiled_search(index, batch, k, general=True).resolved()
 
     if isinstance(out, tuple):

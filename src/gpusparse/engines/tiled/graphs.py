@@ -4,17 +4,20 @@ cross between host and device inside the graph.
 A small batch's search is mostly the host's work (the kernel over all tiles takes ~0.1-0.2 ms
 at 8.8M documents; each PyTorch call around it costs 5-15 µs of host time on an H200's host).
 A graph replays every device operation in one launch, and copies in it spare the host its own
-calls: the graph's first node copies a page-locked staging buffer (the padded terms and weights) to
-the device, and its last node copies the results (up to :data:`HOST_COPY_MAX_BYTES`; one copy where
-they lie in one buffer, as the search's do, else one each)
-into page-locked host buffers. Per batch the host writes the staging buffer, replays and records
-an event; the caller takes the results once the event has completed (:class:`HostResults`).
+calls. The host writes the batch's rows as they are (CSR: row pointers, terms, weights) into a
+page-locked staging buffer; the graph's first kernel (:func:`~gpusparse.kernels.query_rows.query_rows`)
+reads them from there (mapped host memory; where the memory is not mapped, a copy node brings
+the buffer over first), pads the rows and, for a quantized index, quantizes their weights; its
+last node copies the results (up to :data:`HOST_COPY_MAX_BYTES`; one copy where they lie in one
+buffer, as the search's do, else one each) into page-locked host buffers. Per batch the host
+copies the rows into the staging buffer, replays and records an event; the caller takes the
+results once the event has completed (:class:`HostResults`).
 
 Each shape keeps up to two captures ("slots") in one memory pool, used in turn: a batch is
 launched while the one before is still running, or its results not yet taken (Index.search
 pipelines two batches). A slot is written again only once its replay has completed and its
 results are taken (or, with both slots busy, copied out of the way first). The two captures
-share their input buffer and intermediates: their replays must be ordered, i.e. on one stream
+share their intermediates: their replays must be ordered, i.e. on one stream
 (as every search of an index is; a search is not to run from two threads at once).
 """
 
@@ -28,12 +31,11 @@ import numpy as np
 import torch
 
 from ...config import engine_config
-from ...kernels.cupy_launch import StreamEvent, copy_async, raw_stream
+from ...kernels.cupy_launch import StreamEvent, copy_async, mapped_pointer, raw_stream
+from ...kernels.query_rows import csr_fields, query_rows
 from ...streams import capture_stream, collection_held
 
 Steps = Callable[[Mapping[str, torch.Tensor]], tuple[torch.Tensor, ...]]
-# (name, numpy dtype, what a row's unused slots hold) of each input, [B, width]
-INPUTS: tuple[tuple[str, type, int], ...] = (("terms", np.int64, -1), ("weights", np.float32, 0))
 SLOTS = 2  # captures per shape: a batch in flight while the next is launched
 # Results up to this size are copied to the host inside the graph. Larger ones (batch 256 at
 # top-1000: 3 MB) go the general way, on a side stream after the replay: in the graph their copy
@@ -45,22 +47,6 @@ def query_width(t: int) -> int:
     """The graph's query width for a batch padded to ``t`` terms: a power of two, at least 8,
     so that few shapes occur."""
     return max(8, 1 << max(t - 1, 0).bit_length())
-
-
-def _fields(specs: list[tuple[str, np.dtype, tuple[int, ...]]]) -> tuple[dict, int]:
-    """Byte offsets of ``(name, dtype, shape)`` fields laid out one after the other, each
-    8-byte aligned (so every view is legal); and the total size."""
-    out, total = {}, 0
-    for name, dtype, shape in specs:
-        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-        out[name] = (total, nbytes, np.dtype(dtype), shape)
-        total += -(-nbytes // 8) * 8
-    return out, max(total, 8)
-
-
-def _torch_view(buf: torch.Tensor, spec: tuple) -> torch.Tensor:
-    start, nbytes, dtype, shape = spec
-    return buf[start : start + nbytes].view(torch.from_numpy(np.zeros(0, dtype)).dtype).view(shape)
 
 
 def _numpy_view(buf: np.ndarray, spec: tuple) -> np.ndarray:
@@ -83,10 +69,16 @@ class HostResults:
         slot = self._slot
         if slot is not None:
             slot.done.synchronize()
-            self._taken = [
-                into[i].copy_(h) if i < len(into) and into[i] is not None else h.clone()
-                for i, h in enumerate(slot.host_out)
-            ]
+            if slot.host_base is not None and not any(t is not None for t in into):
+                # one buffer: one copy, and views of it (a copy each cost ~3 µs of host time more)
+                base = slot.host_base.clone()
+                at = slot.host_base.data_ptr()
+                self._taken = [_view_at(base, h.data_ptr() - at, h) for h in slot.host_out]
+            else:
+                self._taken = [
+                    into[i].copy_(h) if i < len(into) and into[i] is not None else h.clone()
+                    for i, h in enumerate(slot.host_out)
+                ]
             slot.pending, self._slot = None, None
             return tuple(self._taken)
         out = list(self._taken)  # taken before (copied out of the slot's way)
@@ -107,6 +99,7 @@ class _Slot:
     out_views: list[torch.Tensor]  # rewritten by each replay
     host_out: list[torch.Tensor]  # page-locked (one buffer's views where packed), graph-written (none: too large)
     done: StreamEvent  # recorded after each replay
+    host_base: torch.Tensor | None = None  # the page-locked buffer host_out are views of (packed outputs)
     pending: HostResults | None = None  # results in host_out not yet taken
     last: int = 0  # when it was last replayed (the entry's count)
 
@@ -134,13 +127,22 @@ class _Slot:
 
 @dataclass
 class GraphEntry:
-    """A shape's captures (up to :data:`SLOTS`, one memory pool) and the device input buffer
-    that each slot's graph fills from its staging buffer."""
+    """A shape's captures (up to :data:`SLOTS`, one memory pool): ``rows`` queries of at most
+    ``width`` terms, staged as :func:`~gpusparse.kernels.query_rows.csr_fields` ``(rows, cap)``
+    lays them out (``inputs``: each field's spec), quantized on the device to ``bits`` (0: not).
+    ``dev_in``: the device buffer the slots' graphs copy their staging buffers into, made only
+    where a staging buffer is not mapped into the device's address space."""
 
-    inputs: dict  # name -> field spec of dev_in (and of each staging buffer)
-    dev_in: torch.Tensor  # uint8
+    rows: int
+    width: int
+    cap: int
+    bits: int
+    inputs: dict  # name -> field spec in each staging buffer
+    size: int  # a staging buffer's bytes
+    device: torch.device
     device_index: int
     pool: tuple
+    dev_in: torch.Tensor | None = None  # uint8
     slots: list[_Slot] = field(default_factory=list)
     room: int = SLOTS  # the captures it may hold (lowered to those it has when one fails)
     nbytes: int = 0  # device bytes it holds (estimated): the cache's bound
@@ -171,33 +173,42 @@ class GraphEntry:
         return tuple(x.clone() for x in slot.out_views)
 
 
-def _fill(views: Mapping[str, np.ndarray], terms: np.ndarray, weights: np.ndarray) -> None:
-    """The padded batch into the views, its rows padded further to the views' width."""
-    for (name, _, pad), src in zip(INPUTS, (terms, weights), strict=True):
-        view = views[name]
-        if src.shape[1] == view.shape[1]:
-            view[...] = src
-        else:
-            view.fill(pad)
-            view[:, : src.shape[1]] = src
-
-
 @dataclass(frozen=True)
 class HostBatch:
-    """A batch for :func:`graphed`: ``rows`` queries, the longest of ``longest`` terms, and
-    ``fill(terms, weights)``, which writes it padded into a staging buffer's int64 terms and
-    float32 weights ``[rows, width]`` (``width`` at least ``longest``; ``-1`` and ``0`` after each
-    row's end)."""
+    """A batch for :func:`graphed`: ``rows`` queries of ``nnz`` terms in all, the longest of
+    ``longest``, whose weights the graph quantizes to ``bits`` (0: used as they are; see
+    :func:`~gpusparse.kernels.query_rows.query_rows`), and ``fill(indptr, indices, values)``,
+    which writes its rows into a staging buffer's views: int32 row pointers ``[rows + 1]``
+    from 0, int32 terms and float32 weights (``nnz`` of them, at the views' start)."""
 
     rows: int
     longest: int
-    fill: Callable[[np.ndarray, np.ndarray], None]
+    nnz: int
+    bits: int
+    fill: Callable[[np.ndarray, np.ndarray, np.ndarray], None]
+
+
+def csr_batch(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, bits: int = 0) -> HostBatch:
+    """A :class:`HostBatch` of canonical rows (``indptr`` int64, from any start; ``indices``
+    int32; ``values`` float32, > 0), copied as they are into the staging buffer."""
+    rows, nnz = len(indptr) - 1, int(indptr[-1] - indptr[0])
+    longest = int((indptr[1:] - indptr[:-1]).max()) if rows > 0 else 0
+
+    def fill(ptr: np.ndarray, ind: np.ndarray, val: np.ndarray) -> None:
+        np.subtract(indptr, indptr[0], out=ptr, casting="unsafe")
+        ind[:nnz] = indices
+        val[:nnz] = values
+
+    return HostBatch(rows, longest, nnz, bits, fill)
 
 
 def padded_batch(terms: np.ndarray, weights: np.ndarray) -> HostBatch:
-    """A :class:`HostBatch` of a batch already padded on the host (int64 ``terms`` and float32
-    ``weights`` ``[B, t]``), copied into the staging buffer."""
-    return HostBatch(terms.shape[0], terms.shape[1], lambda t, w: _fill({"terms": t, "weights": w}, terms, weights))
+    """A :class:`HostBatch` of a batch padded on the host (int64 ``terms``, ``-1`` after each
+    row's end, and float32 ``weights`` ``[B, t]``), its rows taken back out of the padding."""
+    real = terms >= 0  # padding sits at the end of each row: row-major order is CSR order
+    indptr = np.zeros(terms.shape[0] + 1, dtype=np.int64)
+    np.cumsum(real.sum(1), out=indptr[1:])
+    return csr_batch(indptr, terms[real].astype(np.int32), weights[real].astype(np.float32, copy=False))
 
 
 def graphed(
@@ -218,16 +229,19 @@ def graphed(
     :data:`HOST_COPY_MAX_BYTES` and results use page-locked memory
     (:attr:`~gpusparse.config.EngineConfig.pinned_results`); otherwise, a copy of each on the device.
 
-    ``batch`` writes the padded batch into the graph's staging buffer (:class:`HostBatch`):
-    ``steps`` reads it from the tensors it is given, ``terms`` (int64) and ``weights`` (float32)
-    ``[B, width]``, the query width padded (:func:`query_width` of the longest row).
+    ``batch`` writes its rows into the graph's staging buffer (:class:`HostBatch`; room for
+    ``B · width`` terms); ``steps`` reads the batch padded (and quantized to ``batch.bits``) from
+    the tensors it is given, ``terms`` (int64), ``weights`` (float32) and ``terms32`` (the terms
+    as int32) ``[B, width]``, the query
+    width padded (:func:`query_width` of the longest row), which the graph's first kernel writes
+    (:func:`~gpusparse.kernels.query_rows.query_rows`).
     ``nbytes()``: the device bytes the steps allocate (their buffers stay with the graph;
     asked only before a capture); the cache holds at most
     :attr:`~gpusparse.config.EngineConfig.graph_cache_bytes` of them, and a graph larger than
     that is not captured.
     """
     b, width = batch.rows, query_width(batch.longest)
-    full_key = (*key, b, width)
+    full_key = (*key, b, width, batch.bits)
     entry = cache.get(full_key)
     if entry is False:
         return None
@@ -236,10 +250,11 @@ def graphed(
         held = nbytes()
         if held > config.graph_cache_bytes:
             return None
-        inputs, size = _fields([(n, d, (b, width)) for n, d, _ in INPUTS])
-        dev_in = torch.empty(size, dtype=torch.uint8, device=device)
-        entry = GraphEntry(inputs, dev_in, dev_in.device.index, torch.cuda.graph_pool_handle())
-        entry.nbytes = held + size
+        inputs, size = csr_fields(b, b * width)
+        dev = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+        pool = torch.cuda.graph_pool_handle()
+        entry = GraphEntry(b, width, b * width, batch.bits, inputs, size, dev, dev.index, pool)
+        entry.nbytes = held + size  # with the device copy of the staging buffer, where one is needed
         cache[full_key] = entry
         while len(cache) > config.graph_cache or _bytes(cache) > config.graph_cache_bytes:
             cache.popitem(last=False)
@@ -261,7 +276,7 @@ def graphed(
         entry.room = len(entry.slots)  # a second one (memory, say): the first slot serves alone
         slot = entry.slot()
     if captured is None:
-        batch.fill(slot.views["terms"], slot.views["weights"])  # type: ignore[union-attr]
+        batch.fill(slot.views["indptr"], slot.views["indices"], slot.views["values"])  # type: ignore[union-attr]
     return entry.run(slot, to_host and config.pinned_results)  # type: ignore[arg-type]
 
 
@@ -296,12 +311,22 @@ def _bytes(cache: Mapping) -> int:
 def _capture(entry: GraphEntry, steps: Steps, batch: HostBatch) -> _Slot | None:
     """A new slot of ``entry``, its staging buffer holding this batch (the caller replays it:
     a capture runs nothing); ``None`` where capture is unsupported here."""
-    dev = entry.dev_in.device
-    size = entry.dev_in.numel()
-    staging = torch.empty(size, dtype=torch.uint8, pin_memory=True)
+    dev = entry.device
+    staging = torch.empty(entry.size, dtype=torch.uint8, pin_memory=True)
     views = {n: _numpy_view(staging.numpy(), spec) for n, spec in entry.inputs.items()}
-    batch.fill(views["terms"], views["weights"])
-    inputs = {n: _torch_view(entry.dev_in, spec) for n, spec in entry.inputs.items()}
+    batch.fill(views["indptr"], views["indices"], views["values"])
+    # the first kernel reads the rows where the host wrote them, else from a copy made first
+    mapped = mapped_pointer(staging)
+    if mapped is None and entry.dev_in is None:
+        entry.dev_in = torch.empty(entry.size, dtype=torch.uint8, device=dev)
+    source = mapped if mapped is not None else entry.dev_in
+
+    def padded() -> dict[str, torch.Tensor]:
+        if mapped is None:
+            copy_async(entry.dev_in, staging, side.cuda_stream)  # type: ignore[arg-type]
+        terms, weights, terms32 = query_rows(source, entry.rows, entry.cap, entry.width, entry.bits, device=dev)  # type: ignore[arg-type]
+        return {"terms": terms, "weights": weights, "terms32": terms32}
+
     current = torch.cuda.current_stream(dev)
     side = capture_stream(dev)
     try:
@@ -310,8 +335,7 @@ def _capture(entry: GraphEntry, steps: Steps, batch: HostBatch) -> _Slot | None:
         with collection_held():
             side.wait_stream(current)
             with torch.cuda.stream(side):  # warm up: kernels compiled, allocations made, output shapes known
-                copy_async(entry.dev_in, staging, side.cuda_stream)
-                outs = steps(inputs)
+                outs = steps(padded())
             small = sum(o.numel() * o.element_size() for o in outs) <= HOST_COPY_MAX_BYTES
             packed = _packed(outs)
             if not small:
@@ -326,8 +350,7 @@ def _capture(entry: GraphEntry, steps: Steps, batch: HostBatch) -> _Slot | None:
             # thread_local: another thread's CUDA calls meanwhile (an encoder's tokenising thread
             # allocating pinned memory) are no part of this capture and must not void it
             with torch.cuda.graph(graph, pool=entry.pool, stream=side, capture_error_mode="thread_local"):
-                copy_async(entry.dev_in, staging, side.cuda_stream)
-                out_views = list(steps(inputs))
+                out_views = list(steps(padded()))
                 if host_base is not None:
                     again = _packed(out_views)
                     if again is None or again[1] != packed[1]:  # type: ignore[index]
@@ -340,4 +363,4 @@ def _capture(entry: GraphEntry, steps: Steps, batch: HostBatch) -> _Slot | None:
         torch.cuda.set_stream(current)  # a failed capture leaves its stream current
         torch.cuda.synchronize(dev)
         return None
-    return _Slot(graph, staging, views, out_views, host_out, StreamEvent(entry.device_index))
+    return _Slot(graph, staging, views, out_views, host_out, StreamEvent(entry.device_index), host_base)
