@@ -87,11 +87,10 @@ def prepare_queries_deferred(
         return prepare_queries(queries, vocab, quantization, max_scores, largest), None
     q = as_queries(queries, vocab)
     values = q.values
-    if largest is None:
-        largest = float(np.asarray(max_scores).max(initial=0.0))
+    largest = _largest(max_scores, largest)
     if values.size:
         top = 2.0 * float(values.max())
-        if not (top <= F32_MAX and top * largest * values.size <= 2.0**100):
+        if not (top <= F32_MAX and _bound_proven(top, largest, values.size)):
             q = quantize_queries(q, quantization.bits)
             check_score_bound(q, max_scores, largest)
             return q, None
@@ -106,6 +105,20 @@ def score_bounds(queries: SparseCollection, max_scores: np.ndarray) -> np.ndarra
     return np.bincount(rows, weights=products, minlength=len(queries)).astype(np.float64)
 
 
+def _largest(max_scores: np.ndarray, largest: float | None) -> float:
+    """``largest`` where the caller keeps it, else ``max_scores``' maximum (a pass over the vocabulary)."""
+    return float(np.asarray(max_scores).max(initial=0.0)) if largest is None else largest
+
+
+def _bound_proven(max_weight: float, largest: float, nnz: int) -> bool:
+    """:func:`check_score_bound`'s proof, from two reductions: every bound is at most
+    ``nnz · max w_q · max max_scores`` (over all terms: no gather of the queries' own); at most
+    2**100 (float64 rounding aside, below 2**-40 relative here) a bound widened by
+    ``(n + 1) · 2⁻²³`` (n < 2**40) stays below 2**120 < F32_MAX: nothing to refuse, the exact
+    sums would find the same. SPLADE's largest are ~1e4."""
+    return max_weight * largest * nnz <= 2.0**100
+
+
 def check_score_bound(queries: SparseCollection, max_scores: np.ndarray, largest: float | None = None) -> None:
     """Refuse (:class:`InputError`, naming the first query) a query whose score bound
     (:func:`score_bounds`) reaches float32's largest value: a document could score ``inf``.
@@ -118,14 +131,7 @@ def check_score_bound(queries: SparseCollection, max_scores: np.ndarray, largest
     values = queries.values
     if not values.size:
         return
-    # A proof first, from two reductions: every bound is at most nnz · max w_q · max
-    # max_scores (over all terms: no gather of the queries' own); at most 2**100 (float64
-    # rounding aside, below 2**-40 relative here) a bound widened by (n + 1) · 2⁻²³ (n < 2**40)
-    # stays below 2**120 < F32_MAX: nothing to refuse, the sums below would find the same.
-    # SPLADE's largest are ~1e4.
-    if largest is None:
-        largest = float(np.asarray(max_scores).max(initial=0.0))
-    if float(values.max()) * largest * values.size <= 2.0**100:
+    if _bound_proven(float(values.max()), _largest(max_scores, largest), values.size):
         return
     bounds = score_bounds(queries, max_scores)
     lengths = np.diff(queries.indptr)
