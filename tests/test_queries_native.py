@@ -16,7 +16,7 @@ import scipy.sparse as sp
 
 from gpusparse import SparseCollection, Vocabulary, queries_native
 from gpusparse.quantize import quantize_queries
-from gpusparse.queries import pad_into, padded_host
+from gpusparse.queries import _pad, padded_host
 
 native = pytest.mark.skipif(
     not queries_native.NATIVE,
@@ -91,11 +91,11 @@ def test_native_padding_equals_numpys_over_poisoned_buffers(rng, monkeypatch):
         for width in {longest, longest + 3}:
             got = (np.full((n, width), 7777, np.int64), np.full((n, width), np.nan, np.float32))
             want = (np.full((n, width), -5, np.int64), np.full((n, width), np.inf, np.float32))
-            pad_into(queries, *got)
+            _pad(queries.indptr, queries.indices, queries.values, *got)
             with monkeypatch.context() as mp:
                 mp.setattr(queries_native, "_native", None)
                 mp.setattr(queries_native, "_warned", True)
-                pad_into(queries, *want)
+                _pad(queries.indptr, queries.indices, queries.values, *want)
                 numpy_padded = padded_host(queries)
             for g, w in zip(got, want, strict=True):
                 np.testing.assert_array_equal(g, w)

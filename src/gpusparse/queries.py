@@ -221,18 +221,6 @@ def padded_host(
     return _padded(queries.indptr, queries.indices, queries.values, width)
 
 
-def longest_row(queries: SparseCollection) -> int:
-    """The number of terms of the batch's longest query (0 for none)."""
-    indptr = queries.indptr
-    return int((indptr[1:] - indptr[:-1]).max()) if len(indptr) > 1 else 0
-
-
-def pad_into(queries: SparseCollection, terms: np.ndarray, weights: np.ndarray) -> None:
-    """:func:`padded_host` into given C-contiguous arrays, int64 ``terms`` and float32
-    ``weights`` ``[B, W]`` with ``W`` at least the longest row (a CUDA graph's staging buffer)."""
-    _pad(queries.indptr, queries.indices, queries.values, terms, weights)
-
-
 def _padded(
     indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, widen: Callable[[int], int] | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -1,7 +1,7 @@
 """A query batch's rows padded (and quantized) on the device (``cuda/query_rows.cu``).
 
 The tiled engine's CUDA graph reads a batch as padded ``[B, W]`` terms and weights. Laying it
-out on the host (:func:`gpusparse.queries.pad_into`, after :func:`gpusparse.quantize.quantize_queries`
+out on the host (:func:`gpusparse.queries.padded_host`'s padding, after :func:`gpusparse.quantize.quantize_queries`
 for a quantized index) took ~50 µs of an H200 host's time at batch 256 before each launch, and
 its copy moved the padding too; from the rows (CSR) the host only copies the batch's terms and
 weights, and this kernel, the graph's first, does the rest.
