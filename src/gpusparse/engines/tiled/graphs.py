@@ -130,7 +130,6 @@ class GraphEntry:
 
     rows: int
     width: int
-    cap: int
     bits: int
     inputs: dict  # name -> field spec in each staging buffer
     size: int  # a staging buffer's bytes
@@ -142,6 +141,11 @@ class GraphEntry:
     room: int = SLOTS  # the captures it may hold (lowered to those it has when one fails)
     nbytes: int = 0  # device bytes it holds (estimated): the cache's bound
     count: int = 0
+
+    @property
+    def cap(self) -> int:
+        """Terms a staging buffer holds: every row may be ``width`` long."""
+        return self.rows * self.width
 
     def slot(self) -> _Slot | None:
         """A slot to write: an idle one (least recently used first), else ``None`` while another
@@ -248,7 +252,7 @@ def graphed(
         inputs, size = csr_fields(b, b * width)
         dev = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
         pool = torch.cuda.graph_pool_handle()
-        entry = GraphEntry(b, width, b * width, batch.bits, inputs, size, dev, dev.index, pool)
+        entry = GraphEntry(b, width, batch.bits, inputs, size, dev, dev.index, pool)
         entry.nbytes = held + size  # with the device copy of the staging buffer, where one is needed
         cache[full_key] = entry
         while len(cache) > config.graph_cache or _bytes(cache) > config.graph_cache_bytes:
