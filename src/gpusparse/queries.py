@@ -206,10 +206,17 @@ def query_batch(queries: SparseCollection, device: torch.device) -> QueryBatch:
 def batch_rows(batch: QueryBatch, rows: np.ndarray, device: torch.device) -> QueryBatch:
     """The queries ``rows`` of ``batch`` as a batch of their own (from its host arrays)."""
     terms, weights, lengths = (a[rows] for a in batch.host_arrays())
-    indptr = np.zeros(len(rows) + 1, dtype=np.int64)
+    return _batch_from_csr(*unpadded(terms, weights, lengths), device)
+
+
+def unpadded(terms: np.ndarray, weights: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Padded rows (``terms`` / ``weights`` ``[B, W]``, ``-1`` after each row's ``lengths``
+    terms, as :func:`padded_host` lays them out) back as CSR: int64 row pointers from 0, the
+    rows' terms and weights (their dtypes kept)."""
+    indptr = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=indptr[1:])
     valid = terms >= 0  # padding sits at the end of each row: row-major order is CSR order
-    return _batch_from_csr(indptr, terms[valid], weights[valid], device)
+    return indptr, terms[valid], weights[valid]
 
 
 def padded_host(

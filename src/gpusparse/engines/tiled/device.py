@@ -65,9 +65,8 @@ def device_search(
     terms, weights = batch.padded_terms, batch.padded_weights
     if terms.shape[0] <= engine_config().graph_max_batch:
         cutoff = None
-        host_terms, host_weights, _ = batch.host_arrays()
-        out = graphed_steps(index, layout, padded_batch(host_terms, host_weights), k, acc=acc,
-                            int_weights=int_weights, n_sm=n_sm)  # fmt: skip
+        out = graphed_steps(index, layout, padded_batch(*batch.host_arrays()), k, acc=acc, int_weights=int_weights,
+                            n_sm=n_sm)  # fmt: skip
         if out is not None:
             return out  # type: ignore[return-value]
     return _device_steps(index, layout, terms.contiguous(), weights.contiguous(), fp, lb, k, acc, int_weights, n_sm,

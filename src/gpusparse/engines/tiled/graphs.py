@@ -33,6 +33,7 @@ import torch
 from ...config import engine_config
 from ...kernels.cupy_launch import StreamEvent, copy_async, mapped_pointer, raw_stream
 from ...kernels.query_rows import csr_fields, query_rows
+from ...queries import unpadded
 from ...streams import capture_stream, collection_held
 
 Steps = Callable[[Mapping[str, torch.Tensor]], tuple[torch.Tensor, ...]]
@@ -201,13 +202,12 @@ def csr_batch(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, bits:
     return HostBatch(rows, longest, nnz, bits, fill)
 
 
-def padded_batch(terms: np.ndarray, weights: np.ndarray) -> HostBatch:
+def padded_batch(terms: np.ndarray, weights: np.ndarray, lengths: np.ndarray) -> HostBatch:
     """A :class:`HostBatch` of a batch padded on the host (int64 ``terms``, ``-1`` after each
-    row's end, and float32 ``weights`` ``[B, t]``), its rows taken back out of the padding."""
-    real = terms >= 0  # padding sits at the end of each row: row-major order is CSR order
-    indptr = np.zeros(terms.shape[0] + 1, dtype=np.int64)
-    np.cumsum(real.sum(1), out=indptr[1:])
-    return csr_batch(indptr, terms[real].astype(np.int32), weights[real].astype(np.float32, copy=False))
+    row's ``lengths`` terms, and float32 ``weights`` ``[B, t]``: a
+    :class:`~gpusparse.queries.QueryBatch`'s host arrays), its rows taken back out of the padding."""
+    indptr, indices, values = unpadded(terms, weights, lengths)
+    return csr_batch(indptr, indices.astype(np.int32), values.astype(np.float32, copy=False))
 
 
 def graphed(
