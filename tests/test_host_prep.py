@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 from gpusparse import Index, SparseCollection, Vocabulary
+from gpusparse.config import engine_config, override_config
+from gpusparse.engines.tiled import engine as engine_mod
 from gpusparse.engines.tiled.engine import layout_for_search
 from gpusparse.engines.tiled.fixed_point import (
     FIXED_MAX_DELTA,
@@ -299,3 +301,28 @@ def test_steps_are_exact_at_the_boundaries(bits):
     np.testing.assert_array_equal(got, old_steps(m, bits))
     np.testing.assert_array_equal(got, [power_of_two_step(float(x), bits) for x in m])
     assert (m / got <= top).all() and (m / (got / 2) > top).all()
+
+
+def test_the_layout_a_search_resolves_to_follows_the_settings():
+    """layout_for_search keeps its answer per arguments and settings: the same layout while the
+    settings stand, the one the new settings resolve to under override_config (and the first
+    again after the block), and nothing kept once the index's derived state is reset."""
+    rng = np.random.default_rng(3)
+    index = random_index(rng, "splade", None)
+
+    def resolved(**kw):  # without the kept answers
+        return engine_mod._layout_for_search(index, engine_config(), None, "auto", "u32", None, True, **kw)
+
+    first = layout_for_search(index, acc="u32")
+    assert layout_for_search(index, acc="u32") is first is resolved()
+    for change in ({"dense_min": 0.3}, {"fixed_point": False}, {"dense_min": None}):
+        with override_config(**change):
+            other = layout_for_search(index, acc="u32")
+            assert other is not first and other is resolved() and layout_for_search(index, acc="u32") is other
+        assert layout_for_search(index, acc="u32") is first
+    assert layout_for_search(index, acc="u32", forward=False) is first  # a CPU: no forward copy either way
+    assert layout_for_search(index, tile_bits=first.tile_bits - 1, acc="u32").tile_bits == first.tile_bits - 1
+    index.derived.reset()
+    assert not index.derived.chosen and not index.derived.layouts
+    again = layout_for_search(index, acc="u32")
+    assert again is not first and again is resolved()

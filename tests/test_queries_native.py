@@ -1,6 +1,8 @@
 """The queries' C passes (gpusparse._queries_native) against their numpy paths: the same
-quantized rows (levels of each row's power-of-two step, half to even, zero levels dropped) and
-the same padded layout (written over poisoned buffers), on random rows of every magnitude;
+quantized rows (levels of each row's power-of-two step, half to even, zero levels dropped), the
+same padded layout (written over poisoned buffers), and the same staged CUDA-graph batch (the
+longest row; row pointers, terms and weights copied into poisoned views), on random rows of every
+magnitude;
 their refusals of inconsistent arrays; the warning when the module is missing. Without the
 built module these tests skip (but for the warning's); ``make test`` builds it, and sets
 GPUSPARSE_REQUIRE_NATIVE=1 so that a missing module fails there."""
@@ -15,6 +17,7 @@ import pytest
 import scipy.sparse as sp
 
 from gpusparse import SparseCollection, Vocabulary, queries_native
+from gpusparse.engines.tiled.graphs import csr_batch
 from gpusparse.quantize import quantize_queries
 from gpusparse.queries import _pad, padded_host
 
@@ -137,3 +140,57 @@ def test_a_missing_module_warns_once_and_takes_numpy(rng, monkeypatch):
         warnings.simplefilter("error")
         padded_host(queries)  # said once already
     assert queries_native.quantized_rows(queries.indptr, queries.indices, queries.values, 8) is None
+
+
+def _staged(batch, n: int, room: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``batch.fill`` into poisoned views of a staging buffer with room for ``room`` terms."""
+    ptr = np.full(n + 1, -7, np.int32)
+    ind, val = np.full(room, -7, np.int32), np.full(room, np.nan, np.float32)
+    batch.fill(ptr, ind, val)
+    return ptr, ind, val
+
+
+@native
+@pytest.mark.parametrize("start", [0, 5])
+def test_staged_batch_same_both_ways(rng, monkeypatch, start):
+    """A CUDA graph's batch (:func:`csr_batch`): the longest row and the staged rows by the C passes
+    equal numpy's, for row pointers that start past 0 too."""
+    for n in (1, 7, 64, 300):
+        q = _rows(rng, n, spread=3)
+        lengths, indptr = np.diff(q.indptr), q.indptr + start
+        got = csr_batch(indptr, q.indices, q.values, 8)
+        with monkeypatch.context() as mp:
+            mp.setattr(queries_native, "_native", None)
+            mp.setattr(queries_native, "_warned", True)
+            want = csr_batch(indptr, q.indices, q.values, 8)
+            staged_numpy = _staged(want, n, want.nnz + 9)
+        assert got.longest == want.longest == int(lengths.max()) and got.nnz == want.nnz == int(lengths.sum())
+        staged = _staged(got, n, got.nnz + 9)
+        for g, w in zip(staged, staged_numpy, strict=True):
+            np.testing.assert_array_equal(g, w)
+        np.testing.assert_array_equal(staged[0], np.concatenate([[0], np.cumsum(lengths)]))
+        np.testing.assert_array_equal(staged[1][: got.nnz], q.indices)
+        np.testing.assert_array_equal(staged[2][: got.nnz], q.values)
+        assert (staged[1][got.nnz :] == -7).all() and np.isnan(staged[2][got.nnz :]).all()  # past the terms: untouched
+
+
+@native
+def test_staging_passes_refuse_inconsistent_arrays():
+    ptr = np.array([0, 2, 5], np.int64)
+    ind, val = np.arange(5, dtype=np.int32), np.ones(5, np.float32)
+    assert queries_native.longest_row(ptr) == 3 and queries_native.longest_row(np.array([4], np.int64)) == 0
+    with pytest.raises(ValueError, match="must not decrease"):
+        queries_native.longest_row(np.array([0, 3, 2, 5]))
+    with pytest.raises(ValueError, match="at least one entry"):
+        queries_native.longest_row(np.array([], np.int64))
+    out_ptr, out_ind, out_val = np.empty(3, np.int32), np.empty(5, np.int32), np.empty(5, np.float32)
+    with pytest.raises(ValueError, match="no room"):
+        queries_native.stage_rows(ptr, ind, val, out_ptr, out_ind[:4], out_val)
+    with pytest.raises(ValueError, match="rows \\+ 1"):
+        queries_native.stage_rows(ptr, ind, val, out_ptr[:2], out_ind, out_val)
+    with pytest.raises(ValueError, match="does not end"):
+        queries_native.stage_rows(np.array([0, 2, 4]), ind, val, out_ptr, out_ind, out_val)
+    with pytest.raises(ValueError, match="must not decrease"):
+        queries_native.stage_rows(np.array([0, 3, 2, 5]), ind, val, np.empty(4, np.int32), out_ind, out_val)
+    assert queries_native.stage_rows(ptr, ind, val, out_ptr, out_ind, out_val)
+    assert out_ptr.tolist() == [0, 2, 5] and out_ind.tolist() == [0, 1, 2, 3, 4] and out_val.tolist() == [1] * 5

@@ -123,6 +123,39 @@ def test_unmapped_staging_is_copied_to_the_device_first(rng, monkeypatch):
     np.testing.assert_array_equal(res.scores.numpy(), ref_s)
 
 
+@pytest.mark.gpu
+def test_graphs_launch_through_the_runtime_or_by_replay_alike(rng, monkeypatch):
+    """A slot launches its graph by PyTorch's executable graph and the runtime's cudaGraphLaunch
+    where both exist (torch and CuPy here: they do), else by CUDAGraph.replay (forced): every
+    launch counted, each way exact against the float64 reference."""
+    require_cuda_kernels()
+    import cupy
+
+    assert hasattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec") and hasattr(cupy.cuda.runtime, "graphLaunch")
+    docs = random_collection(rng, 20_000, 300, 30)
+    index = Index.build(docs, device="cuda", quantize=8)
+    replays = []
+    real_replay = torch.cuda.CUDAGraph.replay
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", lambda self: replays.append(1) or real_replay(self))
+    slots: list = []
+    for forced in (False, True):
+        queries = random_collection(rng, 6, 300, 10)
+        if forced:
+            for slot in slots:
+                monkeypatch.setattr(slot.launch, "_exec", 0)
+        with graph_outcomes() as calls:
+            res = index.search(queries, 30, batch_size=2)
+            if not forced:
+                slots += [s for e in index.derived.graphs.values() if e for s in e.slots]
+                assert slots and all(s.launch._exec for s in slots)
+        assert calls and all(calls)
+        ref_s, ref_i = reference_topk(dense_scores(docs_q(index, docs), quantize_queries(queries, 8)), 30)
+        np.testing.assert_array_equal(res.ids.numpy(), ref_i)
+        np.testing.assert_array_equal(res.scores.numpy(), ref_s)
+        assert (len(replays) > 0) == forced  # the first round's graphs all went through the runtime
+        replays.clear()
+
+
 def docs_q(index: Index, docs):
     """The documents as the quantized index stores them (level times step)."""
     from gpusparse.quantize import quantize_collection
@@ -269,7 +302,7 @@ def test_a_slot_waits_for_its_last_replay_before_its_buffers_go():
         def query(self):
             return True
 
-    slot = _Slot(None, staging, {}, [], [], Event())  # type: ignore[arg-type]
+    slot = _Slot(None, staging, {}, [], [], Event(), None)  # type: ignore[arg-type]
     del staging
     assert alive() is not None
     del slot

@@ -6,8 +6,10 @@
  * rounded half to even to a level, level * step stored as float32, terms of level 0 dropped
  * (level * step is a float32 exactly: 0 only for level 0). pad() lays rows out as the
  * tiled engine's CUDA graph reads a batch: int64 terms (-1 after a row's end) and float32
- * weights (0 there), [rows, width]. Each is one pass in C instead of a dozen numpy calls: a
- * batch's host time before its launch is on a single batch's latency.
+ * weights (0 there), [rows, width]. longest() and stage() serve a CUDA graph's batch: its
+ * longest row (the graph's width) and its rows copied as they are into the graph's staging
+ * buffer. Each is one pass in C instead of several numpy calls: a batch's host time before its
+ * launch is on a single batch's latency.
  *
  * Limited API (abi3, CPython 3.11+): one binary for every later CPython. The passes run
  * without the GIL.
@@ -187,8 +189,82 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(longest_doc, "longest(indptr)\n--\n\n"
+                          "The most terms of a row (indptr int64, rising): max(indptr[r + 1] - indptr[r]), 0 for no "
+                          "rows.");
+
+static PyObject *longest(PyObject *self, PyObject *arg) {
+    (void)self;
+    Buf b[1];
+    memset(b, 0, sizeof b);
+    PyObject *result = NULL;
+    if (get(arg, &b[0], 0, 8, "indptr") < 0) goto done;
+    const Py_ssize_t n = b[0].view.len / 8 - 1;
+    const int64_t *indptr = b[0].view.buf;
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "indptr needs at least one entry");
+        goto done;
+    }
+    int64_t most = 0;
+    for (Py_ssize_t r = 0; r < n; r++) {
+        const int64_t len = indptr[r + 1] - indptr[r];
+        if (len < 0) {
+            PyErr_SetString(PyExc_ValueError, "indptr must not decrease");
+            goto done;
+        }
+        if (len > most) most = len;
+    }
+    result = PyLong_FromLongLong(most);
+done:
+    release(b, 1);
+    return result;
+}
+
+PyDoc_STRVAR(stage_doc, "stage(indptr, indices, values, out_indptr, out_indices, out_values)\n--\n\n"
+                        "Rows (indptr int64, indices int32, values float32) as they are into a CUDA graph's staging "
+                        "views:\nint32 row pointers from 0 (out_indptr: [rows + 1]), the terms and weights at the "
+                        "start of\nout_indices (int32) and out_values (float32), which must have room for them.");
+
+static PyObject *stage(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *o_indptr, *o_indices, *o_values, *o_optr, *o_oind, *o_oval;
+    if (!PyArg_ParseTuple(args, "OOOOOO", &o_indptr, &o_indices, &o_values, &o_optr, &o_oind, &o_oval)) return NULL;
+    Buf b[6];
+    memset(b, 0, sizeof b);
+    PyObject *result = NULL;
+    if (get(o_indptr, &b[0], 0, 8, "indptr") < 0 || get(o_indices, &b[1], 0, 4, "indices") < 0 ||
+        get(o_values, &b[2], 0, 4, "values") < 0 || get(o_optr, &b[3], 1, 4, "out_indptr") < 0 ||
+        get(o_oind, &b[4], 1, 4, "out_indices") < 0 || get(o_oval, &b[5], 1, 4, "out_values") < 0)
+        goto done;
+    const Py_ssize_t n = b[0].view.len / 8 - 1, nnz = b[1].view.len / 4;
+    if (n < 0 || b[2].view.len / 4 != nnz || b[3].view.len / 4 != n + 1) {
+        PyErr_SetString(PyExc_ValueError, "indices and values must match, and out_indptr hold rows + 1 entries");
+        goto done;
+    }
+    if (b[4].view.len / 4 < nnz || b[5].view.len / 4 < nnz) {
+        PyErr_SetString(PyExc_ValueError, "out_indices and out_values have no room for every term");
+        goto done;
+    }
+    const int64_t *indptr = b[0].view.buf;
+    if (check_rows(indptr, n, nnz) < 0) goto done;
+    if (indptr[n] - indptr[0] > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "more terms than int32 row pointers hold");
+        goto done;
+    }
+    int32_t *optr = b[3].view.buf;
+    for (Py_ssize_t r = 0; r <= n; r++) optr[r] = (int32_t)(indptr[r] - indptr[0]);
+    memcpy(b[4].view.buf, b[1].view.buf, (size_t)nnz * 4);
+    memcpy(b[5].view.buf, b[2].view.buf, (size_t)nnz * 4);
+    result = Py_NewRef(Py_None);
+done:
+    release(b, 6);
+    return result;
+}
+
 static PyMethodDef methods[] = {{"quantize", quantize, METH_VARARGS, quantize_doc},
                                 {"pad", pad, METH_VARARGS, pad_doc},
+                                {"longest", longest, METH_O, longest_doc},
+                                {"stage", stage, METH_VARARGS, stage_doc},
                                 {NULL, NULL, 0, NULL}};
 
 static PyModuleDef_Slot slots[] = {{0, NULL}};

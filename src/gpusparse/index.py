@@ -273,19 +273,23 @@ class Index(PostingLists):
                 figures and what to change).
         """
         dev = torch.device(device) if device is not None else (self.search_device or self.device)
-        limit = engine_config().device_memory_limit if device_memory_limit is None else device_memory_limit
+        config = engine_config()
+        limit = config.device_memory_limit if device_memory_limit is None else device_memory_limit
         plan, implicit = None, False
-        if dev.type == "cuda" and limit is None and engine_config().resident == "lists":
+        cuda = dev.type == "cuda"
+        if cuda and limit is None and config.resident == "lists":
             # No limit set: when the default layouts may not fit the device, plan within what it
             # has (once per device), so that a search that fits another way takes it and says so
             # instead of running out of memory.
             known = self.__dict__.setdefault("_available", {})
-            if str(dev) not in known:
+            name = str(dev)
+            if name not in known:
                 avail = available_memory(dev)
                 lists_bytes = sum(t.numel() * t.element_size() for t in self.arrays().values())
-                known[str(dev)] = None if surely_fits(lists_bytes, avail) else avail
-            limit, implicit = known[str(dev)], known[str(dev)] is not None
-        if dev.type == "cuda" and limit is not None:
+                known[name] = None if surely_fits(lists_bytes, avail) else avail
+            limit = known[name]
+            implicit = limit is not None
+        if cuda and limit is not None:
             plan = search_plan(self, dev, limit, kernel=kernel, batch_size=batch_size, k=k, memory_budget=memory_budget,
                                implicit=implicit)  # fmt: skip
             kernel = plan.kernel if plan.chosen.mode == "scatter" else kernel
@@ -293,7 +297,7 @@ class Index(PostingLists):
         try:
             with scope or contextlib.nullcontext():
                 target: Index | object = self
-                resident = dev.type == "cuda" and engine_config().resident == "tiled"
+                resident = cuda and engine_config().resident == "tiled"
                 if resident and engines.choose(kernel, dev).name == "tiled":
                     if self.device.type == "cuda":
                         self.release_to_host()

@@ -1,5 +1,6 @@
 """A query batch's work per term by the C module ``gpusparse._queries_native``: quantization
-(:func:`quantized_rows`) and the padded layout (:func:`pad_rows`), one pass each.
+(:func:`quantized_rows`), the padded layout (:func:`pad_rows`), and a CUDA graph's batch
+(:func:`longest_row`, :func:`stage_rows`), one pass each.
 
 Every search of a quantized index quantizes its queries on the host, and a CUDA graph's batch is
 laid out padded on the host, both before the batch's launch: at batch 256 the numpy versions took
@@ -87,5 +88,40 @@ def pad_rows(
         np.ascontiguousarray(values, dtype=np.float32),
         terms,
         weights,
+    )
+    return True
+
+
+def longest_row(indptr: np.ndarray) -> int | None:
+    """The most terms of a row of ``indptr`` (int64, rising; 0 for no rows); ``None`` without the
+    C module (warned once)."""
+    if _native is None:
+        _missing()
+        return None
+    return int(_native.longest(np.ascontiguousarray(indptr, dtype=np.int64)))
+
+
+def stage_rows(
+    indptr: np.ndarray,
+    indices: np.ndarray,
+    values: np.ndarray,
+    out_indptr: np.ndarray,
+    out_indices: np.ndarray,
+    out_values: np.ndarray,
+) -> bool:
+    """Rows (``indptr`` int64, ``indices`` int32, ``values`` float32) as they are into a CUDA
+    graph's staging views: int32 row pointers from 0 into ``out_indptr`` (``[rows + 1]``), the
+    terms and weights at the start of ``out_indices`` and ``out_values`` (room for all of them
+    is checked). ``False`` without the C module (warned once): the caller copies by numpy."""
+    if _native is None:
+        _missing()
+        return False
+    _native.stage(
+        np.ascontiguousarray(indptr, dtype=np.int64),
+        np.ascontiguousarray(indices, dtype=np.int32),
+        np.ascontiguousarray(values, dtype=np.float32),
+        out_indptr,
+        out_indices,
+        out_values,
     )
     return True

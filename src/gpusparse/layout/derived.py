@@ -38,6 +38,9 @@ class DerivedState:
         forward: the document-major copy ``(indptr, terms, weights)``
             (:func:`gpusparse.layout.forward.forward_index`).
         layouts: tiled layouts by key (:func:`gpusparse.layout.tiled.tiled_layout`).
+        chosen: the layout a search's arguments resolved to, with the settings (the
+            :class:`~gpusparse.config.EngineConfig` object) in force then
+            (:func:`gpusparse.engines.tiled.engine.layout_for_search`).
         max_scores_host: the lists' largest weights, float64 on the host.
         max_scores_device: those weights (float32) on the device the graphs run on, where the
             lists are not (:func:`gpusparse.layout.statistics.max_scores_on`).
@@ -54,6 +57,7 @@ class DerivedState:
 
     forward: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     layouts: dict[tuple, Any] = field(default_factory=dict)
+    chosen: dict[tuple, tuple[Any, Any]] = field(default_factory=dict)
     max_scores_host: np.ndarray | None = None
     max_scores_device: torch.Tensor | None = None
     max_score: float | None = None
@@ -82,6 +86,7 @@ class DerivedState:
         the forward copy unless ``keep_forward``; the host statistics stay."""
         forward = self.forward if keep_forward else None
         self.layouts.clear()
+        self.chosen.clear()
         self.graphs.clear()
         self.max_scores_device = None
         self.copy = None

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 import torch
 
-from ...config import engine_config
+from ...config import EngineConfig, engine_config
 from ...kernels import cupy_launch, rescore, tile_candidates
 from ...layout.layout_only import LayoutOnly
 from ...layout.order import order_clusters
@@ -170,6 +170,26 @@ def layout_for_search(
     (:class:`~gpusparse.layout.resident.TiledResident`) rescores from the layout: no forward
     copy and no list positions."""
     config = engine_config()
+    # every search asks: the answer is kept per arguments and settings (a few µs of a small batch's latency)
+    chosen = index.derived.chosen
+    key = (tile_bits, dense_min, acc, fixed, forward)
+    hit = chosen.get(key)
+    if hit is not None and hit[0] is config:
+        return hit[1]
+    layout = _layout_for_search(index, config, tile_bits, dense_min, acc, fixed, forward)
+    chosen[key] = (config, layout)  # the settings held: another object cannot take their id
+    return layout
+
+
+def _layout_for_search(
+    index: PostingLists,
+    config: EngineConfig,
+    tile_bits: int | None,
+    dense_min: float | str | None,
+    acc: str | None,
+    fixed: bool | None,
+    forward: bool,
+) -> TiledIndex:
     acc = choose_acc(acc)
     dense_min = config.dense_min if dense_min == AUTO else dense_min
     fixed = (config.fixed_point if fixed is None else fixed) and acc == "u32" and index.quantization is None

@@ -31,9 +31,10 @@ import numpy as np
 import torch
 
 from ...config import engine_config
-from ...kernels.cupy_launch import StreamEvent, copy_async, mapped_pointer, raw_stream
+from ...kernels.cupy_launch import GraphLaunch, StreamEvent, copy_async, mapped_pointer, raw_stream
 from ...kernels.query_rows import csr_fields, query_rows
 from ...queries import unpadded
+from ...queries_native import longest_row, stage_rows
 from ...streams import capture_stream, collection_held
 
 Steps = Callable[[Mapping[str, torch.Tensor]], tuple[torch.Tensor, ...]]
@@ -96,6 +97,7 @@ class _Slot:
     out_views: list[torch.Tensor]  # rewritten by each replay
     host_out: list[torch.Tensor]  # page-locked (one buffer's views where packed), graph-written (none: too large)
     done: StreamEvent  # recorded after each replay
+    launch: GraphLaunch  # replays the graph on a raw stream
     pending: HostResults | None = None  # results in host_out not yet taken
     last: int = 0  # when it was last replayed (the entry's count)
 
@@ -163,8 +165,9 @@ class GraphEntry:
     def run(self, slot: _Slot, to_host: bool) -> tuple[torch.Tensor, ...] | HostResults:
         """Replay ``slot`` (its staging buffer written); its results on the host, or a copy of
         each output on the device (the graph's own are rewritten by its next replay)."""
-        slot.graph.replay()
-        slot.done.record(raw_stream(self.device_index))
+        stream = raw_stream(self.device_index)
+        slot.launch(stream)
+        slot.done.record(stream)
         self.count += 1
         slot.last = self.count
         if to_host and slot.host_out:
@@ -192,12 +195,15 @@ def csr_batch(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, bits:
     """A :class:`HostBatch` of canonical rows (``indptr`` int64, from any start; ``indices``
     int32; ``values`` float32, > 0), copied as they are into the staging buffer."""
     rows, nnz = len(indptr) - 1, int(indptr[-1] - indptr[0])
-    longest = int((indptr[1:] - indptr[:-1]).max()) if rows > 0 else 0
+    longest = longest_row(indptr)  # one C pass each (here and in fill): this is a batch's latency
+    if longest is None:
+        longest = int((indptr[1:] - indptr[:-1]).max()) if rows > 0 else 0
 
     def fill(ptr: np.ndarray, ind: np.ndarray, val: np.ndarray) -> None:
-        np.subtract(indptr, indptr[0], out=ptr, casting="unsafe")
-        ind[:nnz] = indices
-        val[:nnz] = values
+        if not stage_rows(indptr, indices, values, ptr, ind, val):
+            np.subtract(indptr, indptr[0], out=ptr, casting="unsafe")
+            ind[:nnz] = indices
+            val[:nnz] = values
 
     return HostBatch(rows, longest, nnz, bits, fill)
 
@@ -362,4 +368,5 @@ def _capture(entry: GraphEntry, steps: Steps, batch: HostBatch) -> _Slot | None:
         torch.cuda.set_stream(current)  # a failed capture leaves its stream current
         torch.cuda.synchronize(dev)
         return None
-    return _Slot(graph, staging, views, out_views, host_out, StreamEvent(entry.device_index))
+    launch = GraphLaunch(graph, entry.device_index)
+    return _Slot(graph, staging, views, out_views, host_out, StreamEvent(entry.device_index), launch)
