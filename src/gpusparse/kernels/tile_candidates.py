@@ -66,10 +66,8 @@ ACC_TOP = {"carry": 2.0**61, "u32": 2.0**31}
 _WEIGHT_TYPES = {torch.float32: "float", torch.uint8: "unsigned char", torch.int32: "unsigned int"}
 # The records of META launches (see the CUDA source) take 16 bytes a query term (padded width + 1)
 # a (query, tile) block; a launch whose records would pass this many bytes is cut into launches of
-# as many tiles as fit. At MS MARCO's 8.8M passages a batch of 256 queries of up to 64 terms has a
-# last wave of 1,012 tiles: 269 MB of records, one launch (at 256 MiB it took two, each with its
-# own records kernel and tail).
-META_MAX_BYTES = 320 << 20
+# as many tiles as fit.
+META_MAX_BYTES = 256 << 20
 META_TILES = 8  # tiles a warp of tile_meta takes (META_TILES in the CUDA source)
 META_MIN_BATCH = LARGE_BATCH  # the META build is a six-block one (launch_shape): batches of LARGE_BATCH or more
 
