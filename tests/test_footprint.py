@@ -225,7 +225,7 @@ def test_search_plan_warns_once_per_plan(collection):
 
 
 def test_out_of_memory_at_the_search_boundary_is_one_clear_line(collection, monkeypatch):
-    import gpusparse.index as index_module
+    import gpusparse.search as search_module
 
     index = Index.build(collection)
     queries = random_collection(np.random.default_rng(2), 3, 20, 4)
@@ -233,12 +233,15 @@ def test_out_of_memory_at_the_search_boundary_is_one_clear_line(collection, monk
     def oom(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore lines")
 
-    monkeypatch.setattr(index_module, "search", oom)
-    with pytest.raises(DeviceMemoryError) as err:
-        index.search(queries, 10, batch_size=4)
-    text = str(err.value)
-    assert "\n" not in text and "out of GPU memory" in text and "batches of 4" in text and "--quantize 8" in text
-    assert isinstance(err.value.__cause__, torch.OutOfMemoryError)
+    # where the batches run: the first search resolves its arguments, the second takes them as kept
+    monkeypatch.setattr(search_module, "search_batches", oom)
+    for _ in range(2):
+        with pytest.raises(DeviceMemoryError) as err:
+            index.search(queries, 10, batch_size=4)
+        text = str(err.value)
+        assert "\n" not in text and "out of GPU memory" in text and "batches of 4" in text and "--quantize 8" in text
+        assert isinstance(err.value.__cause__, torch.OutOfMemoryError)
+    assert len(index.derived.searches) == 1
 
 
 def test_cupy_out_of_memory_is_recognised_without_cupy():

@@ -305,3 +305,46 @@ def test_scores_equal_after_float32_rounding_tie_break_by_id(kernel, device):
     docs = SparseCollection.from_dicts([{"capital": 1.0}, {"capital": 1.0, "paris": 1e-9}, {"france": 1.0}])
     res = Index.build(docs, device=device).search([{"capital": 1.0, "paris": 1.0}], k=1, kernel=kernel)
     assert res.ids.tolist() == [[0]] and res.scores.tolist() == [[1.0]]
+
+
+def test_a_search_is_resolved_once_per_arguments_and_settings(rng):
+    """Index.search keeps what its arguments resolve to (per arguments and settings): the same
+    results as the free function for fresh queries each time, a new resolution for other
+    arguments, settings or search device, a bad k refused after a good one was kept, nothing
+    kept after a reset, and at most SEARCHES_KEPT kept."""
+    from gpusparse.config import override_config
+    from gpusparse.layout.derived import SEARCHES_KEPT
+    from gpusparse.search import search as free_search
+
+    docs = random_collection(rng, 300, 80, 8)
+    index = Index.build(docs)
+    searches = index.derived.searches
+    for _ in range(3):
+        queries = random_collection(rng, 5, 80, 4)
+        res = index.search(queries, 7)
+        want = free_search(index, queries, 7)
+        assert torch.equal(res.ids, want.ids) and torch.equal(res.scores, want.scores) and res.engine == want.engine
+    assert len(searches) == 1
+    (first,) = searches.values()
+    index.search(queries, 7)
+    assert list(searches.values()) == [first]
+    index.search(queries, 7, batch_size=2)
+    index.search(queries, 8)
+    assert len(searches) == 3
+    with override_config(accumulator="carry"):
+        res = index.search(queries, 7)
+        assert torch.equal(res.ids, free_search(index, queries, 7).ids)
+    (config, kept) = searches[next(k for k in searches if k[2] == 7 and k[3] is None)]
+    assert kept is not first[1] and config is not first[0]  # resolved again under the block's settings
+    index.search(queries, 1)
+    with pytest.raises(ValueError, match="k must be"):
+        index.search(queries, True)
+    index.search_device = torch.device("cpu")
+    n = len(searches)
+    index.search(queries, 7)
+    assert len(searches) == n + 1
+    for k in range(1, SEARCHES_KEPT + 3):
+        index.search(queries, k, batch_size=3)
+    assert len(searches) == SEARCHES_KEPT
+    index.derived.reset()
+    assert not searches

@@ -302,11 +302,52 @@ def test_a_slot_waits_for_its_last_replay_before_its_buffers_go():
         def query(self):
             return True
 
-    slot = _Slot(None, staging, {}, [], [], Event(), None)  # type: ignore[arg-type]
+    slot = _Slot(None, staging, {}, [], [], [], Event(), None)  # type: ignore[arg-type]
     del staging
     assert alive() is not None
     del slot
     assert seen == [True] and alive() is None
+
+
+def test_results_taken_once_each_and_no_flags_as_none():
+    """HostResults.take: one wait, a copy of each output of its own (later replays do not
+    change them), the flags' output ``None`` when no flag is set and a copy when one is; ``into``
+    filled where given; the slot freed; taken again (copied out of the way before), the same."""
+    from gpusparse.engines.tiled.graphs import HostResults, _Slot
+
+    waits = []
+
+    class Event:
+        def synchronize(self):
+            waits.append(1)
+
+        def query(self):
+            return True
+
+    for flagged in (False, True):
+        host_out = [torch.arange(6, dtype=torch.float32).view(2, 3), torch.arange(6).view(2, 3),
+                    torch.tensor([False, flagged])]  # fmt: skip
+        slot = _Slot(None, torch.zeros(1, dtype=torch.uint8), {}, [], host_out, [h.numpy() for h in host_out], Event(),
+                     None)  # type: ignore[arg-type]  # fmt: skip
+        slot.pending = HostResults(slot, flag=2)
+        waits.clear()  # (the last loop's slot, dropped, waited for its replay)
+        into = torch.full((2, 3), -1.0)
+        scores, ids, redo = slot.pending.take((into,))
+        assert scores is into and torch.equal(into, host_out[0]) and torch.equal(ids, host_out[1])
+        assert (redo is None) == (not flagged) and (redo is None or torch.equal(redo, host_out[2]))
+        assert slot.pending is None and waits == [1]
+        for h in host_out:
+            h.fill_(7)  # the next replay writes the buffers
+        assert ids.tolist() == [[0, 1, 2], [3, 4, 5]] and (redo is None or redo.tolist() == [False, True])
+    early = HostResults(slot, flag=2)
+    slot.pending = early
+    host_out[2].fill_(False)
+    slot.make_free()  # both slots busy: this one's results copied out of the way
+    assert slot.pending is None
+    for h in host_out:
+        h.fill_(9)
+    scores, ids, redo = early.take()
+    assert redo is None and (scores == 7).all() and (ids == 7).all()
 
 
 @pytest.mark.gpu

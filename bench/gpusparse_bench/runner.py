@@ -183,9 +183,11 @@ def time_once(fn: Callable[[], object], device: torch.device) -> tuple[float, ob
     """Milliseconds of one call (CUDA events on a GPU, the host clock elsewhere) and its result."""
     if device.type == "cuda":
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
+        # the stream looked up before the timed span: record()'s own look-up would be timed (a few µs)
+        stream = torch.cuda.current_stream(device)
+        e0.record(stream)
         out = fn()
-        e1.record()
+        e1.record(stream)
         e1.synchronize()
         return e0.elapsed_time(e1), out
     t0 = time.perf_counter()

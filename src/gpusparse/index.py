@@ -22,13 +22,13 @@ from .config import engine_config, override_config
 from .device_memory import available_memory, is_out_of_memory, out_of_memory_error, search_plan, surely_fits
 from .engines.tiled.waves import search_bytes
 from .footprint import IndexShape, predict
-from .layout.derived import normalize_device
+from .layout.derived import normalize_device, same_device
 from .layout.postings import DEFAULT_BUILD_CHUNK, PostingLists, build_inverted_index
 from .layout.resident import tiled_resident
 from .layout.tiled import default_layout
 from .quantize import quantize_collection, quantize_csr
 from .queries import as_queries
-from .search import SearchResults, search
+from .search import Search, SearchResults, search
 from .shards import is_sharded, load_sharded
 from .storage import load_index, readable_folder, save_index
 from .vocab import Vocabulary
@@ -272,8 +272,22 @@ class Index(PostingLists):
                 (refused before allocating), or PyTorch or CuPy ran out of GPU memory (with the
                 figures and what to change).
         """
-        dev = torch.device(device) if device is not None else (self.search_device or self.device)
         config = engine_config()
+        # the arguments resolved before (and the settings then in force): straight to the batch
+        try:
+            key = (id(self), type(k), k, batch_size, device, kernel, memory_budget, device_memory_limit,
+                   self.search_device)  # fmt: skip
+            kept = self.derived.searches.get(key)
+        except TypeError:  # an argument that cannot be a key: resolved below, not kept
+            key, kept = None, None
+        if kept is not None and kept[0] is config:
+            try:
+                return kept[1](self._encoded(queries), progress=progress)
+            except Exception as exc:
+                if is_out_of_memory(exc):
+                    raise out_of_memory_error(kept[1].device, batch_size=batch_size, k=k) from exc
+                raise
+        dev = torch.device(device) if device is not None else (self.search_device or self.device)
         limit = config.device_memory_limit if device_memory_limit is None else device_memory_limit
         plan, implicit = None, False
         cuda = dev.type == "cuda"
@@ -302,6 +316,14 @@ class Index(PostingLists):
                     if self.device.type == "cuda":
                         self.release_to_host()
                     target = tiled_resident(self, dev)
+                if target is self and plan is None and key is not None:
+                    # resolved once and kept, where nothing of it depends on the device's memory
+                    # (no limit) and the lists are searched where they are (no copy to keep up)
+                    resolved = Search(self, k, batch_size=batch_size, device=dev, kernel=kernel,
+                                      memory_budget=memory_budget)  # fmt: skip
+                    if same_device(resolved.device, self.device):
+                        self.derived.keep_search(key, config, resolved)
+                    return resolved(self._encoded(queries), progress=progress)
                 return search(
                     target,  # type: ignore[arg-type]
                     self._encoded(queries),

@@ -51,7 +51,8 @@ class HostDelivery(Protocol):
 
     def take(self, into: Sequence[torch.Tensor | None] = ()) -> tuple[torch.Tensor, ...]:
         """``(scores, ids, redo)`` as host tensors (one wait), ``scores``/``ids`` written into
-        ``into`` (host tensors of their shapes) where given."""
+        ``into`` (host tensors of their shapes) where given; ``redo`` may be ``None`` (no row
+        flagged)."""
         ...
 
 

@@ -278,3 +278,4 @@ class StreamEvent:
     def synchronize(self) -> None:
         if self._recorded:
             self._event.synchronize()
+            self._recorded = False  # its work is done: later queries need not ask the runtime

@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
+SEARCHES_KEPT = 16  # resolved searches an index keeps (DerivedState.searches)
+
 
 def same_device(a: torch.device, b: torch.device) -> bool:
     """Whether two device names mean the same device (``cuda`` is the current CUDA device)."""
@@ -41,6 +43,11 @@ class DerivedState:
         chosen: the layout a search's arguments resolved to, with the settings (the
             :class:`~gpusparse.config.EngineConfig` object) in force then
             (:func:`gpusparse.engines.tiled.engine.layout_for_search`).
+        graph_steps: the steps a CUDA graph of the tiled engine captures, by their arguments
+            (:func:`gpusparse.engines.tiled.device.graphed_steps`).
+        searches: :class:`gpusparse.search.Search` objects by the arguments of
+            :meth:`gpusparse.Index.search` they resolve, with the settings in force then; the
+            last :data:`SEARCHES_KEPT` (:meth:`keep_search`).
         max_scores_host: the lists' largest weights, float64 on the host.
         max_scores_device: those weights (float32) on the device the graphs run on, where the
             lists are not (:func:`gpusparse.layout.statistics.max_scores_on`).
@@ -58,6 +65,8 @@ class DerivedState:
     forward: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     layouts: dict[tuple, Any] = field(default_factory=dict)
     chosen: dict[tuple, tuple[Any, Any]] = field(default_factory=dict)
+    graph_steps: dict[tuple, tuple] = field(default_factory=dict)
+    searches: OrderedDict = field(default_factory=OrderedDict)
     max_scores_host: np.ndarray | None = None
     max_scores_device: torch.Tensor | None = None
     max_score: float | None = None
@@ -77,6 +86,14 @@ class DerivedState:
             return self.copy[1]
         return None
 
+    def keep_search(self, key: tuple, config: Any, search: Any) -> None:
+        """Keep ``search`` (resolved under ``config``) for the arguments ``key``: the last
+        :data:`SEARCHES_KEPT`."""
+        self.searches[key] = (config, search)
+        self.searches.move_to_end(key)
+        while len(self.searches) > SEARCHES_KEPT:
+            self.searches.popitem(last=False)
+
     def keep_copy(self, device: torch.device, index: Any) -> None:
         """Keep ``index`` as the copy on ``device`` (replacing any other)."""
         self.copy = (normalize_device(device), index)
@@ -87,6 +104,8 @@ class DerivedState:
         forward = self.forward if keep_forward else None
         self.layouts.clear()
         self.chosen.clear()
+        self.searches.clear()
+        self.graph_steps.clear()
         self.graphs.clear()
         self.max_scores_device = None
         self.copy = None

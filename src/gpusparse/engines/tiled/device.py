@@ -167,7 +167,23 @@ def graphed_steps(
     as are, with ``int_weights``, rows whose weights are not integers at their scale).
     ``None`` where it could not be captured (the caller runs the steps themselves).
     ``to_host``: ``(scores, ids, redo)`` delivered to the host by the graph where they are small
-    enough (:func:`~.graphs.graphed`), else on the device as without it."""
+    enough (:func:`~.graphs.graphed`; ``redo`` ``None`` there when no row is flagged), else on
+    the device as without it."""
+    key = (id(layout), k, acc, int_weights)
+    kept = index.derived.graph_steps.get((*key, n_sm))  # the steps of these arguments, made once
+    if kept is None or kept[0] is not layout:
+        kept = (layout, *_graph_steps(index, layout, k, acc, int_weights, n_sm))
+        index.derived.graph_steps[(*key, n_sm)] = kept  # (the layout held: its id is not taken again)
+    _, steps, nbytes = kept
+    return graphed(index.derived.graphs, key, steps, batch, layout.seg.device, nbytes,  # type: ignore[return-value]
+                   to_host=to_host, flag=2)  # fmt: skip
+
+
+def _graph_steps(
+    index: PostingLists, layout: TiledIndex, k: int, acc: str, int_weights: bool, n_sm: int
+) -> tuple[Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, ...]], Callable[[int], int]]:
+    """:func:`graphed_steps`' steps (the fixed-point parameters, then :func:`_device_steps`) and
+    the device bytes they allocate for a batch of ``rows`` queries."""
     step = layout.step if int_weights else None
 
     def steps(inp):
@@ -175,10 +191,7 @@ def graphed_steps(
         return _device_steps(index, layout, inp["terms"], inp["weights"], fp, lb, k, acc, int_weights, n_sm, redo=redo,
                              terms32=inp["terms32"])  # fmt: skip
 
-    key = (id(layout), k, acc, int_weights)
+    def nbytes(rows: int) -> int:
+        return waves.search_bytes(layout.n_tiles, rows, k, n_sm, levels=layout.quantized)
 
-    def nbytes() -> int:
-        return waves.search_bytes(layout.n_tiles, batch.rows, k, n_sm, levels=layout.quantized)
-
-    return graphed(index.derived.graphs, key, steps, batch, layout.seg.device, nbytes,  # type: ignore[return-value]
-                   to_host=to_host)  # fmt: skip
+    return steps, nbytes

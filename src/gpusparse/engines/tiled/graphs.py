@@ -59,33 +59,36 @@ def _numpy_view(buf: np.ndarray, spec: tuple) -> np.ndarray:
 
 class HostResults:
     """One replay's results, copied by the graph into its slot's page-locked buffers: host
-    tensors once the replay has completed (:meth:`take`)."""
+    tensors once the replay has completed (:meth:`take`). ``flag``: the output that is a bool
+    array of flags (rows to search again), ``None`` in the results where none is set."""
 
-    def __init__(self, slot: _Slot) -> None:
+    def __init__(self, slot: _Slot, flag: int | None = None) -> None:
         self._slot: _Slot | None = slot
-        self._taken: list[torch.Tensor] = []
+        self._flag = flag
+        self._taken: list[torch.Tensor | None] = []
 
-    def take(self, into: Sequence[torch.Tensor | None] = ()) -> tuple[torch.Tensor, ...]:
+    def take(self, into: Sequence[torch.Tensor | None] = ()) -> tuple[torch.Tensor | None, ...]:
         """The results (the steps' outputs, in order) as host tensors of their own, after one
         wait for the replay; the first ones written into ``into`` (host tensors of the same
-        shapes) where given. Frees the slot."""
+        shapes) where given; the flags' output ``None`` where no flag is set. Frees the slot."""
         slot = self._slot
         if slot is not None:
             slot.done.synchronize()
             # a copy each: one copy of the packed buffer and views of it took ~35 µs more of an
             # H200 host's time at batch 1 (the views' Python; measured)
+            skip = -1 if self._flag is None or slot.host_np[self._flag].any() else self._flag
             if into:
                 self._taken = [
-                    into[i].copy_(h) if i < len(into) and into[i] is not None else h.clone()
+                    None if i == skip else into[i].copy_(h) if i < len(into) and into[i] is not None else h.clone()
                     for i, h in enumerate(slot.host_out)
                 ]
             else:
-                self._taken = [h.clone() for h in slot.host_out]
+                self._taken = [None if i == skip else h.clone() for i, h in enumerate(slot.host_out)]
             slot.pending, self._slot = None, None
             return tuple(self._taken)
         out = list(self._taken)  # taken before (copied out of the slot's way)
         for i, target in enumerate(into):
-            if target is not None:
+            if target is not None and out[i] is not None:
                 out[i] = target.copy_(out[i])
         return tuple(out)
 
@@ -100,6 +103,7 @@ class _Slot:
     views: dict[str, np.ndarray]
     out_views: list[torch.Tensor]  # rewritten by each replay
     host_out: list[torch.Tensor]  # page-locked (one buffer's views where packed), graph-written (none: too large)
+    host_np: list[np.ndarray]  # host_out as numpy views (the flags read there without a torch call)
     done: StreamEvent  # recorded after each replay
     launch: GraphLaunch  # replays the graph on a raw stream
     pending: HostResults | None = None  # results in host_out not yet taken
@@ -166,16 +170,17 @@ class GraphEntry:
         by_age[0].make_free()
         return by_age[0]
 
-    def run(self, slot: _Slot, to_host: bool) -> tuple[torch.Tensor, ...] | HostResults:
-        """Replay ``slot`` (its staging buffer written); its results on the host, or a copy of
-        each output on the device (the graph's own are rewritten by its next replay)."""
+    def run(self, slot: _Slot, to_host: bool, flag: int | None = None) -> tuple[torch.Tensor, ...] | HostResults:
+        """Replay ``slot`` (its staging buffer written); its results on the host (``flag``: see
+        :class:`HostResults`), or a copy of each output on the device (the graph's own are
+        rewritten by its next replay)."""
         stream = raw_stream(self.device_index)
         slot.launch(stream)
         slot.done.record(stream)
         self.count += 1
         slot.last = self.count
         if to_host and slot.host_out:
-            slot.pending = HostResults(slot)
+            slot.pending = HostResults(slot, flag)
             return slot.pending
         return tuple(x.clone() for x in slot.out_views)
 
@@ -226,9 +231,10 @@ def graphed(
     steps: Steps,
     batch: HostBatch,
     device: torch.device,
-    nbytes: Callable[[], int] = lambda: 0,
+    nbytes: Callable[[int], int] = lambda rows: 0,
     *,
     to_host: bool = False,
+    flag: int | None = None,
 ) -> tuple[torch.Tensor, ...] | HostResults | None:
     """``steps(inputs)``'s outputs for this batch by the CUDA graph of its shape, captured on
     first use and kept in ``cache`` under ``key`` + the shape (least recently used dropped
@@ -237,6 +243,7 @@ def graphed(
     :class:`HostResults` (copied to the host by the graph) where they are at most
     :data:`HOST_COPY_MAX_BYTES` and results use page-locked memory
     (:attr:`~gpusparse.config.EngineConfig.pinned_results`); otherwise, a copy of each on the device.
+    ``flag``: the output that is a bool array of flags (:class:`HostResults`).
 
     ``batch`` writes its rows into the graph's staging buffer (:class:`HostBatch`; room for
     ``B · width`` terms); ``steps`` reads the batch padded (and quantized to ``batch.bits``) from
@@ -244,8 +251,8 @@ def graphed(
     as int32) ``[B, width]``, the query
     width padded (:func:`query_width` of the longest row), which the graph's first kernel writes
     (:func:`~gpusparse.kernels.query_rows.query_rows`).
-    ``nbytes()``: the device bytes the steps allocate (their buffers stay with the graph;
-    asked only before a capture); the cache holds at most
+    ``nbytes(rows)``: the device bytes the steps allocate for a batch of ``rows`` queries (their
+    buffers stay with the graph; asked only before a capture); the cache holds at most
     :attr:`~gpusparse.config.EngineConfig.graph_cache_bytes` of them, and a graph larger than
     that is not captured.
     """
@@ -256,7 +263,7 @@ def graphed(
         return None
     config = engine_config()
     if entry is None:
-        held = nbytes()
+        held = nbytes(b)
         if held > config.graph_cache_bytes:
             return None
         inputs, size = csr_fields(b, b * width)
@@ -286,7 +293,7 @@ def graphed(
         slot = entry.slot()
     if captured is None:
         batch.fill(slot.views["indptr"], slot.views["indices"], slot.views["values"])  # type: ignore[union-attr]
-    return entry.run(slot, to_host and config.pinned_results)  # type: ignore[arg-type]
+    return entry.run(slot, to_host and config.pinned_results, flag)  # type: ignore[arg-type]
 
 
 def _packed(outs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[int]] | None:
@@ -376,4 +383,5 @@ def _capture(entry: GraphEntry, steps: Steps, batch: HostBatch) -> _Slot | None:
         torch.cuda.synchronize(dev)
         return None
     launch = GraphLaunch(graph, entry.device_index)
-    return _Slot(graph, staging, views, out_views, host_out, StreamEvent(entry.device_index), launch)
+    host_np = [h.numpy() for h in host_out]
+    return _Slot(graph, staging, views, out_views, host_out, host_np, StreamEvent(entry.device_index), launch)
