@@ -140,9 +140,10 @@ def test_graphs_launch_through_the_runtime_or_by_replay_alike(rng, monkeypatch):
     slots: list = []
     for forced in (False, True):
         queries = random_collection(rng, 6, 300, 10)
-        if forced:
+        if forced:  # the slots captured so far, and those this round's new shapes capture
             for slot in slots:
                 monkeypatch.setattr(slot.launch, "_exec", 0)
+            monkeypatch.setattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec", None)
         with graph_outcomes() as calls:
             res = index.search(queries, 30, batch_size=2)
             if not forced:
