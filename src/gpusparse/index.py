@@ -251,6 +251,11 @@ class Index(PostingLists):
                 layouts might not fit the GPU is planned the same way within what the GPU has
                 available (nothing enforced).
 
+        Without a device memory limit, what the arguments resolve to (their checks, the engine,
+        the statistics queries are checked against) is kept per arguments and settings
+        (:class:`~gpusparse.search.Search`): repeated searches of batches spend their host time
+        on the batch; the queries are checked every time.
+
         Returns:
             :class:`~gpusparse.search.SearchResults` ``(scores, ids)``, both ``[n_queries, w]``
             CPU tensors: float32 scores, descending, and int64 internal document numbers,
