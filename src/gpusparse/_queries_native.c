@@ -38,6 +38,14 @@ static int check_rows(const int64_t *indptr, Py_ssize_t n, Py_ssize_t nnz) {
     return 0;
 }
 
+/* The rows' three arrays (indptr int64, indices int32, values float32) into b[0], b[1], b[2]: 0, else -1. */
+static int get_rows(PyObject *indptr, PyObject *indices, PyObject *values, Buf *b) {
+    if (get(indptr, &b[0], 0, 8, "indptr") < 0 || get(indices, &b[1], 0, 4, "indices") < 0 ||
+        get(values, &b[2], 0, 4, "values") < 0)
+        return -1;
+    return 0;
+}
+
 PyDoc_STRVAR(quantize_doc, "quantize(indptr, indices, values, bits, out_indptr, out_indices, out_values)\n--\n\n"
                            "Each row (indptr int64, indices int32, values float32) with its weights as levels of "
                            "its own\npower-of-two step, level * step (float32), terms of level 0 dropped, into the "
@@ -56,8 +64,7 @@ static PyObject *quantize(PyObject *self, PyObject *args) {
     Buf b[6];
     memset(b, 0, sizeof b);
     PyObject *result = NULL;
-    if (get(o_indptr, &b[0], 0, 8, "indptr") < 0 || get(o_indices, &b[1], 0, 4, "indices") < 0 ||
-        get(o_values, &b[2], 0, 4, "values") < 0 || get(o_optr, &b[3], 1, 8, "out_indptr") < 0 ||
+    if (get_rows(o_indptr, o_indices, o_values, b) < 0 || get(o_optr, &b[3], 1, 8, "out_indptr") < 0 ||
         get(o_oind, &b[4], 1, 4, "out_indices") < 0 || get(o_oval, &b[5], 1, 4, "out_values") < 0)
         goto done;
     Py_ssize_t n = b[0].view.len / 8 - 1, nnz = b[2].view.len / 4;
@@ -146,8 +153,7 @@ static PyObject *pad(PyObject *self, PyObject *args) {
     Buf b[5];
     memset(b, 0, sizeof b);
     PyObject *result = NULL;
-    if (get(o_indptr, &b[0], 0, 8, "indptr") < 0 || get(o_indices, &b[1], 0, 4, "indices") < 0 ||
-        get(o_values, &b[2], 0, 4, "values") < 0 || get(o_terms, &b[3], 1, 8, "terms") < 0 ||
+    if (get_rows(o_indptr, o_indices, o_values, b) < 0 || get(o_terms, &b[3], 1, 8, "terms") < 0 ||
         get(o_weights, &b[4], 1, 4, "weights") < 0)
         goto done;
     Py_ssize_t n = b[0].view.len / 8 - 1, nnz = b[1].view.len / 4, cells = b[3].view.len / 8;
@@ -232,8 +238,7 @@ static PyObject *stage(PyObject *self, PyObject *args) {
     Buf b[6];
     memset(b, 0, sizeof b);
     PyObject *result = NULL;
-    if (get(o_indptr, &b[0], 0, 8, "indptr") < 0 || get(o_indices, &b[1], 0, 4, "indices") < 0 ||
-        get(o_values, &b[2], 0, 4, "values") < 0 || get(o_optr, &b[3], 1, 4, "out_indptr") < 0 ||
+    if (get_rows(o_indptr, o_indices, o_values, b) < 0 || get(o_optr, &b[3], 1, 4, "out_indptr") < 0 ||
         get(o_oind, &b[4], 1, 4, "out_indices") < 0 || get(o_oval, &b[5], 1, 4, "out_values") < 0)
         goto done;
     const Py_ssize_t n = b[0].view.len / 8 - 1, nnz = b[1].view.len / 4;

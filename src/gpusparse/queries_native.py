@@ -47,6 +47,15 @@ def _missing() -> None:
         )
 
 
+def _rows(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows' arrays as the C passes read them: C-contiguous int64, int32, float32."""
+    return (
+        np.ascontiguousarray(indptr, dtype=np.int64),
+        np.ascontiguousarray(indices, dtype=np.int32),
+        np.ascontiguousarray(values, dtype=np.float32),
+    )
+
+
 def quantized_rows(
     indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, bits: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -60,15 +69,7 @@ def quantized_rows(
     n, nnz = len(indptr) - 1, len(values)
     out_ptr = np.empty(n + 1, dtype=np.int64)
     out_ind, out_val = np.empty(nnz, dtype=np.int32), np.empty(nnz, dtype=np.float32)
-    kept = _native.quantize(
-        np.ascontiguousarray(indptr, dtype=np.int64),
-        np.ascontiguousarray(indices, dtype=np.int32),
-        np.ascontiguousarray(values, dtype=np.float32),
-        bits,
-        out_ptr,
-        out_ind,
-        out_val,
-    )
+    kept = _native.quantize(*_rows(indptr, indices, values), bits, out_ptr, out_ind, out_val)
     return out_ptr, out_ind[:kept], out_val[:kept]
 
 
@@ -82,13 +83,7 @@ def pad_rows(
     if _native is None:
         _missing()
         return False
-    _native.pad(
-        np.ascontiguousarray(indptr, dtype=np.int64),
-        np.ascontiguousarray(indices, dtype=np.int32),
-        np.ascontiguousarray(values, dtype=np.float32),
-        terms,
-        weights,
-    )
+    _native.pad(*_rows(indptr, indices, values), terms, weights)
     return True
 
 
@@ -116,12 +111,5 @@ def stage_rows(
     if _native is None:
         _missing()
         return False
-    _native.stage(
-        np.ascontiguousarray(indptr, dtype=np.int64),
-        np.ascontiguousarray(indices, dtype=np.int32),
-        np.ascontiguousarray(values, dtype=np.float32),
-        out_indptr,
-        out_indices,
-        out_values,
-    )
+    _native.stage(*_rows(indptr, indices, values), out_indptr, out_indices, out_values)
     return True
