@@ -348,3 +348,20 @@ def test_a_search_is_resolved_once_per_arguments_and_settings(rng):
     assert len(searches) == SEARCHES_KEPT
     index.derived.reset()
     assert not searches
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_search_on_a_bare_cuda_device_is_resolved_each_time(rng):
+    """``device="cuda"`` names whichever device is current at each call: what it resolves to is
+    not kept; the index's own device (``device=None`` or ``"cuda:N"``) is. Results the same."""
+    docs = random_collection(rng, 300, 80, 8)
+    index = Index.build(docs, device="cuda")
+    queries = random_collection(rng, 5, 80, 4)
+    bare = index.search(queries, 7, device="cuda")
+    assert not index.derived.searches
+    named = index.search(queries, 7, device=f"cuda:{torch.cuda.current_device()}")
+    own = index.search(queries, 7)
+    assert len(index.derived.searches) == 2
+    for res in (named, own):
+        assert torch.equal(res.ids, bare.ids) and torch.equal(res.scores, bare.scores)

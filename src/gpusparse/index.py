@@ -326,7 +326,9 @@ class Index(PostingLists):
                     # (no limit) and the lists are searched where they are (no copy to keep up)
                     resolved = Search(self, k, batch_size=batch_size, device=dev, kernel=kernel,
                                       memory_budget=memory_budget)  # fmt: skip
-                    if same_device(resolved.device, self.device):
+                    # (a bare "cuda" names whichever device is current at each call: not kept)
+                    named = resolved.device.type != "cuda" or resolved.device.index is not None
+                    if named and same_device(resolved.device, self.device):
                         self.derived.keep_search(key, config, resolved)
                     return resolved(self._encoded(queries), progress=progress)
                 return search(

@@ -50,10 +50,8 @@ __all__ = [
 
 
 @functools.cache
-@functools.cache
 def available() -> bool:
-    """Whether the CUDA kernels can run here (CuPy importable and a CUDA device present); asked
-    once a process (every small search asks, and ``torch.cuda.is_available`` takes ~1 µs)."""
+    """Whether the CUDA kernels can run here (CuPy importable and a CUDA device present)."""
     if not torch.cuda.is_available():
         return False
     try:
