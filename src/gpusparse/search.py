@@ -181,11 +181,8 @@ def search_batches(
     ``n_docs`` documents and ``budget`` bytes), each searched by ``search_batch(part, plan)``
     and brought to the host pipelined (:func:`run_batches`); ``engine`` names it in the results.
     ``query_bits``: the queries are still to be quantized (:attr:`SearchPlan.query_bits`)."""
-    n = len(queries)
-    bq, dc = plan_chunks(n, n_docs, budget, batch_size)
+    bq, dc = plan_chunks(len(queries), n_docs, budget, batch_size)
     plan = SearchPlan(doc_chunk=dc, memory_budget=budget, to_host=True, query_bits=query_bits)
-    if 0 < n <= bq and not progress:  # one batch, as run_batches would take it
-        return SearchResults(*complete_later(search_batch(queries, plan))(), engine=engine)
 
     def launch(a: int, b: int, into: Sequence[torch.Tensor]) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
         part = queries if (a, b) == (0, len(queries)) else queries[a:b]

@@ -268,11 +268,8 @@ class PostingLists:
         repeated searches on another device copy the arrays, and build their layouts, once.
         The kept copy holds device memory until another device is asked for or this object
         is dropped; call :meth:`to` yourself to manage copies explicitly."""
-        here = self.device
-        if device == here:  # the common case, without normalizing both names
-            return self
         device = torch.device(device)
-        if same_device(here, device):
+        if same_device(self.device, device):
             return self
         kept = self.derived.copy_on(device)
         if kept is None:

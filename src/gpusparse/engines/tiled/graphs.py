@@ -23,7 +23,6 @@ share their intermediates: their replays must be ordered, i.e. on one stream
 
 from __future__ import annotations
 
-import operator
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -77,13 +76,10 @@ class HostResults:
             # a copy each: one copy of the packed buffer and views of it took ~35 µs more of an
             # H200 host's time at batch 1 (the views' Python; measured)
             skip = -1 if self._flag is None or slot.host_np[self._flag].any() else self._flag
-            if into:
-                self._taken = [
-                    None if i == skip else into[i].copy_(h) if i < len(into) and into[i] is not None else h.clone()
-                    for i, h in enumerate(slot.host_out)
-                ]
-            else:
-                self._taken = [None if i == skip else h.clone() for i, h in enumerate(slot.host_out)]
+            self._taken = [
+                None if i == skip else into[i].copy_(h) if i < len(into) and into[i] is not None else h.clone()
+                for i, h in enumerate(slot.host_out)
+            ]
             slot.pending, self._slot = None, None
             return tuple(self._taken)
         out = list(self._taken)  # taken before (copied out of the slot's way)
@@ -161,7 +157,7 @@ class GraphEntry:
     def slot(self) -> _Slot | None:
         """A slot to write: an idle one (least recently used first), else ``None`` while another
         may be captured, else the least recently used made free."""
-        by_age = sorted(self.slots, key=_age) if len(self.slots) > 1 else self.slots
+        by_age = sorted(self.slots, key=lambda s: s.last)
         for s in by_age:
             if s.idle():
                 return s
@@ -318,9 +314,6 @@ def _packed(outs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[int]] | No
 def _view_at(host: torch.Tensor, offset: int, like: torch.Tensor) -> torch.Tensor:
     """The view of ``host`` (uint8) at byte ``offset`` with ``like``'s dtype and shape."""
     return host[offset : offset + like.numel() * like.element_size()].view(like.dtype).view(like.shape)
-
-
-_age = operator.attrgetter("last")
 
 
 def _bytes(cache: Mapping) -> int:
