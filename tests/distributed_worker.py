@@ -31,6 +31,7 @@ class Flagging:
     def __init__(self, engine, seed: int) -> None:
         self.engine, self.seed = engine, seed
         self.name, self.auto_rank = engine.name, engine.auto_rank
+        self.quantizes_queries = engine.quantizes_queries  # plans pass through to it unchanged
 
     def unavailable(self, device, *, auto=False):
         return self.engine.unavailable(device, auto=auto)

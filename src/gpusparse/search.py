@@ -125,7 +125,7 @@ class Search:
         self.device = index.device if device is None else torch.device(device)
         self.engine = engines.choose(kernel, self.device)
         # an engine that quantizes the queries itself (the tiled engine: on the device) gets them as they are
-        self.defer = getattr(self.engine, "quantizes_queries", False)
+        self.defer = self.engine.quantizes_queries
         self.statistics = max_scores_host(index), max_score(index)
         self.k, self.batch_size = k, batch_size
         self.index: PostingLists | None = None  # the lists on the device: at the first call
