@@ -16,7 +16,7 @@ typedef long long i64;
 extern "C" __global__ void __launch_bounds__(THREADS) query_rows(
     const int* __restrict__ indptr, const int* __restrict__ indices, const float* __restrict__ values,
     const int width, const int bits, i64* __restrict__ terms, float* __restrict__ weights,
-    int* __restrict__ terms32)  // the terms again as int32 (the search kernels' type), or null
+    int* __restrict__ terms32)  // the terms again as int32 (the search kernels' type)
 {
     __shared__ float s_max[WARPS];
     __shared__ int s_count[WARPS];
@@ -24,7 +24,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) query_rows(
     const int a = indptr[r], n = indptr[r + 1] - a;
     i64* t_out = terms + (i64)r * width;
     float* w_out = weights + (i64)r * width;
-    int* t32_out = terms32 != nullptr ? terms32 + (i64)r * width : nullptr;
+    int* t32_out = terms32 + (i64)r * width;
     double step = 1.0, inv = 1.0;
     if (bits > 0) {
         float m = 0.0f;  // weights are > 0
@@ -68,13 +68,13 @@ extern "C" __global__ void __launch_bounds__(THREADS) query_rows(
             const int at = before + __popc(ball & ((1u << lane) - 1u));
             t_out[at] = term;
             w_out[at] = q;
-            if (t32_out != nullptr) t32_out[at] = term;
+            t32_out[at] = term;
         }
         kept = total;
     }
     for (int j = kept + tid; j < width; j += THREADS) {
         t_out[j] = -1;
         w_out[j] = 0.0f;
-        if (t32_out != nullptr) t32_out[j] = -1;
+        t32_out[j] = -1;
     }
 }
