@@ -626,10 +626,19 @@ def test_the_records_buffer_is_bounded_and_counted_in_the_search_bytes(monkeypat
     assert waves.search_bytes(1000, 8, 10, 132, levels=True) == waves.search_bytes(1000, 8, 10, 132)
 
 
+def test_tile_meta_takes_fewer_tiles_a_warp_in_small_launches() -> None:
+    """One tile a warp per 32 tiles of the launch, from 1 to META_TILES (measured: 2 in the 8.8M
+    search's 64-tile launch, 4 in its 506-tile ones)."""
+    from gpusparse.kernels import tile_candidates as tc
+
+    assert [tc.meta_tiles(n) for n in (1, 31, 32, 64, 96, 127, 128, 506, 10_000)] == [1, 1, 1, 2, 3, 3, 4, 4, 4]
+    assert tc.META_TILES == 4
+
+
 def test_the_kernels_group_sizes_match_the_launchers() -> None:
-    """Two sizes are written in both the CUDA source and Python: the postings of an oct (the
-    layout pads its sparse arrays to them, the kernel reads them) and the tiles a warp of
-    tile_meta takes (the launcher sizes its grid by them). A change to one side alone must fail."""
+    """The postings of an oct are written in both the CUDA source and Python (the layout pads its
+    sparse arrays to them, the kernel reads them): a change to one side alone must fail. The
+    tiles a warp of tile_meta takes are an argument of its launch, not a size of the source."""
     import re
 
     from gpusparse.kernels import tile_candidates as tc
@@ -638,7 +647,8 @@ def test_the_kernels_group_sizes_match_the_launchers() -> None:
 
     text = source(tc.SOURCE)
     defined = dict(re.findall(r"^#define (OCT|META_TILES) (\d+)", text, flags=re.M))
-    assert defined == {"OCT": str(OCT), "META_TILES": str(tc.META_TILES)}
+    assert defined == {"OCT": str(OCT)}
+    assert re.search(r"tile_meta\((?:[^)]*\n)*[^)]*const int per,", text)
 
 
 def test_sparse_postings_are_read_by_octs_only_where_their_storage_allows() -> None:

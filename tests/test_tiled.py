@@ -462,9 +462,10 @@ def test_cuda_later_waves_read_their_blocks_metadata_from_records(rng, monkeypat
     """Batches of LARGE_BATCH queries or more on 8-bit levels: the launches after the first wave
     read each block's term metadata from records that tile_meta writes just before (META), the
     tiles taken as many at a time as the buffer holds. With the buffer poisoned, for budgets of one
-    tile, three tiles and all of them: exact against the float64 reference and bit for bit the
-    search without records. Blocks whose dense weights do not pair (above 16 bits after their
-    shift, or more than 64 pairs of rows) take the general path from their record's header."""
+    tile, three tiles and all of them (and with tile_meta's warps over 3 tiles each): exact against
+    the float64 reference and bit for bit the search without records. Blocks whose dense weights
+    do not pair (above 16 bits after their shift, or more than 64 pairs of rows) take the general
+    path from their record's header."""
     require_cuda_kernels()
     from gpusparse.kernels import tile_candidates as tc
     from gpusparse.quantize import quantize_collection, quantize_queries
@@ -481,6 +482,7 @@ def test_cuda_later_waves_read_their_blocks_metadata_from_records(rng, monkeypat
     b, t = batch.padded_terms.shape
     assert b >= tc.META_MIN_BATCH and t <= tc.SHORT_WIDTH
     names, launches, real_kernel, real_scratch, real_launch = [], [], tc._kernel, tc.meta_scratch, tc.launch
+    real_tiles = tc.meta_tiles
 
     def spy(build, device, variant, name="tiled_candidates"):
         names.append((name, build[-1]))  # the build's META
@@ -526,6 +528,14 @@ def test_cuda_later_waves_read_their_blocks_metadata_from_records(rng, monkeypat
                     later = sum(n for first, n in waves.wave_plan(layout.n_tiles, b, k, n_sm) if first > 0)
                     assert launches.count(True) == later >= 2, what
                     assert launches.count(False) >= later + 1, what  # and the first wave's (and any redone rows')
+            # each warp of tile_meta over 3 tiles (slices of 1-3 tiles, groups cut short at a slice's end)
+            monkeypatch.setattr(tc, "meta_tiles", lambda tiles: 3)
+            for budget in (3 * per_tile, 7 * per_tile):
+                index.derived.graphs.clear()
+                monkeypatch.setattr(tc, "META_MAX_BYTES", budget)
+                s, i = tiled_search(index, batch, k, tile_bits=tile_bits, dense_min=dense_min, acc="u32").resolved()
+                got[("groups of 3", budget)] = (s.cpu(), i.cpu())
+            monkeypatch.setattr(tc, "meta_tiles", real_tiles)
             assert all(torch.equal(v[0], got[0][0]) and torch.equal(v[1], got[0][1]) for v in got.values())
 
 

@@ -68,7 +68,7 @@ _WEIGHT_TYPES = {torch.float32: "float", torch.uint8: "unsigned char", torch.int
 # a (query, tile) block; a launch whose records would pass this many bytes is cut into launches of
 # as many tiles as fit.
 META_MAX_BYTES = 256 << 20
-META_TILES = 8  # tiles a warp of tile_meta takes (META_TILES in the CUDA source)
+META_TILES = 4  # tiles a warp of tile_meta takes at most (see meta_tiles)
 META_MIN_BATCH = LARGE_BATCH  # the META build is a six-block one (launch_shape): batches of LARGE_BATCH or more
 
 
@@ -212,6 +212,16 @@ def _meta_build(
     pairs = acc == "u32" and int_weights and layout.weight_bits is None and not dense_lists
     pairs = pairs and layout.dense.dtype == torch.uint8 and (1 << layout.tile_bits) // threads >= 8
     return pairs and octs and min_blocks >= 6 and width <= SHORT_WIDTH
+
+
+def meta_tiles(tiles: int) -> int:
+    """The consecutive tiles each warp of ``tile_meta`` takes in a launch over ``tiles`` tiles (one
+    warp a query and group of tiles): one per 32 tiles of the launch, from 1 to :data:`META_TILES`.
+
+    A warp loads its query's terms once and keeps the next tile's loads in flight while it writes a
+    record; a small launch needs more warps to fill the GPU (8.8M x 256: 2 tiles a warp in the
+    64-tile launch and 4 in the 506-tile ones, against 8 in all before)."""
+    return max(1, min(META_TILES, tiles // 32))
 
 
 def meta_bytes(b: int, width: int, tiles: int) -> int:
@@ -399,7 +409,8 @@ def tiled_candidates(
             pointer(q_weights), pointer(q_scale), np.int32(t), np.int32(n_terms), np.int32(b))  # fmt: skip
     for f in range(first, first + count, per):
         n = min(per, first + count - f)
-        grid = ((b + 3) // 4, (n + META_TILES - 1) // META_TILES)
-        launch(meta_kernel, grid, (128,), (*head, np.int32(f), np.int32(n), pointer(meta)), device=dev)
+        group = meta_tiles(n)
+        grid = ((b + 3) // 4, -(-n // group))
+        launch(meta_kernel, grid, (128,), (*head, np.int32(f), np.int32(n), np.int32(group), pointer(meta)), device=dev)
         ints[4] = np.int32(f)
         launch(kernel, (b, n), (threads,), (*args, *ints, *outs, *tail), device=dev, shared_mem=shared)

@@ -1008,25 +1008,24 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
 }
 
 #if META
-// The records META blocks read (see META above). One warp a query and META_TILES consecutive tiles
+// The records META blocks read (see META above). One warp a query and `per` consecutive tiles
 // (four queries a CUDA block): the query's term ids and weights are loaded once, each tile's
 // segments before the previous tile's record is written and its dense rows' ids while it is (two
 // round trips a tile, overlapped). The same metadata as load_terms and the prefix pass build
 // (term order, the same integer weights, the same octs), and the pairs' table as the PAIRS phase
 // builds it; np = -1 where that phase would not be paired (a weight above 16 bits after the shift,
 // or more pairs than the table holds).
-#define META_TILES 8
 extern "C" __global__ void __launch_bounds__(128) tile_meta(
     const int* __restrict__ seg, const i64* __restrict__ tile_start, const short* __restrict__ dense_id,
     const int* __restrict__ q_terms, const float* __restrict__ q_weights, const double* __restrict__ q_scale,
-    const int T, const int V, const int B, const int tile0, const int n_tiles, int4* __restrict__ rec)
+    const int T, const int V, const int B, const int tile0, const int n_tiles, const int per, int4* __restrict__ rec)
 {
     __shared__ int st_row[4][MAXT];
     __shared__ unsigned int st_wi[4][MAXT];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int q = blockIdx.x * 4 + warp;
     if (q >= B) return;  // the warp's own work only: no barrier below
-    const int r0 = blockIdx.y * META_TILES, r1 = min(n_tiles, r0 + META_TILES);  // tiles after tile0
+    const int r0 = blockIdx.y * per, r1 = min(n_tiles, r0 + per);  // tiles after tile0
     const unsigned int below = (1u << lane) - 1u;
     constexpr int NC = MAXT / 32;
     int tc[NC];
