@@ -528,7 +528,7 @@ def test_cuda_later_waves_read_their_blocks_metadata_from_records(rng, monkeypat
                     later = sum(n for first, n in waves.wave_plan(layout.n_tiles, b, k, n_sm) if first > 0)
                     assert launches.count(True) == later >= 2, what
                     assert launches.count(False) >= later + 1, what  # and the first wave's (and any redone rows')
-            # each warp of tile_meta over 3 tiles (slices of 1-3 tiles, groups cut short at a slice's end)
+            # each warp of tile_meta over 3 tiles, in slices of 3 and of 7 tiles (a group cut short at its end)
             monkeypatch.setattr(tc, "meta_tiles", lambda tiles: 3)
             for budget in (3 * per_tile, 7 * per_tile):
                 index.derived.graphs.clear()
