@@ -24,13 +24,19 @@
 
 #include "_native_buffers.h"
 
-/* Row pointers [n + 1] that rise from indptr[0] and end at indptr[0] + nnz: 0, else -1 with an error. */
-static int check_rows(const int64_t *indptr, Py_ssize_t n, Py_ssize_t nnz) {
+/* Row pointers [n + 1] that never decrease: 0, else -1 with an error. */
+static int rising(const int64_t *indptr, Py_ssize_t n) {
     for (Py_ssize_t r = 0; r < n; r++)
         if (indptr[r + 1] < indptr[r]) {
             PyErr_SetString(PyExc_ValueError, "indptr must not decrease");
             return -1;
         }
+    return 0;
+}
+
+/* Row pointers [n + 1] that rise from indptr[0] and end at indptr[0] + nnz: 0, else -1 with an error. */
+static int check_rows(const int64_t *indptr, Py_ssize_t n, Py_ssize_t nnz) {
+    if (rising(indptr, n) < 0) return -1;
     if (indptr[n] - indptr[0] != nnz) {
         PyErr_SetString(PyExc_ValueError, "indptr does not end at the number of values");
         return -1;
@@ -211,15 +217,10 @@ static PyObject *longest(PyObject *self, PyObject *arg) {
         PyErr_SetString(PyExc_ValueError, "indptr needs at least one entry");
         goto done;
     }
+    if (rising(indptr, n) < 0) goto done;
     int64_t most = 0;
-    for (Py_ssize_t r = 0; r < n; r++) {
-        const int64_t len = indptr[r + 1] - indptr[r];
-        if (len < 0) {
-            PyErr_SetString(PyExc_ValueError, "indptr must not decrease");
-            goto done;
-        }
-        if (len > most) most = len;
-    }
+    for (Py_ssize_t r = 0; r < n; r++)
+        if (indptr[r + 1] - indptr[r] > most) most = indptr[r + 1] - indptr[r];
     result = PyLong_FromLongLong(most);
 done:
     release(b, 1);
