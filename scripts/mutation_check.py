@@ -139,6 +139,27 @@ MUTATIONS = [
         "return out[:b]",
         ("tests/test_encode_graphs.py::test_capture_path_on_a_fake_cuda",),
     ),
+    Mutation(
+        "a search's results taken from a graph are the slot's buffers, which the next replay overwrites",
+        "engines/tiled/graphs.py",
+        "else self._own_t[i] if _fill(own[i], h)",
+        "else torch.from_numpy(h) if _fill(own[i], h)",
+        ("tests/test_tiled_graphs.py::test_results_in_memory_of_their_own_taken_before_the_wait",),
+    ),
+    Mutation(
+        "a graph's repeat takes a batch of another query width",
+        "engines/tiled/graphs.py",
+        "query_width(longest) != entry.width or ",
+        "",
+        ("tests/test_tiled_graphs.py::test_a_repeat_replays_its_own_shape_only",),
+    ),
+    Mutation(
+        "a search's repeat leaves the rows its graph flagged unsearched",
+        "search.py",
+        "out = SearchResults(*complete_later(res)(), engine=self.engine.name)",
+        "out = SearchResults(*res.host.take()[:2], engine=self.engine.name)",
+        ("tests/test_search.py::test_a_search_repeats_its_one_batch_by_the_engines_repeat",),
+    ),
 ]
 
 

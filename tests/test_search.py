@@ -365,3 +365,74 @@ def test_a_search_on_a_bare_cuda_device_is_resolved_each_time(rng):
     assert len(index.derived.searches) == 2
     for res in (named, own):
         assert torch.equal(res.ids, bare.ids) and torch.equal(res.scores, bare.scores)
+
+
+class _Repeating:
+    """An engine (the reference one inside) whose results carry a repeat
+    (:attr:`BatchResult.repeat`), as the tiled engine's graphed batches do: a repeat serves a batch
+    of as many queries as the batch that made it, delivered to the host, its first row flagged and
+    poisoned until searched again; it declines any other (``None``). Calls are recorded."""
+
+    name, auto_rank, quantizes_queries = "repeating", 0, False
+
+    def __init__(self, inner) -> None:
+        self.inner, self.general, self.repeats = inner, [], []
+
+    def unavailable(self, device, *, auto=False):
+        return None
+
+    def search_batch(self, index, queries, k, plan):
+        self.general.append(len(queries))
+        res = self.inner.search_batch(index, queries, k, plan)
+        return res._replace(repeat=lambda q, bits: self._repeat(index, k, plan, len(queries), q, bits))
+
+    def _repeat(self, index, k, plan, rows, queries, bits):
+        from gpusparse.engines.base import BatchResult
+
+        self.repeats.append((len(queries), bits))
+        if len(queries) != rows:
+            return None
+        scores, ids = self.inner.search_batch(index, queries, k, plan).resolved()
+        scores, ids = scores.clone(), ids.clone()
+        scores[0], ids[0] = -1.0, 12345  # garbage until searched again
+        redo = torch.zeros(len(queries), dtype=torch.bool)
+        redo[0] = True
+
+        class Host:
+            def take(self, into=()):
+                return scores, ids, redo
+
+        def again(found):
+            assert found.tolist() == [0]
+            return self.inner.search_batch(index, queries[0:1], k, plan).resolved()
+
+        return BatchResult(None, None, None, again, host=Host())
+
+
+def test_a_search_repeats_its_one_batch_by_the_engines_repeat(rng):
+    """A Search whose last call was one batch sends the next call's queries to that batch's
+    repeat (its flagged rows searched again); where the repeat declines, or the call is several
+    batches or shows progress, the batch loop runs as before. Every result exact, padded to k
+    past the documents."""
+    from gpusparse.engines import choose
+    from gpusparse.search import Search
+
+    docs = random_collection(rng, 60, 80, 6)
+    index = Index.build(docs)
+    for k, width in ((10, 10), (70, 70)):  # 70 > 60 documents: padded
+        s = Search(index, k, batch_size=8, kernel="reference")
+        engine = s.engine = _Repeating(choose("reference", index.device))
+        # (queries, progress, the batches searched the general way, the repeats asked)
+        for n, progress, general, repeated in [
+            (5, False, [5], []), (5, False, [], [(5, None)]), (6, False, [6], [(6, None)]), (6, False, [], [(6, None)]),
+            (20, False, [8, 8, 4], [(20, None)]), (6, False, [6], []), (6, True, [6], []), (6, False, [], [(6, None)]),
+        ]:  # fmt: skip
+            queries = random_collection(rng, n, 80, 4)
+            engine.general.clear()
+            engine.repeats.clear()
+            res = s(queries, progress=progress)
+            assert (engine.general, engine.repeats) == (general, repeated), (n, engine.general, engine.repeats)
+            ref_s, ref_i = reference_topk(canonical_scores(docs, queries), k)
+            assert res.ids.shape == (n, width) and res.engine == "repeating"
+            np.testing.assert_array_equal(res.ids.numpy(), ref_i)
+            np.testing.assert_array_equal(res.scores.numpy(), ref_s)

@@ -444,3 +444,193 @@ def test_a_garbage_collection_due_during_a_capture_does_not_void_it(rng, monkeyp
     ref_s, ref_i = reference_topk(dense_scores(docs, queries), 20)
     np.testing.assert_array_equal(res.ids.numpy(), ref_i)
     np.testing.assert_array_equal(res.scores.numpy(), ref_s)
+
+
+def _fake_entry(rows: int, width: int, launches: list, *, n_slots: int = 2):
+    """A GraphEntry of ``rows`` x ``width`` with ``n_slots`` slots whose graphs are not run: a
+    launch is recorded (with the rows its staging buffer holds then), its outputs are the
+    packed host buffer's (scores, ids, flags) views, and its event has always completed."""
+    from gpusparse.engines.tiled.graphs import GraphEntry, _Slot
+
+    class Event:
+        def record(self, stream):
+            pass
+
+        def query(self):
+            return True
+
+        def synchronize(self):
+            pass
+
+    fields, size = csr_fields(rows, rows * width)
+    entry = GraphEntry(rows, width, 8, fields, size, torch.device("cuda", 0), 0, (0, 0))
+    for _ in range(n_slots):
+        staging = torch.full((size,), 0xAB, dtype=torch.uint8)
+        views = {n: _numpy_view(staging.numpy(), spec) for n, spec in fields.items()}
+        buf = torch.zeros(rows * 3 * 12 + rows, dtype=torch.uint8)
+        host_out = [buf[: rows * 12].view(torch.float32).view(rows, 3), buf[rows * 12 : rows * 36].view(torch.int64)
+                    .view(rows, 3), buf[rows * 36 :].view(torch.bool)]  # fmt: skip
+
+        def launch(stream, views=views):
+            launches.append((views["indptr"].copy(), views["indices"].copy(), views["values"].copy()))
+
+        entry.slots.append(_Slot(None, staging, views, [], host_out, [h.numpy() for h in host_out], Event(), launch))  # type: ignore[arg-type]
+    return entry
+
+
+def test_a_repeat_replays_its_own_shape_only(rng, monkeypatch):
+    """Repeat.launch stages a batch of its entry's rows and query width into an idle slot (over a
+    poisoned buffer) and replays it, the entry moved to the cache's end; it declines (``None``,
+    nothing launched) another number of rows, a longer query width, other settings in force, an
+    entry no longer in its cache, and a shape whose second slot is still to be captured."""
+    from collections import OrderedDict
+
+    from gpusparse.engines.tiled import graphs
+    from gpusparse.engines.tiled.graphs import HostResults, Repeat
+
+    monkeypatch.setattr(graphs, "raw_stream", lambda device_index: 0)
+    launches: list = []
+    entry = _fake_entry(4, 16, launches)
+    cache: OrderedDict = OrderedDict([("k", entry), ("other", None)])
+    rep = Repeat(cache, "k", entry, 2)
+    batch = _queries_of_width(rng, 4, m=9)  # pads to 16
+    out = rep.launch(batch.indptr, batch.indices, batch.values)
+    assert isinstance(out, HostResults) and len(launches) == 1 and list(cache) == ["other", "k"]
+    indptr, indices, values = launches[0]
+    np.testing.assert_array_equal(indptr, batch.indptr)
+    np.testing.assert_array_equal(indices[:36], batch.indices)
+    np.testing.assert_array_equal(values[:36], batch.values)
+    assert (values[36:].view(np.uint8) == 0xAB).all()
+    out.take()
+    declined = [
+        _queries_of_width(rng, 3, m=9),  # three rows
+        _queries_of_width(rng, 4, m=17),  # pads to 32
+        _queries_of_width(rng, 4, m=4),  # pads to 8
+    ]
+    for other in declined:
+        assert rep.launch(other.indptr, other.indices, other.values) is None
+    with override_config(graph_cache=7):  # other settings: the repeat was made under the others
+        assert rep.launch(batch.indptr, batch.indices, batch.values) is None
+    cache["k"] = _fake_entry(4, 16, [])  # the shape captured again (dropped, then a new entry)
+    assert rep.launch(batch.indptr, batch.indices, batch.values) is None
+    del cache["k"]
+    assert rep.launch(batch.indptr, batch.indices, batch.values) is None
+    cache["k"] = entry
+    assert len(launches) == 1
+    lone = _fake_entry(4, 16, launches, n_slots=1)  # room for a second slot, the first busy
+    cache["lone"] = lone
+    lone_rep = Repeat(cache, "lone", lone, 2)
+    assert lone_rep.launch(batch.indptr, batch.indices, batch.values) is not None
+    assert lone_rep.launch(batch.indptr, batch.indices, batch.values) is None  # its results not yet taken
+    assert len(launches) == 2
+
+
+def test_results_in_memory_of_their_own_taken_before_the_wait(monkeypatch):
+    """HostResults(own=True) takes its outputs' memory when made (before the wait, while the
+    device works) and fills it after: results equal the slot's buffers, do not alias them and
+    keep their values through the next replay; the flags ``None`` when none is set, a copy when
+    one is; ``into``, where given, is still written instead."""
+    from gpusparse.engines.tiled.graphs import HostResults
+
+    launches: list = []
+    entry = _fake_entry(2, 8, launches, n_slots=1)
+    slot = entry.slots[0]
+    for flagged in (False, True):
+        scores_h, ids_h, flags_h = slot.host_out
+        scores_h.copy_(torch.arange(6, dtype=torch.float32).view(2, 3))
+        ids_h.copy_(torch.arange(6).view(2, 3) - 3)
+        flags_h.copy_(torch.tensor([flagged, False]))
+        slot.pending = HostResults(slot, 2, own=True)
+        scores, ids, redo = slot.pending.take()
+        assert torch.equal(scores, scores_h) and torch.equal(ids, ids_h) and slot.pending is None
+        assert scores.data_ptr() != scores_h.data_ptr() and ids.data_ptr() != ids_h.data_ptr()
+        assert (redo is None) == (not flagged) and (redo is None or redo.tolist() == [True, False])
+        for h in slot.host_out:
+            h.fill_(1)  # the next replay
+        assert scores.tolist() == [[0, 1, 2], [3, 4, 5]] and ids.tolist() == [[-3, -2, -1], [0, 1, 2]]
+        assert redo is None or redo.tolist() == [True, False]
+    slot.pending = HostResults(slot, 2, own=True)
+    into = torch.full((2, 3), -1.0)
+    scores, _, _ = slot.pending.take((into,))
+    assert scores is into and (into == 1).all()
+
+
+def _served(monkeypatch) -> list[bool]:
+    """For each batch offered to a graph's Repeat, in order: whether it served the batch."""
+    from gpusparse.engines.tiled import graphs
+
+    served: list[bool] = []
+    real = graphs.Repeat.launch
+
+    def counted(self, *a):
+        out = real(self, *a)
+        served.append(out is not None)
+        return out
+
+    monkeypatch.setattr(graphs.Repeat, "launch", counted)
+    return served
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("quantize", [None, 8])
+def test_later_batches_of_one_shape_replay_by_its_repeat(rng, monkeypatch, quantize):
+    """Index.search called batch after batch of one shape (3 queries, and 12 above graph_max_batch):
+    from the second call on (the third for 12: its graph is captured at the second) the graph's
+    Repeat stages and replays it (counted), its results in memory of their own; another query
+    width, other settings or the index's derived state reset go the general way. Fresh queries
+    each call, every row equal to the float64 reference; the results of earlier calls unchanged."""
+    require_cuda_kernels()
+    served = _served(monkeypatch)
+    docs = random_collection(rng, 20_000, 300, 30)
+    index = Index.build(docs, device="cuda", quantize=quantize)
+
+    def reference(queries, k):
+        if quantize:
+            return reference_topk(dense_scores(docs_q(index, docs), quantize_queries(queries, quantize)), k)
+        return reference_topk(dense_scores(docs, queries), k)
+
+    kept = []
+    with override_config(graph_max_batch=8, graph_repeat_batch=16):
+        for n, m, expect in [(3, 5, []), (3, 6, [True]), (3, 7, [True]), (3, 12, [False]), (3, 13, [True]),
+                             (12, 4, [False]), (12, 4, []), (12, 4, [True]), (12, 4, [True])]:  # fmt: skip
+            queries = _queries_of_width(rng, n, m=m)
+            served.clear()
+            res = index.search(queries, 20)
+            assert served == expect, (n, m, served)
+            kept.append((queries, res, res.ids.clone(), res.scores.clone()))
+    with override_config(graph_max_batch=8, graph_repeat_batch=16, graph_cache=5):  # other settings
+        served.clear()
+        res = index.search(_queries_of_width(rng, 12, m=4), 20)
+        assert served == []  # the Search itself is made again under other settings
+    index.derived.reset()
+    with override_config(graph_max_batch=8, graph_repeat_batch=16):
+        queries = _queries_of_width(rng, 3, m=5)
+        served.clear()
+        res = index.search(queries, 20)
+        assert served == []
+        kept.append((queries, res, res.ids.clone(), res.scores.clone()))
+    for queries, res, ids, scores in kept:
+        ref_s, ref_i = reference(queries, 20)
+        assert torch.equal(res.ids, ids) and torch.equal(res.scores, scores)  # not overwritten by later calls
+        np.testing.assert_array_equal(ids.numpy(), ref_i)
+        np.testing.assert_array_equal(scores.numpy(), ref_s)
+
+
+@pytest.mark.gpu
+def test_a_repeat_searches_its_flagged_rows_again(rng, monkeypatch):
+    """Rows a repeated graph flags (every row here: no margin allowed) are searched the general
+    way after its one wait: the repeat served, and every row equals the float64 reference."""
+    require_cuda_kernels()
+    from gpusparse.engines.tiled import fixed_point as fpm
+
+    monkeypatch.setattr(fpm, "FIXED_MAX_DELTA", 0)
+    served = _served(monkeypatch)
+    docs = random_collection(rng, 20_000, 300, 30)
+    index = Index.build(docs, device="cuda")
+    for _ in range(3):
+        queries = _queries_of_width(rng, 4, m=6)
+        res = index.search(queries, 20)
+        ref_s, ref_i = reference_topk(dense_scores(docs, queries), 20)
+        np.testing.assert_array_equal(res.ids.numpy(), ref_i)
+        np.testing.assert_array_equal(res.scores.numpy(), ref_s)
+    assert served == [True, True]

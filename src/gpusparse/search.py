@@ -129,20 +129,38 @@ class Search:
         self.statistics = max_scores_host(index), max_score(index)
         self.k, self.batch_size = k, batch_size
         self.index: PostingLists | None = None  # the lists on the device: at the first call
+        # the engine's repeat of the last call's one batch (BatchResult.repeat)
+        self.repeat: Callable[[SparseCollection, int | None], BatchResult | None] | None = None
+        self.width: int | None = None  # the results' width where it is not the searched k's
 
     def __call__(self, queries: object, *, progress: bool = False) -> SearchResults:
         src = self.source
         q, bits = prepare_queries_deferred(queries, src.vocab, src.quantization, *self.statistics, defer=self.defer)
+        if self.repeat is not None and not progress:
+            # a call of one batch as the last one was: the engine's repeat, without the batch loop's layers
+            res = self.repeat(q, bits)
+            if res is not None:
+                out = SearchResults(*complete_later(res)(), engine=self.engine.name)
+                return out if self.width is None else padded(out, self.width)
         idx = self.index
         if idx is None:
             idx = self.index = src.resident_on(self.device)
         engine, kk = self.engine, search_width(self.k, idx.n_docs)
+        made: list[BatchResult] = []
+
+        def one(part: SparseCollection, plan: SearchPlan) -> BatchResult:
+            made.append(engine.search_batch(idx, part, kk, plan))
+            return made[-1]
+
         res = search_batches(
-            lambda part, plan: engine.search_batch(idx, part, kk, plan),
-            q, kk, idx.n_docs, self.device, budget=self.budget, batch_size=self.batch_size, progress=progress,
+            one, q, kk, idx.n_docs, self.device, budget=self.budget, batch_size=self.batch_size, progress=progress,
             engine=engine.name, query_bits=bits,
         )  # fmt: skip
-        return padded(res, result_width(self.k, idx.n_docs))
+        # one batch: its engine's repeat serves the next call of that batch's shape
+        self.repeat = made[0].repeat if len(made) == 1 else None
+        width = result_width(self.k, idx.n_docs)
+        self.width = None if width == kk else width
+        return padded(res, width)
 
 
 def search(

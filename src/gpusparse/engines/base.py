@@ -62,13 +62,17 @@ class BatchResult(NamedTuple):
     valid results, and ``redo_search(rows)`` (host row numbers) returns theirs, ``(scores,
     ids)`` on the device. For a plan with ``to_host`` an engine may instead deliver the batch
     straight to the host: then ``host`` gives ``(scores, ids, redo)`` there and the three device
-    fields are ``None``."""
+    fields are ``None``. ``repeat(queries, query_bits)``: where an engine has one, the same search
+    of a later batch of queries (prepared as this one's, with the plan's ``query_bits``) with
+    less host work, as a result delivered to the host; it returns ``None`` where it does not serve
+    that batch (the caller then searches it the general way)."""
 
     scores: torch.Tensor | None
     ids: torch.Tensor | None
     redo: torch.Tensor | None = None
     redo_search: Callable[[np.ndarray], tuple[torch.Tensor, torch.Tensor]] | None = None
     host: HostDelivery | None = None
+    repeat: Callable[[SparseCollection, int | None], BatchResult | None] | None = None
 
     def resolved(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``(scores, ids)`` on the device with the flagged rows searched again (one host sync

@@ -35,7 +35,7 @@ from ..reference import reference_search
 from .device import device_search, graphed_steps
 from .emulation import torch_tiled_candidates
 from .fixed_point import choose_acc, exact_margin, fixed_point, integer_weights, out_of_range
-from .graphs import csr_batch, query_width
+from .graphs import Repeat, csr_batch, query_width
 from .layout_fallback import layout_reference_search
 from .ranking import rank_candidates
 from .waves import candidate_lows, candidates, compact_cuda, compact_torch
@@ -125,14 +125,37 @@ def graphed_batch_search(
     if out is None:
         return None
 
-    def again(rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        prepared = quantize_queries(queries, bits) if bits else queries
-        batch = batch_rows(query_batch(prepared, dev), rows, dev)
-        return tiled_search(index, batch, k, general=True).resolved()
-
+    again = functools.partial(_search_again, index, queries, k, bits)
     if isinstance(out, tuple):
         return BatchResult(*out, again)
-    return BatchResult(None, None, None, again, host=out)
+    # later batches of this shape: by the graph's Repeat (a batch above graph_max_batch only
+    # without a cutoff, which a repeat does not check)
+    rep = out.repeat if cutoff is None else None
+    return BatchResult(None, None, None, again, host=out,
+                       repeat=None if rep is None else functools.partial(_repeat, index, k, bits, rep))  # fmt: skip
+
+
+def _search_again(
+    index: PostingLists, queries: SparseCollection, k: int, bits: int, rows: np.ndarray
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows a graph flagged, searched the general way (:func:`tiled_search`)."""
+    prepared = quantize_queries(queries, bits) if bits else queries
+    batch = batch_rows(query_batch(prepared, index.device), rows, index.device)
+    return tiled_search(index, batch, k, general=True).resolved()
+
+
+def _repeat(
+    index: PostingLists, k: int, bits: int, rep: Repeat, queries: SparseCollection, query_bits: int | None
+) -> BatchResult | None:
+    """:func:`graphed_batch_search` of a later batch by the graph an earlier one of its shape
+    replayed (:class:`~.graphs.Repeat`; :attr:`BatchResult.repeat`), or ``None`` where that graph
+    does not serve it."""
+    if (query_bits or 0) != bits:
+        return None
+    out = rep.launch(queries.indptr, queries.indices, queries.values)
+    if out is None:
+        return None
+    return BatchResult(None, None, None, functools.partial(_search_again, index, queries, k, bits), host=out)
 
 
 @functools.cache
