@@ -149,8 +149,8 @@ MUTATIONS = [
     Mutation(
         "a graph's repeat takes a batch of another query width",
         "engines/tiled/graphs.py",
-        "query_width(longest) != entry.width or ",
-        "",
+        "if longest is None or query_width(longest) != entry.width:",
+        "if longest is None:",
         ("tests/test_tiled_graphs.py::test_a_repeat_replays_its_own_shape_only",),
     ),
     Mutation(
@@ -158,6 +158,13 @@ MUTATIONS = [
         "search.py",
         "out = SearchResults(*complete_later(res)(), engine=self.engine.name)",
         "out = SearchResults(*res.host.take()[:2], engine=self.engine.name)",
+        ("tests/test_search.py::test_a_search_repeats_its_one_batch_by_the_engines_repeat",),
+    ),
+    Mutation(
+        "a search's repeat keeps its results without the score bound's proof",
+        "search.py",
+        "                if as_they_are(queries, src.quantization, *self.statistics, defer=self.defer):",
+        "                if True:",
         ("tests/test_search.py::test_a_search_repeats_its_one_batch_by_the_engines_repeat",),
     ),
 ]

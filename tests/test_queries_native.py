@@ -192,5 +192,8 @@ def test_staging_passes_refuse_inconsistent_arrays():
         queries_native.stage_rows(np.array([0, 2, 4]), ind, val, out_ptr, out_ind, out_val)
     with pytest.raises(ValueError, match="must not decrease"):
         queries_native.stage_rows(np.array([0, 3, 2, 5]), ind, val, np.empty(4, np.int32), out_ind, out_val)
-    assert queries_native.stage_rows(ptr, ind, val, out_ptr, out_ind, out_val)
+    assert queries_native.stage_rows(ptr, ind, val, out_ptr, out_ind, out_val) == 3  # the longest row
+    assert queries_native.stage_rows(np.array([7, 7, 7], np.int64), ind[:0], val[:0], out_ptr, out_ind, out_val) == 0
+    assert out_ptr.tolist() == [0, 0, 0]
+    assert queries_native.stage_rows(ptr, ind, val, out_ptr, out_ind, out_val) == 3
     assert out_ptr.tolist() == [0, 2, 5] and out_ind.tolist() == [0, 1, 2, 3, 4] and out_val.tolist() == [1] * 5

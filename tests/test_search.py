@@ -376,7 +376,7 @@ class _Repeating:
     name, auto_rank, quantizes_queries = "repeating", 0, False
 
     def __init__(self, inner) -> None:
-        self.inner, self.general, self.repeats = inner, [], []
+        self.inner, self.general, self.repeats, self.dropped = inner, [], [], 0
 
     def unavailable(self, device, *, auto=False):
         return None
@@ -398,8 +398,11 @@ class _Repeating:
         redo = torch.zeros(len(queries), dtype=torch.bool)
         redo[0] = True
 
+        engine = self
+
         class Host:
             def take(self, into=()):
+                engine.dropped += 1  # (taken by the search's finish, which counts it back)
                 return scores, ids, redo
 
         def again(found):
@@ -434,5 +437,23 @@ def test_a_search_repeats_its_one_batch_by_the_engines_repeat(rng):
             assert (engine.general, engine.repeats) == (general, repeated), (n, engine.general, engine.repeats)
             ref_s, ref_i = reference_topk(canonical_scores(docs, queries), k)
             assert res.ids.shape == (n, width) and res.engine == "repeating"
+            np.testing.assert_array_equal(res.ids.numpy(), ref_i)
+            np.testing.assert_array_equal(res.scores.numpy(), ref_s)
+        # weights whose score bound two reductions cannot prove: the repeat's launch is dropped (its
+        # results taken, unused), and the batch goes the general way, where its bound is checked in full
+        for weight, refused in ((1e31, False), (3e38, True)):
+            queries = random_collection(rng, 6, 80, 4)
+            queries.values[:] = weight  # 3e38: some query's bound passes float32's largest
+            engine.general.clear()
+            engine.repeats.clear()
+            engine.dropped = 0
+            if refused:
+                with pytest.raises(InputError, match="too large"):
+                    s(queries)
+                assert (engine.general, engine.repeats, engine.dropped) == ([], [(6, None)], 1)
+                continue
+            res = s(queries)
+            assert (engine.general, engine.repeats, engine.dropped) == ([6], [(6, None)], 1)
+            ref_s, ref_i = reference_topk(canonical_scores(docs, queries), k)
             np.testing.assert_array_equal(res.ids.numpy(), ref_i)
             np.testing.assert_array_equal(res.scores.numpy(), ref_s)

@@ -502,9 +502,17 @@ def test_a_repeat_replays_its_own_shape_only(rng, monkeypatch):
     np.testing.assert_array_equal(values[:36], batch.values)
     assert (values[36:].view(np.uint8) == 0xAB).all()
     out.take()
+    import scipy.sparse as sp
+
+    from gpusparse import SparseCollection
+
+    cols = np.concatenate([rng.choice(300, size=m, replace=False) for m in (20, 4, 4, 4)])
+    long_first = sp.csr_matrix((np.ones(32, np.float32), cols, [0, 20, 24, 28, 32]), shape=(4, 300))
+    one_long = SparseCollection.from_scipy(long_first)
     declined = [
         _queries_of_width(rng, 3, m=9),  # three rows
-        _queries_of_width(rng, 4, m=17),  # pads to 32
+        _queries_of_width(rng, 4, m=17),  # pads to 32 (more terms than the buffer holds)
+        one_long,  # pads to 32 (as many terms as the batch above)
         _queries_of_width(rng, 4, m=4),  # pads to 8
     ]
     for other in declined:

@@ -230,7 +230,8 @@ done:
 PyDoc_STRVAR(stage_doc, "stage(indptr, indices, values, out_indptr, out_indices, out_values)\n--\n\n"
                         "Rows (indptr int64, indices int32, values float32) as they are into a CUDA graph's staging "
                         "views:\nint32 row pointers from 0 (out_indptr: [rows + 1]), the terms and weights at the "
-                        "start of\nout_indices (int32) and out_values (float32), which must have room for them.");
+                        "start of\nout_indices (int32) and out_values (float32), which must have room for them. "
+                        "Returns the most\nterms of a row (0 for no rows).");
 
 static PyObject *stage(PyObject *self, PyObject *args) {
     (void)self;
@@ -258,10 +259,15 @@ static PyObject *stage(PyObject *self, PyObject *args) {
         goto done;
     }
     int32_t *optr = b[3].view.buf;
-    for (Py_ssize_t r = 0; r <= n; r++) optr[r] = (int32_t)(indptr[r] - indptr[0]);
+    int64_t most = 0;  /* the longest row, in the same pass: a batch's caller needs it, and one call less */
+    optr[0] = 0;
+    for (Py_ssize_t r = 0; r < n; r++) {
+        optr[r + 1] = (int32_t)(indptr[r + 1] - indptr[0]);
+        if (indptr[r + 1] - indptr[r] > most) most = indptr[r + 1] - indptr[r];
+    }
     memcpy(b[4].view.buf, b[1].view.buf, (size_t)nnz * 4);
     memcpy(b[5].view.buf, b[2].view.buf, (size_t)nnz * 4);
-    result = Py_NewRef(Py_None);
+    result = PyLong_FromLongLong(most);
 done:
     release(b, 6);
     return result;

@@ -86,15 +86,37 @@ def prepare_queries_deferred(
     if not defer or quantization is None:
         return prepare_queries(queries, vocab, quantization, max_scores, largest), None
     q = as_queries(queries, vocab)
-    values = q.values
     largest = _largest(max_scores, largest)
-    if values.size:
-        top = 2.0 * float(values.max())
-        if not (top <= F32_MAX and _bound_proven(top, largest, values.size)):
-            q = quantize_queries(q, quantization.bits)
-            check_score_bound(q, max_scores, largest)
-            return q, None
-    return q, quantization.bits
+    if as_they_are(q, quantization, max_scores, largest, defer=True):
+        return q, quantization.bits
+    q = quantize_queries(q, quantization.bits)
+    check_score_bound(q, max_scores, largest)
+    return q, None
+
+
+def as_they_are(
+    queries: SparseCollection,
+    quantization: Quantization | None,
+    max_scores: np.ndarray,
+    largest: float | None = None,
+    *,
+    defer: bool = False,
+) -> bool:
+    """Whether :func:`prepare_queries_deferred` takes ``queries`` (an :func:`as_queries` result)
+    as they are, with nothing to refuse: no quantization left to the host (an index without it,
+    or ``defer``), and the score bound proven from two reductions (for quantized queries to come,
+    from twice the largest weight; see :func:`prepare_queries_deferred`)."""
+    if quantization is not None and not defer:
+        return False
+    values = queries.values
+    if not values.size:
+        return True
+    top = float(values.max())
+    if quantization is not None:
+        top *= 2.0
+        if not top <= F32_MAX:
+            return False
+    return _bound_proven(top, _largest(max_scores, largest), values.size)
 
 
 def score_bounds(queries: SparseCollection, max_scores: np.ndarray) -> np.ndarray:

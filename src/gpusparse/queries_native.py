@@ -103,13 +103,13 @@ def stage_rows(
     out_indptr: np.ndarray,
     out_indices: np.ndarray,
     out_values: np.ndarray,
-) -> bool:
+) -> int | None:
     """Rows (``indptr`` int64, ``indices`` int32, ``values`` float32) as they are into a CUDA
     graph's staging views: int32 row pointers from 0 into ``out_indptr`` (``[rows + 1]``), the
     terms and weights at the start of ``out_indices`` and ``out_values`` (room for all of them
-    is checked). ``False`` without the C module (warned once): the caller copies by numpy."""
+    is checked). Returns the most terms of a row (0 for no rows); ``None`` without the C module
+    (warned once): the caller copies by numpy."""
     if _native is None:
         _missing()
-        return False
-    _native.stage(*_rows(indptr, indices, values), out_indptr, out_indices, out_values)
-    return True
+        return None
+    return int(_native.stage(*_rows(indptr, indices, values), out_indptr, out_indices, out_values))

@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from . import engines
 from .engines.base import DEFAULT_MEMORY_BUDGET, BatchResult, SearchPlan, plan_chunks
 from .layout.statistics import max_score, max_scores_host
-from .queries import prepare_queries_deferred
+from .queries import as_queries, as_they_are, prepare_queries_deferred
 from .transfer import output_buffers, results_to_host, start_to_host
 
 if TYPE_CHECKING:
@@ -126,6 +126,8 @@ class Search:
         self.engine = engines.choose(kernel, self.device)
         # an engine that quantizes the queries itself (the tiled engine: on the device) gets them as they are
         self.defer = self.engine.quantizes_queries
+        # the bits prepare_queries_deferred leaves the engine to quantize to, where it proves the bound
+        self.bits = index.quantization.bits if self.defer and index.quantization is not None else None
         self.statistics = max_scores_host(index), max_score(index)
         self.k, self.batch_size = k, batch_size
         self.index: PostingLists | None = None  # the lists on the device: at the first call
@@ -135,13 +137,20 @@ class Search:
 
     def __call__(self, queries: object, *, progress: bool = False) -> SearchResults:
         src = self.source
-        q, bits = prepare_queries_deferred(queries, src.vocab, src.quantization, *self.statistics, defer=self.defer)
         if self.repeat is not None and not progress:
-            # a call of one batch as the last one was: the engine's repeat, without the batch loop's layers
-            res = self.repeat(q, bits)
+            # A call of one batch as the last one was: the engine's repeat, without the batch loop's
+            # layers. The vocabulary is checked before the launch (it guards the term ids), the score
+            # bound while the device works: where it is not proven from two reductions, the results
+            # are dropped and the batch is prepared (quantized on the host, or refused) as any other.
+            queries = as_queries(queries, src.vocab)
+            res = self.repeat(queries, self.bits)
             if res is not None:
-                out = SearchResults(*complete_later(res)(), engine=self.engine.name)
-                return out if self.width is None else padded(out, self.width)
+                if as_they_are(queries, src.quantization, *self.statistics, defer=self.defer):
+                    out = SearchResults(*complete_later(res)(), engine=self.engine.name)
+                    return out if self.width is None else padded(out, self.width)
+                if res.host is not None:
+                    res.host.take()
+        q, bits = prepare_queries_deferred(queries, src.vocab, src.quantization, *self.statistics, defer=self.defer)
         idx = self.index
         if idx is None:
             idx = self.index = src.resident_on(self.device)

@@ -227,17 +227,20 @@ class Repeat:
         or the index's derived state reset), a slot still to be captured, or no C module (the
         caller then searches the general way)."""
         entry = self.entry
-        if len(indptr) - 1 != entry.rows or engine_config() is not self.config:
+        if len(indptr) - 1 != entry.rows or len(indices) > entry.cap or engine_config() is not self.config:
             return None
-        longest = longest_row(indptr)
-        if longest is None or query_width(longest) != entry.width or self.cache.get(self.key) is not entry:
+        if self.cache.get(self.key) is not entry:
             return None
         slot = entry.slot()
         if slot is None:
             return None
-        self.cache.move_to_end(self.key)
+        # staged first (the pass finds the longest row): a batch of another width leaves the idle
+        # slot's buffer written but not replayed, and the next batch writes it again
         views = slot.views
-        stage_rows(indptr, indices, values, views["indptr"], views["indices"], views["values"])
+        longest = stage_rows(indptr, indices, values, views["indptr"], views["indices"], views["values"])
+        if longest is None or query_width(longest) != entry.width:
+            return None
+        self.cache.move_to_end(self.key)
         return entry.run(slot, True, self.flag, own=True)  # type: ignore[return-value]
 
 
@@ -265,7 +268,7 @@ def csr_batch(indptr: np.ndarray, indices: np.ndarray, values: np.ndarray, bits:
         longest = int((indptr[1:] - indptr[:-1]).max()) if rows > 0 else 0
 
     def fill(ptr: np.ndarray, ind: np.ndarray, val: np.ndarray) -> None:
-        if not stage_rows(indptr, indices, values, ptr, ind, val):
+        if stage_rows(indptr, indices, values, ptr, ind, val) is None:
             np.subtract(indptr, indptr[0], out=ptr, casting="unsafe")
             ind[:nnz] = indices
             val[:nnz] = values
