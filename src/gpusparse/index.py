@@ -256,7 +256,9 @@ class Index(PostingLists):
         Without a device memory limit, what the arguments resolve to (their checks, the engine,
         the statistics queries are checked against) is kept per arguments and settings
         (:class:`~gpusparse.search.Search`): repeated searches of batches spend their host time
-        on the batch; the queries are checked every time.
+        on the batch; the queries are checked every time. On a GPU, a call of one batch of the
+        shape the last one had replays that shape's CUDA graph directly
+        (:attr:`~gpusparse.engines.base.BatchResult.repeat`).
 
         Returns:
             :class:`~gpusparse.search.SearchResults` ``(scores, ids)``, both ``[n_queries, w]``

@@ -108,7 +108,11 @@ class Search:
     are checked against, and (at the first call, after its queries are checked) the lists on
     the device. Calling it searches as :func:`search` does; :meth:`gpusparse.Index.search`
     keeps one per set of arguments, so that a batch's host time goes to the batch (a few µs
-    of resolution each, measured at ~0.02 ms of a small batch's latency on an H200's host)."""
+    of resolution each, measured at ~0.02 ms of a small batch's latency on an H200's host).
+    A call of one batch keeps its engine's :attr:`~gpusparse.engines.base.BatchResult.repeat`:
+    the next call, where it is one batch the repeat serves, goes there without the batch loop
+    (its vocabulary checked before the launch, its score bound while the device works; at 8.8M
+    x 256 on an H200, 8-bit, top-10: 3.184 against 3.237 ms host to host in one process)."""
 
     def __init__(
         self,
