@@ -525,6 +525,18 @@ def test_a_repeat_replays_its_own_shape_only(rng, monkeypatch):
     assert rep.launch(batch.indptr, batch.indices, batch.values) is None
     cache["k"] = entry
     assert len(launches) == 1
+    # an entry dropped from the cache is freed though its repeat is still held (its buffers with it)
+    import gc
+    import weakref
+
+    gc.disable()  # freed by reference counting, not by a collection
+    try:
+        gone = weakref.ref(entry)
+        entry.repeat = rep
+        del cache["k"], entry, out
+        assert gone() is None and rep.launch(batch.indptr, batch.indices, batch.values) is None
+    finally:
+        gc.enable()
     lone = _fake_entry(4, 16, launches, n_slots=1)  # room for a second slot, the first busy
     cache["lone"] = lone
     lone_rep = Repeat(cache, "lone", lone, 2)

@@ -23,6 +23,7 @@ share their intermediates: their replays must be ordered, i.e. on one stream
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -217,7 +218,9 @@ class Repeat:
     host each µs of Python there costs 3-5 µs after the device's 3 ms wait (measured)."""
 
     def __init__(self, cache: OrderedDict, key: tuple, entry: GraphEntry, flag: int | None) -> None:
-        self.cache, self.key, self.entry, self.flag = cache, key, entry, flag
+        # the entry held weakly: one dropped from the cache frees its graphs and buffers at once,
+        # though a search still holds this repeat (and the entry holds it: no cycle)
+        self.cache, self.key, self._entry, self.flag = cache, key, weakref.ref(entry), flag
         self.config = engine_config()  # the settings it was made under: another object voids it
 
     def launch(self, indptr: np.ndarray, indices: np.ndarray, values: np.ndarray) -> HostResults | None:
@@ -226,10 +229,10 @@ class Repeat:
         of rows or query width, other settings in force, the entry no longer in its cache (dropped,
         or the index's derived state reset), a slot still to be captured, or no C module (the
         caller then searches the general way)."""
-        entry = self.entry
-        if len(indptr) - 1 != entry.rows or len(indices) > entry.cap or engine_config() is not self.config:
+        entry = self._entry()
+        if entry is None or self.cache.get(self.key) is not entry or engine_config() is not self.config:
             return None
-        if self.cache.get(self.key) is not entry:
+        if len(indptr) - 1 != entry.rows or len(indices) > entry.cap:
             return None
         slot = entry.slot()
         if slot is None:
