@@ -575,6 +575,29 @@ def test_results_in_memory_of_their_own_taken_before_the_wait(monkeypatch):
     assert scores is into and (into == 1).all()
 
 
+def test_results_delivered_into_tensors_of_their_own_are_taken_as_they_are():
+    """HostResults(delivered=...): after the one wait, the tensors the replay's stream copied into
+    are the results themselves (no copy), the flags' ``None`` where none is set; ``into``, where
+    given, is written; the slot is freed."""
+    from gpusparse.engines.tiled.graphs import HostResults
+
+    waits: list = []
+    for flagged in (False, True):
+        slot = _fake_entry(2, 8, [], n_slots=1).slots[0]
+        slot.done.synchronize = lambda: waits.append(1)  # type: ignore[method-assign]
+        delivered = [torch.arange(6, dtype=torch.float32).view(2, 3), torch.arange(6).view(2, 3),
+                     torch.tensor([False, flagged])]  # fmt: skip
+        slot.pending = HostResults(slot, 2, own=True, delivered=delivered)
+        waits.clear()
+        scores, ids, redo = slot.pending.take()
+        assert scores is delivered[0] and ids is delivered[1] and waits == [1] and slot.pending is None
+        assert (redo is None) == (not flagged) and (redo is None or redo is delivered[2])
+    slot.pending = HostResults(slot, 2, delivered=delivered)
+    into = torch.full((2, 3), -1.0)
+    scores, _, _ = slot.pending.take((into,))
+    assert scores is into and torch.equal(into, delivered[0])
+
+
 def _served(monkeypatch) -> list[bool]:
     """For each batch offered to a graph's Repeat, in order: whether it served the batch."""
     from gpusparse.engines.tiled import graphs
@@ -592,14 +615,19 @@ def _served(monkeypatch) -> list[bool]:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("quantize", [None, 8])
-def test_later_batches_of_one_shape_replay_by_its_repeat(rng, monkeypatch, quantize):
+@pytest.mark.parametrize(("quantize", "large"), [(None, False), (8, False), (8, True)])
+def test_later_batches_of_one_shape_replay_by_its_repeat(rng, monkeypatch, quantize, large):
     """Index.search called batch after batch of one shape (3 queries, and 12 above graph_max_batch):
     from the second call on (the third for 12: its graph is captured at the second) the graph's
-    Repeat stages and replays it (counted), its results in memory of their own; another query
+    Repeat stages and replays it (counted), its results in memory of their own (``large``: results
+    above HOST_COPY_MAX_BYTES, copied after the replay into page-locked tensors); another query
     width, other settings or the index's derived state reset go the general way. Fresh queries
     each call, every row equal to the float64 reference; the results of earlier calls unchanged."""
     require_cuda_kernels()
+    from gpusparse.engines.tiled import graphs
+
+    if large:
+        monkeypatch.setattr(graphs, "HOST_COPY_MAX_BYTES", 0)
     served = _served(monkeypatch)
     docs = random_collection(rng, 20_000, 300, 30)
     index = Index.build(docs, device="cuda", quantize=quantize)
@@ -618,6 +646,8 @@ def test_later_batches_of_one_shape_replay_by_its_repeat(rng, monkeypatch, quant
             res = index.search(queries, 20)
             assert served == expect, (n, m, served)
             kept.append((queries, res, res.ids.clone(), res.scores.clone()))
+            entries = [e for e in index.derived.graphs.values() if e]
+            assert entries and all(bool(s.host_out) != large for e in entries for s in e.slots)
     with override_config(graph_max_batch=8, graph_repeat_batch=16, graph_cache=5):  # other settings
         served.clear()
         res = index.search(_queries_of_width(rng, 12, m=4), 20)
@@ -637,12 +667,17 @@ def test_later_batches_of_one_shape_replay_by_its_repeat(rng, monkeypatch, quant
 
 
 @pytest.mark.gpu
-def test_a_repeat_searches_its_flagged_rows_again(rng, monkeypatch):
+@pytest.mark.parametrize("large", [False, True])
+def test_a_repeat_searches_its_flagged_rows_again(rng, monkeypatch, large):
     """Rows a repeated graph flags (every row here: no margin allowed) are searched the general
-    way after its one wait: the repeat served, and every row equals the float64 reference."""
+    way after its one wait: the repeat served, and every row equals the float64 reference
+    (``large``: results copied after the replay, as those above HOST_COPY_MAX_BYTES are)."""
     require_cuda_kernels()
     from gpusparse.engines.tiled import fixed_point as fpm
+    from gpusparse.engines.tiled import graphs
 
+    if large:
+        monkeypatch.setattr(graphs, "HOST_COPY_MAX_BYTES", 0)
     monkeypatch.setattr(fpm, "FIXED_MAX_DELTA", 0)
     served = _served(monkeypatch)
     docs = random_collection(rng, 20_000, 300, 30)

@@ -126,13 +126,13 @@ def graphed_batch_search(
         return None
 
     again = functools.partial(_search_again, index, queries, k, bits)
-    if isinstance(out, tuple):
-        return BatchResult(*out, again)
     # later batches of this shape: by the graph's Repeat (a batch above graph_max_batch only
     # without a cutoff, which a repeat does not check)
-    rep = out.repeat if cutoff is None else None
-    return BatchResult(None, None, None, again, host=out,
-                       repeat=None if rep is None else functools.partial(_repeat, index, k, bits, rep))  # fmt: skip
+    rep = out.repeat if cutoff is None else None  # type: ignore[union-attr]  # (graphed's tuples: DeviceResults)
+    repeat = None if rep is None else functools.partial(_repeat, index, k, bits, rep)
+    if isinstance(out, tuple):
+        return BatchResult(*out, again, repeat=repeat)
+    return BatchResult(None, None, None, again, host=out, repeat=repeat)
 
 
 def _search_again(

@@ -58,15 +58,21 @@ def _numpy_view(buf: np.ndarray, spec: tuple) -> np.ndarray:
 
 
 class HostResults:
-    """One replay's results, copied by the graph into its slot's page-locked buffers: host
-    tensors once the replay has completed (:meth:`take`). ``flag``: the output that is a bool
-    array of flags (rows to search again), ``None`` in the results where none is set."""
+    """One replay's results, copied by the graph into its slot's page-locked buffers (or, with
+    ``delivered``, by copies after the replay on its stream into page-locked tensors of their
+    own): host tensors once the replay has completed (:meth:`take`). ``flag``: the output that
+    is a bool array of flags (rows to search again), ``None`` in the results where none is set."""
 
-    def __init__(self, slot: _Slot, flag: int | None = None, *, own: bool = False) -> None:
+    def __init__(
+        self, slot: _Slot, flag: int | None = None, *, own: bool = False, delivered: list[torch.Tensor] | None = None
+    ) -> None:
         self._slot: _Slot | None = slot
         self._flag = flag
         self._taken: list[torch.Tensor | None] = []
         self.repeat: Repeat | None = None  # later batches of this shape (set by graphed)
+        self._delivered = delivered
+        if delivered is not None and flag is not None:
+            self._delivered_flags = delivered[flag].numpy()
         # own: the results' memory taken now, while the device works, not after the wait (the
         # flags' only where one is set)
         self._own: list[np.ndarray | None] | None = None
@@ -81,6 +87,12 @@ class HostResults:
         slot = self._slot
         if slot is not None:
             slot.done.synchronize()
+            if self._delivered is not None:  # already the caller's: nothing to copy
+                self._taken = list(self._delivered)
+                if self._flag is not None and not _any_set(self._delivered_flags):
+                    self._taken[self._flag] = None
+                slot.pending, self._slot = None, None
+                return self.take(into)
             # a copy each: one copy of the packed buffer and views of it took ~35 µs more of an
             # H200 host's time at batch 1 (the views' Python; measured)
             skip = -1 if self._flag is None or _any_set(slot.host_np[self._flag]) else self._flag
@@ -198,16 +210,31 @@ class GraphEntry:
     ) -> tuple[torch.Tensor, ...] | HostResults:
         """Replay ``slot`` (its staging buffer written); its results on the host (``flag``,
         ``own``: see :class:`HostResults`), or a copy of each output on the device (the graph's
-        own are rewritten by its next replay)."""
+        own are rewritten by its next replay). With ``own``, results too large for the graph's
+        own copy (:data:`HOST_COPY_MAX_BYTES`) are copied to the host right after the replay, on
+        its stream, into page-locked tensors of their own: a repeat's single batch has no next
+        batch for the copies to hold up."""
         stream = raw_stream(self.device_index)
         slot.launch(stream)
+        delivered = None
+        if to_host and own and not slot.host_out:
+            delivered = [torch.empty(o.shape, dtype=o.dtype, pin_memory=True) for o in slot.out_views]
+            for h, o in zip(delivered, slot.out_views, strict=True):
+                copy_async(h, o, stream)
         slot.done.record(stream)
         self.count += 1
         slot.last = self.count
-        if to_host and slot.host_out:
-            slot.pending = HostResults(slot, flag, own=own)
+        if to_host and (slot.host_out or delivered is not None):
+            slot.pending = HostResults(slot, flag, own=own, delivered=delivered)
             return slot.pending
-        return tuple(x.clone() for x in slot.out_views)
+        return DeviceResults(x.clone() for x in slot.out_views)
+
+
+class DeviceResults(tuple):
+    """A replay's outputs copied on the device (:meth:`GraphEntry.run`), and the shape's
+    :class:`Repeat` where :func:`graphed` made one."""
+
+    repeat: Repeat | None = None
 
 
 class Repeat:
@@ -355,11 +382,12 @@ def graphed(
         slot = entry.slot()
     if captured is None:
         batch.fill(slot.views["indptr"], slot.views["indices"], slot.views["values"])  # type: ignore[union-attr]
-    out = entry.run(slot, to_host and config.pinned_results, flag)  # type: ignore[arg-type]
-    if isinstance(out, HostResults):
+    to_host = to_host and config.pinned_results
+    out = entry.run(slot, to_host, flag)  # type: ignore[arg-type]
+    if to_host:  # later batches of the shape, to the host (results too large for the graph's copy too)
         if entry.repeat is None or entry.repeat.config is not config:
             entry.repeat = Repeat(cache, full_key, entry, flag)
-        out.repeat = entry.repeat
+        out.repeat = entry.repeat  # type: ignore[union-attr]
     return out
 
 
