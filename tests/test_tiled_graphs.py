@@ -543,6 +543,14 @@ def test_a_repeat_replays_its_own_shape_only(rng, monkeypatch):
     assert lone_rep.launch(batch.indptr, batch.indices, batch.values) is not None
     assert lone_rep.launch(batch.indptr, batch.indices, batch.values) is None  # its results not yet taken
     assert len(launches) == 2
+    # outputs the graph does not copy out, one of them not contiguous: not one copy each after the replay
+    strided = _fake_entry(4, 16, launches)
+    for slot in strided.slots:
+        slot.host_out, slot.out_views = [], [torch.zeros(3, 4), torch.zeros(4, 3).t()]
+    cache["strided"] = strided
+    assert Repeat(cache, "lone", lone, 2).serves and not Repeat(cache, "strided", strided, 2).serves
+    assert Repeat(cache, "strided", strided, 2).launch(batch.indptr, batch.indices, batch.values) is None
+    assert len(launches) == 2
 
 
 def test_results_in_memory_of_their_own_taken_before_the_wait(monkeypatch):

@@ -250,6 +250,10 @@ class Repeat:
         # though a search still holds this repeat (and the entry holds it: no cycle)
         self.cache, self.key, self._entry, self.flag = cache, key, weakref.ref(entry), flag
         self.config = engine_config()  # the settings it was made under: another object voids it
+        # results the graph does not copy out are copied after the replay: by one copy each, which
+        # needs them contiguous (finish_rows' are)
+        outs = entry.slots[0].out_views if entry.slots else []
+        self.serves = bool(entry.slots) and (bool(entry.slots[0].host_out) or all(o.is_contiguous() for o in outs))
 
     def launch(self, indptr: np.ndarray, indices: np.ndarray, values: np.ndarray) -> HostResults | None:
         """:func:`graphed` of a batch of canonical rows (as :func:`csr_batch` takes them) to the
@@ -258,7 +262,9 @@ class Repeat:
         or the index's derived state reset), a slot still to be captured, or no C module (the
         caller then searches the general way)."""
         entry = self._entry()
-        if entry is None or self.cache.get(self.key) is not entry or engine_config() is not self.config:
+        if not self.serves or entry is None or self.cache.get(self.key) is not entry:
+            return None
+        if engine_config() is not self.config:
             return None
         if len(indptr) - 1 != entry.rows or len(indices) > entry.cap:
             return None
