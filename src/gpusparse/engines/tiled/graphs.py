@@ -259,8 +259,8 @@ class Repeat:
         """:func:`graphed` of a batch of canonical rows (as :func:`csr_batch` takes them) to the
         host, by this shape's graph; ``None`` where this shape does not serve it: another number
         of rows or query width, other settings in force, the entry no longer in its cache (dropped,
-        or the index's derived state reset), a slot still to be captured, or no C module (the
-        caller then searches the general way)."""
+        or the index's derived state reset), a slot still to be captured, outputs it cannot copy
+        out (not contiguous), or no C module (the caller then searches the general way)."""
         entry = self._entry()
         if not self.serves or entry is None or self.cache.get(self.key) is not entry:
             return None
