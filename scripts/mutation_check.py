@@ -142,8 +142,8 @@ MUTATIONS = [
     Mutation(
         "a search's results taken from a graph are the slot's buffers, which the next replay overwrites",
         "engines/tiled/graphs.py",
-        "else self._own_t[i] if _fill(own[i], h)",
-        "else torch.from_numpy(h) if _fill(own[i], h)",
+        "self._taken = [None if i == skip else t for i, t in enumerate(self._own_t)]",
+        "self._taken = [None if i == skip else torch.from_numpy(h) for i, h in enumerate(slot.host_np)]",
         ("tests/test_tiled_graphs.py::test_results_in_memory_of_their_own_taken_before_the_wait",),
     ),
     Mutation(

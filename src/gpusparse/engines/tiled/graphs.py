@@ -75,11 +75,11 @@ class HostResults:
         if delivered is not None and flag is not None:
             self._delivered_flags = delivered[flag].numpy()
         # own: the results' memory taken now, while the device works, not after the wait (the
-        # flags' only where one is set)
-        self._own: list[np.ndarray | None] | None = None
+        # flags' filled only where one is set)
+        self._own: list[np.ndarray] | None = None
         if own:
-            self._own = [None if i == flag else np.empty_like(h) for i, h in enumerate(slot.host_np)]
-            self._own_t = [None if a is None else torch.from_numpy(a) for a in self._own]
+            self._own = [np.empty_like(h) for h in slot.host_np]
+            self._own_t = [torch.from_numpy(a) for a in self._own]
 
     def take(self, into: Sequence[torch.Tensor | None] = ()) -> tuple[torch.Tensor | None, ...]:
         """The results (the steps' outputs, in order) as host tensors of their own, after one
@@ -99,8 +99,10 @@ class HostResults:
             skip = -1 if self._flag is None or _any_set(slot.host_np[self._flag]) else self._flag
             own = self._own
             if own is not None and not into:
-                self._taken = [None if i == skip else self._own_t[i] if _fill(own[i], h) else torch.from_numpy(h.copy())
-                               for i, h in enumerate(slot.host_np)]  # fmt: skip
+                for i, (target, h) in enumerate(zip(own, slot.host_np, strict=True)):
+                    if i != skip:
+                        target[...] = h
+                self._taken = [None if i == skip else t for i, t in enumerate(self._own_t)]
             else:
                 self._taken = [
                     None if i == skip else into[i].copy_(h) if i < len(into) and into[i] is not None else h.clone()
@@ -118,14 +120,6 @@ class HostResults:
 def _any_set(flags: np.ndarray) -> bool:
     """Whether any of a bool array's flags is set (its bytes: a tenth of ``any()``'s host time)."""
     return bool(flags.tobytes().strip(b"\x00"))
-
-
-def _fill(target: np.ndarray | None, source: np.ndarray) -> bool:
-    """``source`` copied into ``target``; ``False`` where there is no target."""
-    if target is None:
-        return False
-    target[...] = source
-    return True
 
 
 @dataclass
