@@ -48,7 +48,7 @@ POISON = 0x5A5A5A5A
 # copies' row length), and the segment bounds and row ids indexed [term][tile]
 TERM_MAJOR = (
     ("void __launch_bounds__(128) tile_meta(", "void __launch_bounds__(128) tile_meta_tm("),
-    ("int4* __restrict__ rec)", "int4* __restrict__ rec, const int NTT)"),
+    ("uint2* __restrict__ rec)", "uint2* __restrict__ rec, const int NTT)"),
     ("        const int* seg_tile = seg + (i64)tile * (V + 1);\n", ""),
     ("start[c] = seg_tile[tc[c]];", "start[c] = seg[(i64)tc[c] * NTT + tile];"),
     ("end[c] = seg_tile[tc[c] + 1];", "end[c] = seg[(i64)(tc[c] + 1) * NTT + tile];"),
@@ -108,7 +108,7 @@ def main() -> None:
         # a = (seg, tile_start, dense_id, q_terms, q_weights, q_scale, T, V, B, tile0, n, rec)
         t, b, n = int(a[6]), int(a[8]), int(a[10])
         k_tm = get_kernel(tail, "tile_meta_tm", options=tc.compile_options(*builds[-1]), device=dev.index)
-        words = n * b * (t + 1) * 4
+        words = n * b * (t + 1) * 2
         rec_a = torch.full((words,), POISON, dtype=torch.int32, device=dev)
         rec_b = torch.full((words,), POISON, dtype=torch.int32, device=dev)
         args_a = (*a[:11], pointer(rec_a))

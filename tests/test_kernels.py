@@ -603,14 +603,14 @@ def test_tile_candidates_build_options() -> None:
 
 
 def test_the_records_buffer_is_bounded_and_counted_in_the_search_bytes(monkeypatch) -> None:
-    """META's records take 16 bytes a (query, padded term + 1) a tile, for batches of at least
+    """META's records take 8 bytes a (query, padded term + 1) a tile, for batches of at least
     META_MIN_BATCH queries, at most META_MAX_BYTES (whole tiles); search_bytes counts them for
     8-bit layouts (later waves' tiles, the graphs' widest padding)."""
     from gpusparse.engines.tiled import waves
     from gpusparse.kernels import tile_candidates as tc
 
     b, width = tc.META_MIN_BATCH, 64
-    per_tile = b * (width + 1) * 16
+    per_tile = b * (width + 1) * 8
     assert tc.meta_bytes(b - 1, width, 10) == 0 and tc.meta_bytes(b, width, 0) == 0
     assert tc.meta_bytes(b, width, 3) == 3 * per_tile
     monkeypatch.setattr(tc, "META_MAX_BYTES", 5 * per_tile + 1)
@@ -622,7 +622,7 @@ def test_the_records_buffer_is_bounded_and_counted_in_the_search_bytes(monkeypat
     later = waves.largest_later_wave(plan)
     assert later == max(n for first, n in plan if first > 0)
     extra = waves.search_bytes(1000, 256, 10, 132, levels=True) - waves.search_bytes(1000, 256, 10, 132)
-    assert extra == later * 256 * (tc.SHORT_WIDTH + 1) * 16 > 0
+    assert extra == later * 256 * (tc.SHORT_WIDTH + 1) * 8 > 0
     assert waves.search_bytes(1000, 8, 10, 132, levels=True) == waves.search_bytes(1000, 8, 10, 132)
 
 

@@ -501,7 +501,7 @@ def test_cuda_later_waves_read_their_blocks_metadata_from_records(rng, monkeypat
     monkeypatch.setattr(tc, "_kernel", spy)
     monkeypatch.setattr(tc, "meta_scratch", poisoned)
     monkeypatch.setattr(tc, "launch", launch)
-    per_tile = b * (t + 1) * 16
+    per_tile = b * (t + 1) * 8
     n_sm = torch.cuda.get_device_properties(index.device).multi_processor_count
     for tile_bits, dense_min in ((11, 0.001), (11, 0.05)):
         layout = layout_for_search(index, tile_bits, dense_min, "u32", False)
@@ -537,6 +537,92 @@ def test_cuda_later_waves_read_their_blocks_metadata_from_records(rng, monkeypat
                 got[("groups of 3", budget)] = (s.cpu(), i.cpu())
             monkeypatch.setattr(tc, "meta_tiles", real_tiles)
             assert all(torch.equal(v[0], got[0][0]) and torch.equal(v[1], got[0][1]) for v in got.values())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_tile_meta_records_hold_each_blocks_metadata_in_8_byte_entries(rng):
+    """tile_meta's records (cuda/tile_candidates.cu, META) decoded on the host equal the metadata
+    computed here from the layout: the header (pairs + 1, sparse segments, the pairs' shift, the
+    sparse weights' shift, the octs), each sparse segment (start, length, weight >> shift, first
+    oct) in term order and each pair of dense rows with their weights. A record whose query's
+    weights exceed 8 bits after their common shift, or whose dense weights do not pair, says
+    "builds itself" (a header of 0); those of prepared queries (levels times a power of two) never do."""
+    require_cuda_kernels()
+    from gpusparse.kernels import tile_candidates as tc
+    from gpusparse.quantize import quantize_collection
+
+    docs, _ = quantize_collection(random_collection(rng, 30_000, 300, 40, skew=0.7), 8)
+    index = Index.build(docs, device="cuda", quantize=8)
+    layout = layout_for_search(index, 11, 0.05, "u32", False)
+    b, t = 160, 48
+    terms = np.full((b, t), -1, dtype=np.int32)
+    weights = np.zeros((b, t), dtype=np.float32)
+    for q in range(b):
+        n = int(rng.integers(1, t + 1))
+        power = 2.0 ** int(rng.integers(0, 6))
+        terms[q, :n] = rng.choice(300, size=n, replace=False)
+        weights[q, :n] = rng.integers(1, 256, size=n) * power  # levels times one power of two
+        if q < 16:
+            weights[q, 0] = 257 * power  # 9 bits after the shift: these rows' records build themselves
+    scale = 2.0 ** rng.integers(-2, 3, size=b)
+    threads, min_blocks = tc.launch_shape(layout.tile_bits, "u32", batch=b, levels=True, width=t)
+    octs = tc.layout_octs(layout)
+    assert tc._meta_build(layout, t, acc="u32", int_weights=True, dense_lists=False, threads=threads,
+                          min_blocks=min_blocks, octs=octs)  # fmt: skip
+    build = (layout.tile_bits, threads, tc.UNROLL, min_blocks, "u32", "unsigned char", True, False, (), layout.packed,
+             False, False, octs, True)  # fmt: skip
+    n_tiles = layout.n_tiles
+    meta = torch.full((n_tiles * b * (t + 1) * 2,), 0x5A5A5A5A, dtype=torch.int32, device="cuda")
+    dev_terms = torch.from_numpy(terms).cuda()
+    dev_weights = torch.from_numpy(weights / scale[:, None].astype(np.float32)).cuda()  # times scale: the levels
+    tc.write_records(layout, dev_terms, dev_weights, torch.from_numpy(scale).cuda(), meta, build, 0, n_tiles)
+    rec = meta.cpu().numpy().view(np.uint32).reshape(n_tiles, b, t + 1, 2)
+    seg = layout.seg.view(n_tiles, -1).cpu().numpy()
+    did = layout.dense_id.view(n_tiles, -1).cpu().numpy()
+    phase = layout.tile_start.cpu().numpy() & 7
+    wi_all = (dev_weights.cpu().numpy().astype(np.float64) * scale[:, None]).astype(np.uint32)
+
+    def trailing(x: int) -> int:
+        return (x & -x).bit_length() - 1 if x else 0
+
+    used = 0
+    for q in range(b):
+        live = terms[q] >= 0
+        wi = wi_all[q]
+        ws = trailing(int(np.bitwise_or.reduce(wi[live])))
+        w_fit = int(wi[live].max()) >> ws <= 255
+        assert w_fit == (q >= 16), q
+        for r in range(n_tiles):
+            sparse, dense, n_octs = [], [], 0
+            for j in np.nonzero(live)[0]:
+                term = terms[q, j]
+                start, end = int(seg[r, term]), int(seg[r, term + 1])
+                if did[r, term] >= 0:
+                    dense.append((int(did[r, term]), int(wi[j])))
+                elif end > start:
+                    a = int(phase[r]) + start
+                    count = ((a + end - start - 1) >> 3) - (a >> 3) + 1
+                    sparse.append((start, end - start, int(wi[j]) >> ws, n_octs))
+                    n_octs += count
+            n_pairs = (len(dense) + 1) // 2
+            s = trailing(int(np.bitwise_or.reduce([w for _, w in dense]))) if dense else 0
+            fit = w_fit and (max((w for _, w in dense), default=0) >> s) <= 0xFFFF and n_pairs <= 64
+            head = rec[r, q, 0]
+            assert head[1] == n_octs, (q, r)
+            if not fit:
+                assert head[0] == 0, (q, r)
+                continue
+            used += 1
+            assert head[0] == (n_pairs + 1) | len(sparse) << 7 | s << 15 | ws << 20, (q, r)
+            for i, (start, length, w, first) in enumerate(sparse):
+                x, y = rec[r, q, 1 + i]
+                assert (x, y) == ((start | length << 24) & 0xFFFFFFFF, length >> 8 | w << 6 | first << 14), (q, r, i)
+            for p in range(n_pairs):
+                (ra, wa), (rb, wb) = dense[2 * p], dense[2 * p + 1] if 2 * p + 1 < len(dense) else (0xFFFF, 0)
+                x, y = rec[r, q, 1 + len(sparse) + p]
+                assert (x, y) == (ra | rb << 16, wa >> s | (wb >> s) << 16), (q, r, p)
+    assert used == (b - 16) * n_tiles
 
 
 @pytest.mark.parametrize("quantize", [None, 8])

@@ -64,7 +64,7 @@ ACC_MODES = {"carry": 0, "u32": 1}
 ACC_TOP = {"carry": 2.0**61, "u32": 2.0**31}
 # float32 weights; uint8 levels of a quantized index; int32 fixed-point integers.
 _WEIGHT_TYPES = {torch.float32: "float", torch.uint8: "unsigned char", torch.int32: "unsigned int"}
-# The records of META launches (see the CUDA source) take 16 bytes a query term (padded width + 1)
+# The records of META launches (see the CUDA source) take 8 bytes a query term (padded width + 1)
 # a (query, tile) block; a launch whose records would pass this many bytes is cut into launches of
 # as many tiles as fit.
 META_MAX_BYTES = 256 << 20
@@ -230,7 +230,7 @@ def meta_bytes(b: int, width: int, tiles: int) -> int:
     """Bytes of the records' buffer (:func:`meta_scratch`) for launches of ``tiles`` tiles of ``b``
     queries padded to ``width`` terms where they take the META build: at most
     :data:`META_MAX_BYTES`; 0 for batches of fewer than :data:`META_MIN_BATCH` queries."""
-    per_tile = b * (width + 1) * 16
+    per_tile = b * (width + 1) * 8
     if b < META_MIN_BATCH or tiles == 0 or width == 0 or per_tile > META_MAX_BYTES:
         return 0
     return min(tiles, META_MAX_BYTES // per_tile) * per_tile
@@ -383,8 +383,8 @@ def tiled_candidates(
     )  # fmt: skip
     if use_meta:
         check_tensors({"meta": (meta, torch.int32)}, dev)
-        if meta.numel() < 4 * b * (t + 1):
-            raise ValueError(f"meta holds {meta.numel()} int32, fewer than one tile's records ({4 * b * (t + 1)})")
+        if meta.numel() < 2 * b * (t + 1):
+            raise ValueError(f"meta holds {meta.numel()} int32, fewer than one tile's records ({2 * b * (t + 1)})")
     build = (tile_bits, threads, unroll, min_blocks, acc, _WEIGHT_TYPES[wdtype], int_weights, fixed, tuple(defines),
              packed, bool(select), lists is not None, octs, use_meta)  # fmt: skip
     kernel = _kernel(build, device_index(dev), variant_of(SOURCE))
@@ -403,16 +403,30 @@ def tiled_candidates(
         launch(kernel, (b, count), (threads,), (*args, *ints, *outs, *tail), device=dev, shared_mem=shared)
         return
     # META: records for as many tiles as the buffer holds, then those tiles' blocks
-    meta_kernel = _kernel(build, device_index(dev), variant_of(SOURCE), "tile_meta")
-    most = meta.numel() // (4 * b * (t + 1))
+    most = meta.numel() // (2 * b * (t + 1))
     per = -(-count // -(-count // most))  # slices of equal size, as few as the buffer allows
     tail = (np.int32(cap), *from_lists, np.int32(n_tiles), doc_of, pointer(meta))
-    head = (pointer(layout.seg), pointer(layout.tile_start), pointer(layout.dense_id), pointer(q_terms),
-            pointer(q_weights), pointer(q_scale), np.int32(t), np.int32(n_terms), np.int32(b))  # fmt: skip
     for f in range(first, first + count, per):
         n = min(per, first + count - f)
-        group = meta_tiles(n)
-        grid = ((b + 3) // 4, -(-n // group))
-        launch(meta_kernel, grid, (128,), (*head, np.int32(f), np.int32(n), np.int32(group), pointer(meta)), device=dev)
+        write_records(layout, q_terms, q_weights, q_scale, meta, build, f, n)
         ints[4] = np.int32(f)
         launch(kernel, (b, n), (threads,), (*args, *ints, *outs, *tail), device=dev, shared_mem=shared)
+
+
+def write_records(
+    layout: TiledIndex, q_terms: torch.Tensor, q_weights: torch.Tensor, q_scale: torch.Tensor, meta: torch.Tensor,
+    build: tuple, first: int, n: int,
+) -> None:  # fmt: skip
+    """Launch the ``tile_meta`` kernel of the META ``build`` (a :func:`tiled_candidates` build key)
+    on the current stream: the records of tiles ``[first, first + n)`` for the batch ``q_terms``
+    ``[B, T]`` into ``meta`` (``B · (T + 1)`` entries of 8 bytes a tile; the layout of each is in
+    ``cuda/tile_candidates.cu``)."""
+    b, t = q_terms.shape
+    dev = layout.seg.device
+    meta_kernel = _kernel(build, device_index(dev), variant_of(SOURCE), "tile_meta")
+    group = meta_tiles(n)
+    grid = ((b + 3) // 4, -(-n // group))
+    args = (pointer(layout.seg), pointer(layout.tile_start), pointer(layout.dense_id), pointer(q_terms),
+            pointer(q_weights), pointer(q_scale), np.int32(t), np.int32(layout.n_terms), np.int32(b), np.int32(first),
+            np.int32(n), np.int32(group), pointer(meta))  # fmt: skip
+    launch(meta_kernel, grid, (128,), args, device=dev)

@@ -147,10 +147,21 @@ typedef long long i64;
 // rows) from a record that tile_meta wrote in the launch before (one warp a query), instead of
 // building it itself: one coalesced read and one barrier instead of the term ids' and the
 // segments' dependent loads, the ballots' exchange, the one-warp prefix pass and four barriers.
-// A record's layout (int4 entries; T + 1 of them a block, at ((tile - first) * B + q) * (T + 1)):
-//   [0]                      (np, ns, octs, shift); np < 0: the block builds them itself
-//   [1, 1 + ns)              sparse segments (start, length, integer weight, first oct)
-//   [1 + ns, 1 + ns + np)    pairs of dense rows, as dense_pairs reads them
+// A record's layout (8-byte entries, uint2; T + 1 of them a block, at ((tile - first) * B + q) * (T + 1)):
+//   [0]                      header: x = (np + 1) | ns << 7 | s << 15 | ws << 20, y = octs (the sparse
+//                            segments' octs in all); np + 1 == 0: the block builds its metadata itself
+//   [1, 1 + ns)              sparse segments: x = start | length << 24 (its low 8 bits), y = length >> 8
+//                            (6 bits) | (integer weight >> ws) << 6 (8 bits) | first oct << 14 (18 bits)
+//   [1 + ns, 1 + ns + np)    pairs of dense rows: x = row a | row b << 16 (0xffff: none), y = both
+//                            weights >> s (16 bits each); read into pair_entry's form
+// Half the bytes of 16-byte entries: a big wave's records fit one launch of tile_meta where they took
+// two. A record whose fields do not fit (a start past 2**24, a query's weights above 8 bits after
+// their common shift ws) is written as "builds itself".
+#define REC_START_BITS 24
+#define REC_OCT_BITS 18
+#if META && TILE_BITS > 13
+#error "META records hold a segment's length in 14 bits"
+#endif
 #ifndef META
 #define META 0
 #endif
@@ -399,7 +410,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     // candidates are written as documents
     const int* __restrict__ doc_of,
     // META: the launch's records (see above)
-    const int4* __restrict__ meta_rec)
+    const uint2* __restrict__ meta_rec)
 {
     extern __shared__ unsigned int smem[];
     unsigned int* lo = smem;
@@ -519,27 +530,30 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
     int rec_ns = 0;
 #if META && !defined(PROFILE_SKIP_DENSE)
     {
-        const int4* rec_b = meta_rec + ((i64)blockIdx.y * gridDim.x + q) * (T + 1);
-        const int4 hdr = rec_b[0];
-        const int4 e = tid < T ? rec_b[1 + tid] : make_int4(0, 0, 0, 0);
-        if (hdr.x >= 0) {
+        const uint2* rec_b = meta_rec + ((i64)blockIdx.y * gridDim.x + q) * (T + 1);
+        const uint2 hdr = rec_b[0];
+        const uint2 e = tid < T ? rec_b[1 + tid] : make_uint2(0u, 0u);
+        const int np = (int)(hdr.x & 0x7fu) - 1;
+        if (np >= 0) {
             from_rec = true;
-            rec_ns = hdr.y;
+            rec_ns = (int)((hdr.x >> 7) & 0xffu);
+            const int octs = (int)hdr.y;
             // the pairs' table beside the chunk map (which the selection's histogram holds)
             int4* pairs = reinterpret_cast<int4*>(d_rw);
             if (tid < rec_ns) {
-                s_start[tid] = e.x;
-                s_len[tid] = e.y;
-                s_wi[tid] = (unsigned int)e.z;
-                s_pref[tid] = e.w;
-            } else if (tid < rec_ns + hdr.x) {
-                pairs[tid - rec_ns] = e;
+                s_start[tid] = (int)(e.x & ((1u << REC_START_BITS) - 1u));
+                s_len[tid] = (int)((e.x >> REC_START_BITS) | ((e.y & 0x3fu) << (32 - REC_START_BITS)));
+                s_wi[tid] = ((e.y >> 6) & 0xffu) << ((hdr.x >> 20) & 31u);
+                s_pref[tid] = (int)(e.y >> 14);
+            } else if (tid < rec_ns + np) {
+                const int row_a = (int)(e.x & 0xffffu), row_b = (int)(e.x >> 16);
+                pairs[tid - rec_ns] = make_int4(row_a * (TILE / 8), row_b == 0xffff ? -1 : row_b * (TILE / 8), (int)e.y, 0);
             }
-            if (tid == 0) s_pref[rec_ns] = hdr.z;
+            if (tid == 0) s_pref[rec_ns] = octs;
             __syncthreads();
             // the sparse phase's chunk map now, so the barrier after the dense phase publishes it
-            chunk_map(hdr.z, rec_ns, s_pref, s_chunk);
-            dense_pairs(dense_tile, hdr.x, pairs, hdr.w, lo);
+            chunk_map(octs, rec_ns, s_pref, s_chunk);
+            dense_pairs(dense_tile, np, pairs, (int)((hdr.x >> 15) & 31u), lo);
         }
     }
 #endif
@@ -1018,7 +1032,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
 extern "C" __global__ void __launch_bounds__(128) tile_meta(
     const int* __restrict__ seg, const i64* __restrict__ tile_start, const short* __restrict__ dense_id,
     const int* __restrict__ q_terms, const float* __restrict__ q_weights, const double* __restrict__ q_scale,
-    const int T, const int V, const int B, const int tile0, const int n_tiles, const int per, int4* __restrict__ rec)
+    const int T, const int V, const int B, const int tile0, const int n_tiles, const int per, uint2* __restrict__ rec)
 {
     __shared__ int st_row[4][MAXT];
     __shared__ unsigned int st_wi[4][MAXT];
@@ -1030,6 +1044,7 @@ extern "C" __global__ void __launch_bounds__(128) tile_meta(
     constexpr int NC = MAXT / 32;
     int tc[NC];
     unsigned int wic[NC];
+    unsigned int w_any = 0u, w_top = 0u;  // the query's weights: their OR, their largest
     {
         const int* terms = q_terms + (i64)q * T;
         const float* qw = q_weights + (i64)q * T;
@@ -1042,9 +1057,20 @@ extern "C" __global__ void __launch_bounds__(128) tile_meta(
             if (j < T) {
                 tc[c] = terms[j];
                 wic[c] = (unsigned int)((double)qw[j] * scale);  // as load_terms: exact (INT_W, checked by the caller)
+                if (tc[c] >= 0) {
+                    w_any |= wic[c];
+                    w_top = max(w_top, wic[c]);
+                }
             }
         }
     }
+    // A sparse entry holds its weight as 8 bits after the query's common shift ws (a prepared query's
+    // weights are levels times one power of two); a query whose weights do not fit writes every record
+    // as "builds itself".
+    w_any = __reduce_or_sync(0xffffffffu, w_any);
+    w_top = __reduce_max_sync(0xffffffffu, w_top);
+    const unsigned int ws = w_any ? __ffs(w_any) - 1 : 0u;
+    const bool w_fit = (w_top >> ws) <= 0xffu;
     int did[NC], start[NC], end[NC], phase = 0;
     auto fetch = [&](int r) {
         const int tile = tile0 + r;
@@ -1084,9 +1110,10 @@ extern "C" __global__ void __launch_bounds__(128) tile_meta(
             st[c] = start[c];
         }
         if (r + 1 < r1) fetch(r + 1);  // the next tile's loads in flight while this one's record is written
-        int4* out = rec + ((i64)r * B + q) * (T + 1);
+        uint2* out = rec + ((i64)r * B + q) * (T + 1);
         int nd = 0, ns = 0, octs = 0;
         unsigned int any = 0u, top = 0u;
+        bool fit = w_fit;
 #pragma unroll
         for (int c = 0; c < NC; ++c) {
             const bool dense = dd[c] >= 0, sparse = !dense && n[c] > 0;
@@ -1098,7 +1125,12 @@ extern "C" __global__ void __launch_bounds__(128) tile_meta(
                 const int up = __shfl_up_sync(0xffffffffu, incl, o);
                 if (lane >= o) incl += up;
             }
-            if (sparse) out[1 + ns + __popc(bs & below)] = make_int4(st[c], n[c], (int)wic[c], octs + incl - nq);
+            if (sparse) {
+                const unsigned int first = (unsigned int)(octs + incl - nq), len = (unsigned int)n[c];
+                fit = fit && (unsigned int)st[c] < (1u << REC_START_BITS);  // (a length is at most TILE: 14 bits)
+                out[1 + ns + __popc(bs & below)] = make_uint2((unsigned int)st[c] | len << REC_START_BITS,
+                                                              (len >> (32 - REC_START_BITS)) | (wic[c] >> ws) << 6 | first << 14);
+            }
             if (dense) {
                 const int at = nd + __popc(bd & below);
                 st_row[warp][at] = dd[c];
@@ -1115,11 +1147,17 @@ extern "C" __global__ void __launch_bounds__(128) tile_meta(
         top = __reduce_max_sync(0xffffffffu, top);
         const int np = (nd + 1) >> 1;
         int s;
-        const bool paired = pairs_fit(any, top, np, s);
+        const bool paired = pairs_fit(any, top, np, s) && __all_sync(0xffffffffu, fit) && octs < (1 << REC_OCT_BITS);
         __syncwarp();
-        if (paired)
-            for (int p = lane; p < np; p += 32) out[1 + ns + p] = pair_entry(st_row[warp], st_wi[warp], p, nd, s);
-        if (lane == 0) out[0] = make_int4(paired ? np : -1, ns, octs, s);
+        if (paired) {
+            for (int p = lane; p < np; p += 32) {
+                const int d = 2 * p, two = d + 1 < nd;
+                const unsigned int* wi = st_wi[warp];
+                const unsigned int w = (wi[d] >> s) | (two ? (wi[d + 1] >> s) << 16 : 0u);
+                out[1 + ns + p] = make_uint2((unsigned int)st_row[warp][d] | (two ? (unsigned int)st_row[warp][d + 1] : 0xffffu) << 16, w);
+            }
+        }
+        if (lane == 0) out[0] = make_uint2(paired ? (unsigned int)(np + 1) | ns << 7 | s << 15 | ws << 20 : 0u, (unsigned int)octs);
         __syncwarp();  // the staged rows are read before the next tile rewrites them
     }
 }
