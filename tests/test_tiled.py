@@ -625,6 +625,41 @@ def test_cuda_tile_meta_records_hold_each_blocks_metadata_in_8_byte_entries(rng)
     assert used == (b - 16) * n_tiles
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_a_record_whose_segment_starts_past_its_field_builds_itself(rng):
+    """A sparse segment's start takes 24 bits of its record entry: in a tile of more than 2**24
+    sparse postings, the record of a query with a term whose segment starts past that says "builds
+    itself" (a header of 0, the path the search test above runs exactly); the others are used."""
+    require_cuda_kernels()
+    from gpusparse.kernels import tile_candidates as tc
+
+    n_docs, n_terms = 2048, 10_000  # one tile of 2,048 documents, ~17.4M postings
+    present = rng.random((n_docs, n_terms)) < 0.85
+    levels = rng.integers(1, 256, size=(n_docs, n_terms)).astype(np.float32) * present
+    index = Index.build(SparseCollection.from_scipy(sp.csr_matrix(levels)), device="cuda", quantize=8)
+    layout = layout_for_search(index, 11, None, "u32", False)
+    assert layout.n_tiles == 1 and int(layout.tile_start[1]) > (1 << 24) + (1 << 19)
+    b, t = 130, 16
+    terms = np.stack([rng.choice(9000, size=t, replace=False) for _ in range(b)]).astype(np.int32)
+    terms[::2, 3] = rng.integers(9800, n_terms, size=(b + 1) // 2)  # starts past 2**24 (~17.05M postings before)
+    weights = rng.integers(1, 256, size=(b, t)).astype(np.float32)
+    threads, min_blocks = tc.launch_shape(11, "u32", batch=b, levels=True, width=t)
+    octs = tc.layout_octs(layout)
+    assert tc._meta_build(layout, t, acc="u32", int_weights=True, dense_lists=False, threads=threads,
+                          min_blocks=min_blocks, octs=octs)  # fmt: skip
+    build = (11, threads, tc.UNROLL, min_blocks, "u32", "unsigned char", True, False, (), layout.packed, False, False,
+             octs, True)  # fmt: skip
+    meta = torch.full((b * (t + 1) * 2,), 0x5A5A5A5A, dtype=torch.int32, device="cuda")
+    tc.write_records(layout, torch.from_numpy(terms).cuda(), torch.from_numpy(weights).cuda(),
+                     torch.ones(b, dtype=torch.float64, device="cuda"), meta, build, 0, 1)  # fmt: skip
+    head = meta.cpu().numpy().view(np.uint32).reshape(b, t + 1, 2)[:, 0, 0]
+    seg = layout.seg.cpu().numpy()
+    past = (seg[terms] >= 1 << 24).any(axis=1)
+    assert past[::2].all() and not past[1::2].any()
+    np.testing.assert_array_equal(head == 0, past)
+
+
 @pytest.mark.parametrize("quantize", [None, 8])
 def test_a_dense_row_leaves_its_sparse_segment_empty(rng, quantize):
     """A (tile, term) stored as a dense row has an empty sparse segment, in every build (in
