@@ -51,6 +51,7 @@ __all__ = [
     "meta_scratch",
     "shared_bytes",
     "tiled_candidates",
+    "write_records",
 ]
 
 SOURCE = "tile_candidates.cu"  # in kernels/cuda/

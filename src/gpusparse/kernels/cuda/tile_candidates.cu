@@ -159,8 +159,8 @@ typedef long long i64;
 // their common shift ws) is written as "builds itself".
 #define REC_START_BITS 24
 #define REC_OCT_BITS 18
-#if META && TILE_BITS > 13
-#error "META records hold a segment's length in 14 bits"
+#if META && (TILE_BITS > 13 || MAXT > 255)
+#error "META records hold a segment's length in 14 bits and the segments' count in 8"
 #endif
 #ifndef META
 #define META 0
@@ -1027,8 +1027,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS) tiled_candidat
 // segments before the previous tile's record is written and its dense rows' ids while it is (two
 // round trips a tile, overlapped). The same metadata as load_terms and the prefix pass build
 // (term order, the same integer weights, the same octs), and the pairs' table as the PAIRS phase
-// builds it; np = -1 where that phase would not be paired (a weight above 16 bits after the shift,
-// or more pairs than the table holds).
+// builds it, in the 8-byte entries described at META; a header of 0 ("builds itself") where that
+// phase would not be paired (a weight above 16 bits after the shift, or more pairs than the table
+// holds) or where a field does not fit its entry.
 extern "C" __global__ void __launch_bounds__(128) tile_meta(
     const int* __restrict__ seg, const i64* __restrict__ tile_start, const short* __restrict__ dense_id,
     const int* __restrict__ q_terms, const float* __restrict__ q_weights, const double* __restrict__ q_scale,
