@@ -539,6 +539,19 @@ def test_cuda_later_waves_read_their_blocks_metadata_from_records(rng, monkeypat
             assert all(torch.equal(v[0], got[0][0]) and torch.equal(v[1], got[0][1]) for v in got.values())
 
 
+def _records_build(layout, b: int, t: int) -> tuple:
+    """The build key (tile_candidates' own) of the META launches a batch of ``b`` queries of ``t``
+    terms takes on this 8-bit layout (default knobs, integer weights, no selection)."""
+    from gpusparse.kernels import tile_candidates as tc
+
+    threads, min_blocks = tc.launch_shape(layout.tile_bits, "u32", batch=b, levels=True, width=t)
+    octs = tc.layout_octs(layout)
+    assert tc._meta_build(layout, t, acc="u32", int_weights=True, dense_lists=False, threads=threads,
+                          min_blocks=min_blocks, octs=octs)  # fmt: skip
+    return (layout.tile_bits, threads, tc.UNROLL, min_blocks, "u32", "unsigned char", True, False, (), layout.packed,
+            False, False, octs, True)  # fmt: skip
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_tile_meta_records_hold_each_blocks_metadata_in_8_byte_entries(rng):
@@ -566,12 +579,7 @@ def test_cuda_tile_meta_records_hold_each_blocks_metadata_in_8_byte_entries(rng)
         if q < 16:
             weights[q, 0] = 257 * power  # 9 bits after the shift: these rows' records build themselves
     scale = 2.0 ** rng.integers(-2, 3, size=b)
-    threads, min_blocks = tc.launch_shape(layout.tile_bits, "u32", batch=b, levels=True, width=t)
-    octs = tc.layout_octs(layout)
-    assert tc._meta_build(layout, t, acc="u32", int_weights=True, dense_lists=False, threads=threads,
-                          min_blocks=min_blocks, octs=octs)  # fmt: skip
-    build = (layout.tile_bits, threads, tc.UNROLL, min_blocks, "u32", "unsigned char", True, False, (), layout.packed,
-             False, False, octs, True)  # fmt: skip
+    build = _records_build(layout, b, t)
     n_tiles = layout.n_tiles
     meta = torch.full((n_tiles * b * (t + 1) * 2,), 0x5A5A5A5A, dtype=torch.int32, device="cuda")
     dev_terms = torch.from_numpy(terms).cuda()
@@ -644,12 +652,7 @@ def test_cuda_a_record_whose_segment_starts_past_its_field_builds_itself(rng):
     terms = np.stack([rng.choice(9000, size=t, replace=False) for _ in range(b)]).astype(np.int32)
     terms[::2, 3] = rng.integers(9800, n_terms, size=(b + 1) // 2)  # starts past 2**24 (~17.05M postings before)
     weights = rng.integers(1, 256, size=(b, t)).astype(np.float32)
-    threads, min_blocks = tc.launch_shape(11, "u32", batch=b, levels=True, width=t)
-    octs = tc.layout_octs(layout)
-    assert tc._meta_build(layout, t, acc="u32", int_weights=True, dense_lists=False, threads=threads,
-                          min_blocks=min_blocks, octs=octs)  # fmt: skip
-    build = (11, threads, tc.UNROLL, min_blocks, "u32", "unsigned char", True, False, (), layout.packed, False, False,
-             octs, True)  # fmt: skip
+    build = _records_build(layout, b, t)
     meta = torch.full((b * (t + 1) * 2,), 0x5A5A5A5A, dtype=torch.int32, device="cuda")
     tc.write_records(layout, torch.from_numpy(terms).cuda(), torch.from_numpy(weights).cuda(),
                      torch.ones(b, dtype=torch.float64, device="cuda"), meta, build, 0, 1)  # fmt: skip

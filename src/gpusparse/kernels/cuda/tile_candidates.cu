@@ -333,13 +333,19 @@ __device__ __forceinline__ bool pairs_fit(unsigned int any, unsigned int top, in
     s = any ? __ffs(any) - 1 : 0;
     return (top >> s) <= 0xffffu && np <= 64;
 }
+// Pair p's two weights from the dense rows' integer weights [0, nd), 16 bits each after the shift s
+// (the second 0 for an odd last row): the pairs' table's and a record's.
+__device__ __forceinline__ unsigned int pair_weights(const unsigned int* wi, int p, int nd, int s)
+{
+    const int d = 2 * p;
+    return (wi[d] >> s) | (d + 1 < nd ? (wi[d + 1] >> s) << 16 : 0u);
+}
 // Entry p of the pairs' table from the dense rows' ids and integer weights [0, nd), as dense_pairs
 // reads it.
 __device__ __forceinline__ int4 pair_entry(const int* row, const unsigned int* wi, int p, int nd, int s)
 {
     const int d = 2 * p, two = d + 1 < nd;
-    const unsigned int w = (wi[d] >> s) | (two ? (wi[d + 1] >> s) << 16 : 0u);
-    return make_int4(row[d] * (TILE / 8), two ? row[d + 1] * (TILE / 8) : -1, (int)w, 0);
+    return make_int4(row[d] * (TILE / 8), two ? row[d + 1] * (TILE / 8) : -1, (int)pair_weights(wi, p, nd, s), 0);
 }
 #endif
 #if OCTS
@@ -1153,9 +1159,8 @@ extern "C" __global__ void __launch_bounds__(128) tile_meta(
         if (paired) {
             for (int p = lane; p < np; p += 32) {
                 const int d = 2 * p, two = d + 1 < nd;
-                const unsigned int* wi = st_wi[warp];
-                const unsigned int w = (wi[d] >> s) | (two ? (wi[d + 1] >> s) << 16 : 0u);
-                out[1 + ns + p] = make_uint2((unsigned int)st_row[warp][d] | (two ? (unsigned int)st_row[warp][d + 1] : 0xffffu) << 16, w);
+                out[1 + ns + p] = make_uint2((unsigned int)st_row[warp][d] | (two ? (unsigned int)st_row[warp][d + 1] : 0xffffu) << 16,
+                                             pair_weights(st_wi[warp], p, nd, s));
             }
         }
         if (lane == 0) out[0] = make_uint2(paired ? (unsigned int)(np + 1) | ns << 7 | s << 15 | ws << 20 : 0u, (unsigned int)octs);
